@@ -1,0 +1,56 @@
+# Every verb a person uses. `make install` is idempotent: it reinstalls only when requirements.txt changes.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+CONFIG ?= base.yaml
+MODEL_DIR ?= runs/base
+
+.PHONY: install train evaluate translate export test test-all bench ablate lint format clean
+
+install: $(STAMP)
+
+$(STAMP): requirements.txt
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements.txt
+	@touch $(STAMP)
+
+train: install
+	$(PY) train.py --config $(CONFIG) --model-dir $(MODEL_DIR)
+	$(PY) evaluate.py --model-dir $(MODEL_DIR) --split validation
+	$(PY) evaluate.py --model-dir $(MODEL_DIR) --split test --beam 4
+
+evaluate: install
+	$(PY) evaluate.py --model-dir $(MODEL_DIR) --split test --beam 4
+
+translate: install
+	$(PY) translate.py --model-dir $(MODEL_DIR)
+
+export: install
+	$(PY) export.py --model-dir $(MODEL_DIR) --output $(MODEL_DIR)/export
+
+lint: install
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+format: install
+	$(PY) -m ruff format .
+	$(PY) -m ruff check --fix .
+
+# The CI path: lint, then every test not marked slow (end-to-end tests on tiny.yaml are included).
+test: lint
+	$(PY) -m pytest -m "not slow"
+
+# Everything, including the slow end-to-end tests.
+test-all: lint
+	$(PY) -m pytest
+
+bench: install
+	$(PY) bench.py
+
+ablate: install
+	$(PY) ablate.py $(ABLATE_ARGS)
+
+clean:
+	rm -rf .pytest_cache .ruff_cache

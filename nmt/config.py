@@ -33,9 +33,15 @@ class DataConfig:
     dataset: str = "multi30k"  # "multi30k", a TFDS catalog name ("ted_hrlr_translate/pt_to_en"), or "folder"
     source: str = "en"  # source language code
     target: str = "de"  # target language code
-    data_dir: str | None = None  # TFDS data_dir for prepared datasets; None = $TFDS_DATA_DIR or ~/tensorflow_datasets
-    manual_dir: str | None = None  # local mirror of the raw files; None = $NMT_DATA_MIRROR, then ../shared/data/<name>
-    folder: str | None = None  # with dataset: folder, a folder of parallel text files (TranslateFolder layout)
+    data_dir: str | None = (
+        None  # TFDS data_dir for prepared datasets; None = $TFDS_DATA_DIR or ~/tensorflow_datasets
+    )
+    manual_dir: str | None = (
+        None  # local mirror of the raw files; None = $NMT_DATA_MIRROR, then ../shared/data/<name>
+    )
+    folder: str | None = (
+        None  # with dataset: folder, a folder of parallel text files (TranslateFolder layout)
+    )
     train_split: str = "train"  # split used for training and for the tokenizer
     validation_split: str = "validation"  # split for validation loss / BLEU during training
     test_split: str = "test"  # split for the final test score (Multi30k: test2016 flickr)
@@ -240,7 +246,9 @@ def _build(cls: type, tree: Any, path: str):
     unknown = sorted(set(tree) - set(fields))
     if unknown:
         known = ", ".join(sorted(fields))
-        raise ConfigError(f"unknown config key {path}{unknown[0]} (known keys of {path[:-1] or 'top level'}: {known})")
+        raise ConfigError(
+            f"unknown config key {path}{unknown[0]} (known keys of {path[:-1] or 'top level'}: {known})"
+        )
     kwargs = {}
     for name, value in tree.items():
         dotted = f"{path}{name}"

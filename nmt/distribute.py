@@ -1,0 +1,54 @@
+"""`tf.distribute` strategies from the config: none, mirrored, multi_worker, tpu.
+
+Must run before TensorFlow initialises its devices (the first op), because `mirrored` on a machine without GPUs
+splits the CPU into two logical devices so the same code path is exercised (and tested) without accelerators.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import tensorflow as tf
+
+CPU_REPLICAS = 2  # logical CPU devices used by `mirrored` when no GPU is present
+
+
+def make_strategy(kind: str) -> tf.distribute.Strategy:
+    if kind == "none":
+        return tf.distribute.get_strategy()
+    if kind == "mirrored":
+        if not tf.config.list_physical_devices("GPU"):
+            cpus = tf.config.list_physical_devices("CPU")
+            try:
+                tf.config.set_logical_device_configuration(
+                    cpus[0], [tf.config.LogicalDeviceConfiguration()] * CPU_REPLICAS
+                )
+            except RuntimeError:
+                pass  # devices already initialised (e.g. a second trainer in one process): use what exists
+            devices = [d.name for d in tf.config.list_logical_devices("CPU")]
+            return tf.distribute.MirroredStrategy(devices=devices)
+        return tf.distribute.MirroredStrategy()
+    if kind == "multi_worker":
+        if "TF_CONFIG" not in os.environ:
+            raise ValueError("train.distribute: multi_worker needs the TF_CONFIG environment variable")
+        return tf.distribute.MultiWorkerMirroredStrategy()
+    if kind == "tpu":
+        resolver = tf.distribute.cluster_resolver.TPUClusterResolver()
+        tf.config.experimental_connect_to_cluster(resolver)
+        tf.tpu.experimental.initialize_tpu_system(resolver)
+        return tf.distribute.TPUStrategy(resolver)
+    raise ValueError(f"train.distribute: unknown strategy {kind!r}")
+
+
+def is_chief(strategy: tf.distribute.Strategy) -> bool:
+    """True on the one worker that writes checkpoints, metrics and TensorBoard (always true off multi-worker)."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is None or not os.environ.get("TF_CONFIG"):
+        return True
+    task = json.loads(os.environ["TF_CONFIG"]).get("task", {})
+    task_type, task_id = task.get("type"), task.get("index", 0)
+    if task_type == "chief":
+        return True
+    cluster = json.loads(os.environ["TF_CONFIG"]).get("cluster", {})
+    return task_type == "worker" and task_id == 0 and "chief" not in cluster

@@ -1,0 +1,59 @@
+"""Precision and compilation choices per device.
+
+`auto` picks the fastest policy that is numerically safe on the device in use:
+mixed_float16 on NVIDIA GPUs (tensor cores, with dynamic loss scaling), mixed_bfloat16 on TPUs and on CPUs with
+native bf16 matmul (AVX512-BF16 or AMX), float32 otherwise (on AVX2-only CPUs bf16/fp16 are emulated and slower).
+Softmax, layer norm, logits and the loss stay in float32 in every policy (see transformer/).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import keras
+import tensorflow as tf
+
+_BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def device_kind(strategy: tf.distribute.Strategy | None = None) -> str:
+    """'tpu', 'gpu' or 'cpu': the device the strategy (or the default placement) computes on."""
+    if strategy is not None and isinstance(strategy, tf.distribute.TPUStrategy):
+        return "tpu"
+    if tf.config.list_logical_devices("GPU"):
+        return "gpu"
+    return "cpu"
+
+
+def resolve_precision(precision: str, device: str) -> str:
+    if precision != "auto":
+        return precision
+    if device == "gpu":
+        return "mixed_float16"
+    if device == "tpu":
+        return "mixed_bfloat16"
+    if any(flag in cpu_flags() for flag in _BF16_CPU_FLAGS):
+        return "mixed_bfloat16"
+    return "float32"
+
+
+def resolve_xla(xla: bool | str, device: str) -> bool:
+    """`auto` turns XLA on for GPU/TPU; on CPU it was measured to gain little (see README, make bench)."""
+    if xla == "auto":
+        return device in ("gpu", "tpu")
+    return bool(xla)
+
+
+def set_policy(policy: str) -> None:
+    keras.mixed_precision.set_global_policy(policy)

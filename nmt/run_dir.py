@@ -1,0 +1,202 @@
+"""The run directory: everything evaluate/translate/export need, found from `--model-dir` alone.
+
+Layout::
+
+    DIR/config.yaml          the resolved config (written atomically before training starts)
+    DIR/tokenizer/           SentencePiece model(s), trained on the train split
+    DIR/checkpoints/         step, model, optimizer, loss scale, RNG and data-iterator state (CheckpointManager)
+    DIR/best/                model weights with the best validation BLEU so far
+    DIR/final/               final model weights (checkpoint average / EMA when configured)
+    DIR/metrics.jsonl        one JSON object per evaluation
+    DIR/tensorboard/         TensorBoard event files (train/, validation/)
+    DIR/train.lock           held by the one training process allowed on DIR
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from nmt.config import Config, ConfigError, load_config
+
+
+class RunDirError(RuntimeError):
+    """A run directory that is missing, incomplete, locked or inconsistent."""
+
+
+class RunDir:
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    # --- paths -----------------------------------------------------------------------------------------------
+    @property
+    def config_path(self) -> Path:
+        return self.path / "config.yaml"
+
+    @property
+    def tokenizer_dir(self) -> Path:
+        return self.path / "tokenizer"
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.path / "checkpoints"
+
+    @property
+    def best_dir(self) -> Path:
+        return self.path / "best"
+
+    @property
+    def final_dir(self) -> Path:
+        return self.path / "final"
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.path / "metrics.jsonl"
+
+    @property
+    def tensorboard_dir(self) -> Path:
+        return self.path / "tensorboard"
+
+    @property
+    def lock_path(self) -> Path:
+        return self.path / "train.lock"
+
+    # --- reading ---------------------------------------------------------------------------------------------
+    def exists(self) -> bool:
+        return self.config_path.is_file()
+
+    def require(self) -> RunDir:
+        """Raises RunDirError unless DIR holds a config and a tokenizer (what every consumer needs)."""
+        if not self.path.is_dir():
+            raise RunDirError(f"model directory does not exist: {self.path}")
+        if not self.config_path.is_file():
+            raise RunDirError(f"{self.path} is not a run directory: {self.config_path.name} is missing")
+        if not self.tokenizer_dir.is_dir() or not any(self.tokenizer_dir.glob("*.model")):
+            raise RunDirError(f"{self.path}: no tokenizer model in {self.tokenizer_dir}")
+        return self
+
+    def load_config(self) -> Config:
+        try:
+            return load_config(self.config_path)
+        except ConfigError as err:
+            raise RunDirError(f"{self.config_path}: {err}") from err
+
+    def weights_prefix(self, which: str = "auto") -> str:
+        """The checkpoint prefix holding model weights: final, best, latest, or auto (in that order)."""
+        import tensorflow as tf
+
+        dirs = {"final": self.final_dir, "best": self.best_dir, "latest": self.checkpoint_dir}
+        if which != "auto" and which not in dirs:
+            raise RunDirError(f"unknown weights {which!r}: use final, best, latest or auto")
+        order = ["final", "best", "latest"] if which == "auto" else [which]
+        for name in order:
+            prefix = tf.train.latest_checkpoint(str(dirs[name])) if dirs[name].is_dir() else None
+            if prefix:
+                return prefix
+        raise RunDirError(f"{self.path}: no trained weights found (looked for {', '.join(order)})")
+
+    # --- writing ---------------------------------------------------------------------------------------------
+    def append_metrics(self, record: dict) -> None:
+        with open(self.metrics_path, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record, sort_keys=True) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+
+    def read_metrics(self) -> list[dict]:
+        if not self.metrics_path.is_file():
+            return []
+        records = []
+        for line in self.metrics_path.read_text(encoding="utf-8").splitlines():
+            line = line.strip()
+            if line:
+                try:
+                    records.append(json.loads(line))
+                except json.JSONDecodeError:
+                    continue  # a line cut by a crash mid-write: skip it, keep the rest
+        return records
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Writes `text` to `path` through a temporary file and a rename: readers see the old or the new file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class RunLock:
+    """An exclusive, non-blocking lock on a run directory (released when the process ends, even by SIGKILL)."""
+
+    def __init__(self, run_dir: RunDir):
+        self.run_dir = run_dir
+        self._handle = None
+
+    def acquire(self) -> RunLock:
+        self.run_dir.path.mkdir(parents=True, exist_ok=True)
+        handle = open(self.run_dir.lock_path, "a+", encoding="utf-8")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as err:
+            handle.seek(0)
+            owner = handle.read().strip() or "unknown"
+            handle.close()
+            if err.errno in (errno.EAGAIN, errno.EACCES):
+                raise RunDirError(
+                    f"another training (pid {owner}) is already running on {self.run_dir.path}; "
+                    "wait for it to finish or stop it first"
+                ) from err
+            raise
+        handle.seek(0)
+        handle.truncate()
+        handle.write(str(os.getpid()))
+        handle.flush()
+        self._handle = handle
+        return self
+
+    def release(self) -> None:
+        if self._handle is not None:
+            fcntl.flock(self._handle, fcntl.LOCK_UN)
+            self._handle.close()
+            self._handle = None
+
+    def __enter__(self) -> RunLock:
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def save_model_weights(model, directory: Path, step: int) -> str:
+    """Saves only the model's variables under `directory` (one kept), returning the checkpoint prefix."""
+    import tensorflow as tf
+
+    manager = tf.train.CheckpointManager(tf.train.Checkpoint(model=model), str(directory), max_to_keep=1)
+    return manager.save(checkpoint_number=step)
+
+
+def restore_model_weights(model, prefix: str) -> None:
+    """Restores model variables from any checkpoint holding `model` (weights-only or a full training one).
+
+    Every variable of the (built) model must be found with the right shape: a checkpoint of another model size,
+    a truncated file or a missing one raises RunDirError naming the problem, never a silent random init.
+    """
+    import tensorflow as tf
+
+    try:
+        status = tf.train.Checkpoint(model=model).restore(prefix)
+        status.assert_existing_objects_matched()
+        status.expect_partial()
+    except (tf.errors.OpError, ValueError, AssertionError) as err:
+        message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise RunDirError(f"cannot restore model weights from {prefix}: {message}") from err

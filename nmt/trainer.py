@@ -1,0 +1,397 @@
+"""The training loop: a config and a run directory in, a trained, evaluated run directory out.
+
+Resumable at the exact batch (step, model, optimizer, loss scale, dropout RNG and data-iterator state are in every
+checkpoint), stoppable with SIGINT/SIGTERM (a checkpoint is saved and the process exits 0), and observable
+(progress bar, TensorBoard, metrics.jsonl). See README "Training" for the user's view.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import resource
+import signal
+import time
+from pathlib import Path
+
+import keras
+import numpy as np
+import tensorflow as tf
+from tqdm import tqdm
+
+from nmt.config import Config
+from nmt.distribute import is_chief, make_strategy
+from nmt.precision import device_kind, resolve_precision, resolve_xla, set_policy
+from nmt.run_dir import RunDir, RunDirError, save_model_weights
+from nmt.schedule import WarmupInverseSqrt
+from nmt.train_step import TrainStep
+
+log = logging.getLogger("nmt.train")
+
+
+class TrainingError(RuntimeError):
+    """Training cannot go on (non-finite steps, a checkpoint that cannot be written or restored...)."""
+
+
+@dataclasses.dataclass
+class TrainResult:
+    status: str  # "done", "stopped" (signal) or "early_stopped"
+    step: int
+    resumed_from: int
+    message: str
+
+
+class Trainer:
+    def __init__(self, config: Config, run_dir: RunDir):
+        self.config = config
+        self.run_dir = run_dir
+        self._stop_signal: int | None = None
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Set-up
+    def setup(self) -> None:
+        from data.pipeline import make_eval_dataset, make_train_dataset
+        from data.tokenizer import Tokenizer, train_tokenizer
+        from transformer.model import build_model
+
+        cfg = self.config
+        self.strategy = make_strategy(cfg.train.distribute)
+        self.chief = is_chief(self.strategy)
+        device = device_kind(self.strategy)
+        self.precision = resolve_precision(cfg.train.precision, device)
+        self.xla = resolve_xla(cfg.train.xla, device)
+        set_policy(self.precision)
+        keras.utils.set_random_seed(cfg.train.seed)
+        log.info(
+            "device %s, %d replica(s), precision %s, XLA %s",
+            device,
+            self.strategy.num_replicas_in_sync,
+            self.precision,
+            "on" if self.xla else "off",
+        )
+
+        tokenizer_dir = self.run_dir.tokenizer_dir
+        if tokenizer_dir.is_dir() and any(tokenizer_dir.glob("*.model")):
+            self.tokenizer = Tokenizer.load(tokenizer_dir)
+        else:
+            log.info("training the SentencePiece tokenizer on the %s split", cfg.data.train_split)
+            staging = tokenizer_dir.with_name(tokenizer_dir.name + ".partial")
+            if staging.exists():
+                _remove_tree(staging)
+            train_tokenizer(cfg.data, staging)
+            staging.rename(tokenizer_dir)  # atomic: a crash leaves no half-written tokenizer behind
+            self.tokenizer = Tokenizer.load(tokenizer_dir)
+
+        self.train_dataset = make_train_dataset(cfg.data, self.tokenizer, seed=cfg.train.seed, repeat=True)
+        self.eval_dataset = make_eval_dataset(cfg.data, self.tokenizer, cfg.data.validation_split)
+        if self.strategy.num_replicas_in_sync > 1:
+            options = tf.data.Options()
+            options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+            self.train_dataset = self.train_dataset.with_options(options)
+            self.iterator = iter(self.strategy.experimental_distribute_dataset(self.train_dataset))
+        else:
+            self.iterator = iter(self.train_dataset)
+
+        with self.strategy.scope():
+            self.model = build_model(
+                cfg.model, self.tokenizer.source_vocab_size, self.tokenizer.target_vocab_size
+            )
+            self.schedule = WarmupInverseSqrt(cfg.train.learning_rate, cfg.train.warmup_steps)
+            self.optimizer = keras.optimizers.Adam(
+                learning_rate=self.schedule,
+                beta_1=cfg.train.beta_1,
+                beta_2=cfg.train.beta_2,
+                epsilon=cfg.train.epsilon,
+                use_ema=cfg.train.ema_decay > 0,
+                ema_momentum=cfg.train.ema_decay if cfg.train.ema_decay > 0 else 0.99,
+            )
+            self.optimizer.build(self.model.trainable_variables)
+            self.step_fn = TrainStep(
+                model=self.model,
+                optimizer=self.optimizer,
+                strategy=self.strategy,
+                label_smoothing=cfg.train.label_smoothing,
+                clipnorm=cfg.train.clipnorm,
+                loss_scaling=self.precision == "mixed_float16",
+                jit_compile=self.xla,
+                loss_normaliser=cfg.data.batch_tokens,
+            )
+            self.elapsed = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="elapsed_seconds")
+            self.best_bleu = tf.Variable(-1.0, dtype=tf.float64, trainable=False, name="best_bleu")
+            self.evals_since_best = tf.Variable(0, dtype=tf.int64, trainable=False, name="evals_since_best")
+        self.checkpoint = tf.train.Checkpoint(
+            model=self.model,
+            optimizer=self.optimizer,
+            iterator=self.iterator,
+            elapsed=self.elapsed,
+            best_bleu=self.best_bleu,
+            evals_since_best=self.evals_since_best,
+            **self.step_fn.checkpoint_state(),
+        )
+        checkpoint_dir = self.run_dir.checkpoint_dir
+        if not self.chief:  # non-chief workers write to a private directory that is thrown away
+            checkpoint_dir = self.run_dir.path / f".worker-{id(self)}"
+        self.manager = tf.train.CheckpointManager(
+            self.checkpoint,
+            str(checkpoint_dir),
+            max_to_keep=max(cfg.train.keep_checkpoints, cfg.train.average_last, 1),
+        )
+        self.resumed_from = self._restore()
+
+    def _restore(self) -> int:
+        latest = self.manager.latest_checkpoint
+        if not latest:
+            return 0
+        try:
+            self.checkpoint.restore(latest).assert_existing_objects_matched()
+        except (tf.errors.OpError, ValueError, AssertionError) as err:
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise TrainingError(
+                f"cannot resume from checkpoint {latest}: {first}. The checkpoint is corrupt or was written by a "
+                "different model/config; move it away or use another --model-dir"
+            ) from err
+        step = int(self.optimizer.iterations.numpy())
+        log.info("resuming from checkpoint %s at step %d", latest, step)
+        return step
+
+    # ------------------------------------------------------------------------------------------------------------
+    # The loop
+    @property
+    def step(self) -> int:
+        return int(self.optimizer.iterations.numpy())
+
+    def _install_signal_handlers(self):
+        previous = {}
+
+        def handler(signum, frame):
+            if self._stop_signal is not None:  # second signal: stop now, the last checkpoint is intact
+                raise KeyboardInterrupt
+            self._stop_signal = signum
+            log.warning(
+                "received %s: finishing this step and saving a checkpoint", signal.Signals(signum).name
+            )
+
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            previous[signum] = signal.signal(signum, handler)
+        return previous
+
+    def _budget_left(self) -> bool:
+        cfg = self.config.train
+        if cfg.max_steps and self.step >= cfg.max_steps:
+            return False
+        if cfg.max_minutes and self.elapsed.numpy() >= cfg.max_minutes * 60:
+            return False
+        return True
+
+    def train(self) -> TrainResult:
+        cfg = self.config.train
+        writer = (
+            tf.summary.create_file_writer(str(self.run_dir.tensorboard_dir / "train")) if self.chief else None
+        )
+        previous = self._install_signal_handlers()
+        total = cfg.max_steps or None
+        bar = tqdm(
+            total=total,
+            initial=self.step,
+            unit="step",
+            dynamic_ncols=True,
+            mininterval=2.0,
+            desc="train",
+            disable=not self.chief,
+        )
+        status, message = "done", ""
+        window_tokens, window_start = 0.0, time.perf_counter()
+        try:
+            while self._budget_left():
+                if self._stop_signal is not None:
+                    status = "stopped"
+                    break
+                started = time.perf_counter()
+                batches = [next(self.iterator) for _ in range(cfg.accumulate_steps)]
+                metrics = self.step_fn.step(batches)
+                applied = bool(metrics["applied"].numpy())
+                self.elapsed.assign_add(time.perf_counter() - started)
+                step = self.step
+                if not applied:
+                    bad = int(self.step_fn.bad_steps.numpy())
+                    log.warning(
+                        "non-finite loss or gradient: update skipped (%d in a row, %d in all, loss scale %g)",
+                        bad,
+                        int(self.step_fn.skipped_steps.numpy()),
+                        float(metrics["loss_scale"].numpy()),
+                    )
+                    if bad > cfg.max_bad_steps:
+                        raise TrainingError(
+                            f"{bad} consecutive non-finite steps (train.max_bad_steps={cfg.max_bad_steps}): "
+                            f"stopping; the last good checkpoint ({self.manager.latest_checkpoint}) is intact"
+                        )
+                    continue
+                window_tokens += float(metrics["tokens"].numpy())
+                bar.update(1)
+                if step % cfg.log_every == 0 or step == 1:
+                    now = time.perf_counter()
+                    tokens_per_sec = window_tokens / max(now - window_start, 1e-9)
+                    window_tokens, window_start = 0.0, now
+                    lr = float(self.schedule(step - 1))
+                    loss = float(metrics["loss"].numpy())
+                    bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_sec:,.0f}")
+                    if writer is not None:
+                        self._write_train_summaries(writer, step, metrics, lr, tokens_per_sec)
+                if step % cfg.checkpoint_every == 0:
+                    self.save_checkpoint()
+                eval_due = cfg.eval_every and step % cfg.eval_every == 0
+                bleu_due = cfg.bleu_every and step % cfg.bleu_every == 0
+                if eval_due or bleu_due:
+                    record = self.evaluate(with_bleu=bool(bleu_due))
+                    if self._early_stop(record):
+                        status, message = "early_stopped", "validation BLEU stopped improving"
+                        break
+        finally:
+            bar.close()
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+        self.save_checkpoint()
+        if status == "stopped":
+            name = signal.Signals(self._stop_signal).name
+            message = (
+                f"stopped by {name} at step {self.step}; checkpoint saved, rerun the same command to resume"
+            )
+        elif status in ("done", "early_stopped"):
+            self._finalize()
+            final_record = self.evaluate(with_bleu=bool(self.config.train.bleu_every), tag="final")
+            message = message or f"finished at step {self.step}: validation loss {final_record['loss']:.4f}"
+            if "bleu" in final_record:
+                message += f", BLEU {final_record['bleu']:.2f}"
+        log.info("training compiled the step %d time(s) (bucketed shapes)", self.step_fn.num_traces)
+        return TrainResult(status, self.step, self.resumed_from, message)
+
+    # ------------------------------------------------------------------------------------------------------------
+    def save_checkpoint(self) -> None:
+        try:
+            path = self.manager.save(checkpoint_number=self.step)
+        except (tf.errors.OpError, OSError) as err:
+            first = str(err).strip().splitlines()[0]
+            raise TrainingError(
+                f"could not write a checkpoint at step {self.step} ({first}); "
+                f"the previous one ({self.manager.latest_checkpoint}) is still usable"
+            ) from err
+        log.info("saved checkpoint %s", path)
+
+    def evaluate(self, *, with_bleu: bool, tag: str = "validation") -> dict:
+        from nmt.translator import Translator, validation_loss
+
+        loss, tokens = validation_loss(self.model, self.eval_dataset)
+        record = {
+            "step": self.step,
+            "split": self.config.data.validation_split,
+            "tag": tag,
+            "loss": loss,
+            "perplexity": math.exp(min(loss, 50.0)),
+            "tokens": tokens,
+            "elapsed_seconds": float(self.elapsed.numpy()),
+        }
+        if with_bleu:
+            from data.corpus import load_text_pairs
+            from nmt.evaluation import score_corpus
+
+            sources, references = load_text_pairs(self.config.data, self.config.data.validation_split)
+            limit = self.config.train.bleu_max_sentences
+            if limit:
+                sources, references = sources[:limit], references[:limit]
+            translator = Translator(
+                self.model, self.tokenizer, self.config.eval, max_source_length=self.config.data.max_length
+            )
+            hypotheses = translator.translate(sources, beam_size=1)
+            scores = score_corpus(hypotheses, references, self.config.data.target)
+            record["bleu"] = scores["bleu"]
+            record["chrf"] = scores["chrf"]
+            record["bleu_signature"] = scores["signature"]
+            if tag != "final" and scores["bleu"] > self.best_bleu.numpy():
+                self.best_bleu.assign(scores["bleu"])
+                self.evals_since_best.assign(0)
+                if self.chief:
+                    save_model_weights(self.model, self.run_dir.best_dir, self.step)
+            elif tag != "final":
+                self.evals_since_best.assign_add(1)
+        if self.chief:
+            self.run_dir.append_metrics(record)
+            writer = tf.summary.create_file_writer(str(self.run_dir.tensorboard_dir / "validation"))
+            with writer.as_default(step=self.step):
+                tf.summary.scalar("loss", loss)
+                tf.summary.scalar("perplexity", record["perplexity"])
+                if "bleu" in record:
+                    tf.summary.scalar("bleu", record["bleu"])
+                self._attention_image()
+            writer.flush()
+        shown = f"step {self.step}: validation loss {loss:.4f} (ppl {record['perplexity']:.2f})"
+        if "bleu" in record:
+            shown += f", BLEU {record['bleu']:.2f}"
+        tqdm.write(shown)
+        return record
+
+    def _early_stop(self, record: dict) -> bool:
+        patience = self.config.train.early_stopping
+        return bool(patience and "bleu" in record and self.evals_since_best.numpy() >= patience)
+
+    def _attention_image(self) -> None:
+        """Cross-attention heat maps (one per head, last decoder layer) of the first validation batch row."""
+        batch = next(iter(self.eval_dataset.take(1)))
+        source, target_in = batch["source"][:1], batch["target_in"][:1]
+        weights = self.model.cross_attention(source, target_in)[-1][0]  # (heads, T, S)
+        weights = tf.cast(weights, tf.float32)
+        weights = weights / (tf.reduce_max(weights, axis=[1, 2], keepdims=True) + 1e-9)
+        tf.summary.image("cross_attention_last_layer", weights[..., tf.newaxis], max_outputs=8)
+
+    def _write_train_summaries(self, writer, step, metrics, lr, tokens_per_sec) -> None:
+        with writer.as_default(step=step):
+            tf.summary.scalar("loss", metrics["loss"])
+            tf.summary.scalar("nll", metrics["nll"])
+            tf.summary.scalar("learning_rate", lr)
+            tf.summary.scalar("grad_norm", metrics["grad_norm"])
+            tf.summary.scalar("loss_scale", metrics["loss_scale"])
+            tf.summary.scalar("tokens_per_sec", tokens_per_sec)
+            tf.summary.scalar("skipped_steps", self.step_fn.skipped_steps)
+            tf.summary.scalar("peak_memory_mb", peak_memory_mb())
+            for name, value in metrics["layer_grad_norms"].items():
+                tf.summary.scalar(f"grad_norm/{name}", value)
+
+    def _finalize(self) -> None:
+        """Writes DIR/final: EMA weights, or the average of the last K checkpoints, or the last weights."""
+        cfg = self.config.train
+        if not self.chief:
+            return
+        if cfg.ema_decay > 0:
+            self.optimizer.finalize_variable_values(self.model.trainable_variables)
+            log.info("final weights: exponential moving average (decay %g)", cfg.ema_decay)
+        elif cfg.average_last > 1 and len(self.manager.checkpoints) > 1:
+            paths = self.manager.checkpoints[-cfg.average_last :]
+            average_checkpoints(self.model, paths)
+            log.info("final weights: average of %d checkpoints (%s ... %s)", len(paths), paths[0], paths[-1])
+        save_model_weights(self.model, self.run_dir.final_dir, self.step)
+
+
+def average_checkpoints(model, paths: list[str]) -> None:
+    """Sets the model's weights to their mean over the checkpoints in `paths` (each holding `model`)."""
+    total = None
+    for path in paths:
+        tf.train.Checkpoint(model=model).restore(path).expect_partial().assert_existing_objects_matched()
+        values = [np.asarray(w.numpy(), dtype=np.float64) for w in model.weights]
+        total = values if total is None else [t + v for t, v in zip(total, values)]
+    for weight, summed in zip(model.weights, total):
+        weight.assign((summed / len(paths)).astype(weight.dtype))
+
+
+def peak_memory_mb() -> float:
+    if tf.config.list_logical_devices("GPU"):
+        return tf.config.experimental.get_memory_info("GPU:0")["peak"] / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def _remove_tree(path: Path) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
+
+
+__all__ = ["Trainer", "TrainResult", "TrainingError", "RunDirError", "average_checkpoints"]

@@ -1,0 +1,113 @@
+"""Train a Transformer translator from one YAML config.
+
+    python train.py --config base.yaml [--set section.key=value ...] [--model-dir DIR]
+
+Rerunning the same command on the same --model-dir resumes from the last checkpoint (and says so).
+Exit codes: 0 done or stopped cleanly by SIGINT/SIGTERM (checkpoint saved), 1 training failed,
+2 bad config or arguments (nothing written), 3 the run directory is in use or inconsistent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from nmt.config import ConfigError, load_config  # noqa: E402
+from nmt.run_dir import RunDir, RunDirError, RunLock, write_atomic  # noqa: E402
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--config", required=True, help="YAML config: a path, or a name looked up in configs/"
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override one config value (repeatable), e.g. --set train.max_steps=100",
+    )
+    parser.add_argument("--model-dir", help="run directory (default: runs/<config name>)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    return parser.parse_args(argv)
+
+
+def check_resume_compatible(run_dir: RunDir, config) -> bool:
+    """True when DIR already holds a run; raises RunDirError if its model/data config differs from this one."""
+    if not run_dir.exists():
+        return False
+    saved = run_dir.load_config()
+    for section in ("data", "model"):
+        old, new = getattr(saved, section).__dict__, getattr(config, section).__dict__
+        changed = [f"{section}.{key}: {old[key]!r} -> {new[key]!r}" for key in old if old[key] != new[key]]
+        if changed:
+            raise RunDirError(
+                f"{run_dir.path} was trained with a different {section} config ({'; '.join(changed)}); "
+                "use another --model-dir or the original config"
+            )
+    return True
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    log = logging.getLogger("nmt.train")
+    try:
+        config = load_config(args.config, args.overrides)
+    except ConfigError as err:
+        print(f"train.py: config error: {err}", file=sys.stderr)
+        return 2
+    run_dir = RunDir(args.model_dir or Path("runs") / Path(args.config).stem)
+    try:
+        resuming = check_resume_compatible(run_dir, config)
+    except RunDirError as err:
+        print(f"train.py: {err}", file=sys.stderr)
+        return 3
+
+    from data.errors import DataError
+    from nmt.trainer import Trainer, TrainingError
+
+    try:
+        with RunLock(run_dir):
+            log.info("run directory %s (%s)", run_dir.path, "resuming" if resuming else "new run")
+            print(config.to_yaml(), file=sys.stderr)
+            write_atomic(run_dir.config_path, config.to_yaml())
+            trainer = Trainer(config, run_dir)
+            trainer.setup()
+            if trainer.resumed_from:
+                print(f"train.py: resuming {run_dir.path} from step {trainer.resumed_from}", file=sys.stderr)
+            result = trainer.train()
+    except RunDirError as err:
+        print(f"train.py: {err}", file=sys.stderr)
+        return 3
+    except DataError as err:
+        print(f"train.py: data error: {err}", file=sys.stderr)
+        return 1
+    except TrainingError as err:
+        print(f"train.py: training failed: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(
+            "train.py: interrupted twice; stopped without a new checkpoint (the last one is intact)",
+            file=sys.stderr,
+        )
+        return 130
+    print(f"train.py: {result.message}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,189 @@
+"""Raw parallel text for a `DataConfig`: Multi30k, any TFDS catalog translation dataset, or a folder of files.
+
+    load_split(cfg, "validation")       -> tf.data.Dataset of {"source": tf.string (), "target": tf.string ()}
+    load_text_pairs(cfg, "validation")  -> (sources, targets), lists of str in corpus order (BLEU references)
+    split_sizes(cfg)                     -> {"train": 29000, "validation": 1014, "test": 1000}
+
+`cfg.dataset` selects the corpus:
+- "multi30k": `data.multi30k.Multi30k`, prepared into `cfg.data_dir` from a mirror of the raw files, found as
+  `cfg.manual_dir`, else `$NMT_DATA_MIRROR`, else `<repo root>/../shared/data/multi30k`; else downloaded.
+- "folder": `tfds.folder_dataset.TranslateFolder(cfg.folder)`, whose files are named `<lang>.<split>.txt`
+  (e.g. `en.train.txt`, `de.train.txt`), one sentence per line, line-aligned across languages.
+- anything else: a TFDS catalog name such as "ted_hrlr_translate/pt_to_en" or "wmt14_translate/de-en", whose
+  features are per-language texts; `cfg.source` and `cfg.target` pick two of them.
+
+Problems are `DataError`s that say what to change: unknown dataset, language or split, a malformed folder, or a
+dataset that needs the network on a machine without it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from pathlib import Path
+
+import tensorflow as tf
+import tensorflow_datasets as tfds
+
+from data.errors import DataError
+from data.multi30k import Multi30k, config_name, read_lines
+from nmt.config import DataConfig
+
+log = logging.getLogger(__name__)
+
+MULTI30K = "multi30k"
+FOLDER = "folder"
+MIRROR_ENV = "NMT_DATA_MIRROR"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+_FOLDER_FILE = re.compile(r"^[^.]+\.[^.]+\.[^.]+$")  # <lang>.<split>.<ext>, what TranslateFolder unpacks
+
+
+def find_mirror(cfg: DataConfig) -> Path | None:
+    """The local mirror of the raw files: cfg.manual_dir, else $NMT_DATA_MIRROR, else ../shared/data/<name>.
+
+    An explicit setting that does not exist is an error; the default location is optional (None if absent).
+    """
+    for origin, value in (
+        ("data.manual_dir", cfg.manual_dir),
+        (f"${MIRROR_ENV}", os.environ.get(MIRROR_ENV)),
+    ):
+        if value:
+            path = Path(value).expanduser()
+            if not path.is_dir():
+                raise DataError(f"{origin}={value}: no such directory (it should hold the raw corpus files)")
+            return path
+    default = REPO_ROOT.parent / "shared" / "data" / cfg.dataset.split("/")[0]
+    return default if default.is_dir() else None
+
+
+def _prepare(builder: tfds.core.DatasetBuilder, cfg: DataConfig) -> None:
+    """download_and_prepare, reusing prepared data; errors that need a person become `DataError`s."""
+    mirror = find_mirror(cfg)
+    config = tfds.download.DownloadConfig(manual_dir=mirror, try_download_gcs=False)
+    try:
+        builder.download_and_prepare(download_config=config)
+    except DataError:
+        raise
+    except ModuleNotFoundError as err:
+        raise DataError(
+            f"preparing {builder.name} needs the Python package {err.name!r}, which TFDS 4.9.10 uses without "
+            f"declaring it: pip install {err.name}"
+        ) from err
+    except Exception as err:  # noqa: BLE001 - typically no network; chained for the traceback
+        raise DataError(
+            f"cannot prepare TFDS dataset {cfg.dataset} in {builder.data_dir_root} ({type(err).__name__}: {err}). "
+            "If this machine has no network: prepare it where there is one and copy the prepared folder into "
+            "data.data_dir, or put its raw files in a mirror (data.manual_dir or "
+            f"${MIRROR_ENV}; looked at {mirror})."
+        ) from err
+
+
+def _check_folder(folder: Path) -> None:
+    """Validates the TranslateFolder layout, with errors naming the file (TFDS would fail obscurely)."""
+    if not folder.is_dir():
+        raise DataError(f"data.folder={folder}: no such directory")
+    files = sorted(p for p in folder.iterdir())
+    if not files:
+        raise DataError(f"data.folder={folder} is empty: expected files named <lang>.<split>.txt")
+    for path in files:
+        if not path.is_file() or not _FOLDER_FILE.match(path.name):
+            raise DataError(
+                f"{path}: data.folder must hold only files named <lang>.<split>.txt (e.g. en.train.txt)"
+            )
+        lines = read_lines(path)  # UTF-8, non-empty
+        if len("\n".join(lines).splitlines()) != len(lines):
+            raise DataError(
+                f"{path} contains Unicode line separators (e.g. U+2028, U+0085) on which TranslateFolder splits "
+                "lines; replace them so the files stay line-aligned"
+            )
+
+
+def _builder(cfg: DataConfig) -> tfds.core.DatasetBuilder:
+    """The prepared builder for cfg.dataset."""
+    if cfg.dataset == MULTI30K:
+        builder = Multi30k(config=config_name(cfg.source, cfg.target), data_dir=cfg.data_dir)
+        _prepare(builder, cfg)  # a download failure names the mirror locations (MIRROR_HINT)
+        return builder
+    if cfg.dataset == FOLDER:
+        if not cfg.folder:
+            raise DataError("data.dataset: folder needs data.folder, a folder of <lang>.<split>.txt files")
+        folder = Path(cfg.folder).expanduser()
+        _check_folder(folder)
+        try:
+            return tfds.folder_dataset.TranslateFolder(root_dir=os.fspath(folder))
+        except ValueError as err:
+            raise DataError(f"data.folder={folder}: {err}") from err
+    try:
+        builder = tfds.builder(cfg.dataset, data_dir=cfg.data_dir)
+    except tfds.core.registered.DatasetNotFoundError as err:
+        first_line = str(err).splitlines()[0]
+        raise DataError(
+            f"unknown dataset {cfg.dataset!r} ({first_line}): data.dataset must be 'multi30k', 'folder' or a "
+            "TFDS catalog name such as 'ted_hrlr_translate/pt_to_en'"
+        ) from err
+    except ValueError as err:  # e.g. an unknown builder config
+        raise DataError(f"data.dataset={cfg.dataset!r}: {err}") from err
+    _prepare(builder, cfg)
+    return builder
+
+
+def _check_languages(builder: tfds.core.DatasetBuilder, cfg: DataConfig) -> None:
+    features = builder.info.features
+    keys = list(features.keys()) if hasattr(features, "keys") else []
+    for key, lang in (("data.source", cfg.source), ("data.target", cfg.target)):
+        if lang not in keys:
+            raise DataError(
+                f"{key}={lang!r}: language not in dataset {cfg.dataset!r} (it has: {', '.join(keys) or 'none'})"
+            )
+
+
+def _check_split(builder: tfds.core.DatasetBuilder, cfg: DataConfig, split: str) -> None:
+    names = list(builder.info.splits.keys())
+    if names and split.split("[")[0] not in names:
+        raise DataError(f"split {split!r} is not in dataset {cfg.dataset!r} (splits: {', '.join(names)})")
+
+
+def load_batches(cfg: DataConfig, split: str, batch_size: int = 4096) -> tf.data.Dataset:
+    """Like `load_split`, in batches `{"source": tf.string (b,), "target": tf.string (b,)}` (b <= batch_size).
+
+    Faster than `load_split` for a whole pass: the renaming runs once per batch, not once per sentence.
+    """
+    builder = _builder(cfg)
+    _check_languages(builder, cfg)
+    _check_split(builder, cfg, split)
+    ds = builder.as_dataset(split=split, shuffle_files=False).batch(batch_size)
+    source, target = cfg.source, cfg.target
+    rename = tf.autograph.experimental.do_not_convert(lambda ex: {"source": ex[source], "target": ex[target]})
+    return ds.map(rename)
+
+
+def load_split(cfg: DataConfig, split: str) -> tf.data.Dataset:
+    """One split as `{"source": tf.string (), "target": tf.string ()}` examples, in corpus order.
+
+    Args:
+      cfg: the data config (dataset, languages, data_dir, manual_dir, folder).
+      split: a split name of the dataset ("train", "validation", "test"; TFDS slicing like "train[:1%]" works
+        for TFDS datasets).
+    """
+    return load_batches(cfg, split).unbatch()
+
+
+def load_text_pairs(cfg: DataConfig, split: str) -> tuple[list[str], list[str]]:
+    """The raw (untokenized) sources and targets of a split, in corpus order, as Python strings."""
+    sources, targets = [], []
+    for batch in load_batches(cfg, split).as_numpy_iterator():
+        sources.extend(s.decode("utf-8") for s in batch["source"])
+        targets.extend(t.decode("utf-8") for t in batch["target"])
+    return sources, targets
+
+
+def split_sizes(cfg: DataConfig) -> dict[str, int]:
+    """Split name -> number of pairs, for every split of the dataset (counted if TFDS does not know them)."""
+    builder = _builder(cfg)
+    _check_languages(builder, cfg)
+    sizes = {name: int(info.num_examples) for name, info in builder.info.splits.items()}
+    if sizes:
+        return sizes
+    names = dict.fromkeys([cfg.train_split, cfg.validation_split, cfg.test_split])
+    return {name: int(builder.as_dataset(split=name).reduce(0, lambda n, _: n + 1)) for name in names}

@@ -1,0 +1,295 @@
+"""SentencePiece subword tokenizer: trained with the `sentencepiece` package, applied in-graph with TF Text.
+
+    tokenizer = train_tokenizer(cfg, out_dir)        # writes spm.model (joint) or spm.source/target.model
+    tokenizer = Tokenizer.load(out_dir)
+    ids = tokenizer.tokenize_source(["A man sleeps."])      # tf.RaggedTensor int32 (1, None), no BOS/EOS
+    text = tokenizer.detokenize_target(ids)                  # tf.string (1,)
+
+Lossless by construction, so sacreBLEU can score detokenized cased text against raw references: identity
+normalization (no NFKC), whitespace kept as it is (`remove_extra_whitespaces=False`), every character of the
+training text in the vocabulary (`character_coverage=1.0`) and, when the vocabulary has room (>= 2048 pieces),
+byte fallback for characters never seen in training. One known loss: TF Text's bundled SentencePiece drops
+whitespace at the very start of a line when detokenizing.
+
+Special ids are the project's (`transformer.vocab`): <pad>=0, <unk>=1, <s>=2 (BOS), </s>=3 (EOS). A model file
+that reserves other ids is refused. Vocabulary sizes are padded up to a multiple of 8 for the embedding tables;
+ids in the padding (never produced by the tokenizer, maybe by a model) are dropped when detokenizing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import logging
+from pathlib import Path
+
+import numpy as np
+import sentencepiece as spm
+import tensorflow as tf
+import tensorflow_text as tf_text
+from tensorflow_text.python.ops.sentencepiece_tokenizer import gen_sentencepiece_tokenizer
+
+from data.errors import DataError
+from nmt.config import DataConfig
+from transformer.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+
+log = logging.getLogger(__name__)
+
+JOINT_MODEL = "spm.model"
+SOURCE_MODEL = "spm.source.model"
+TARGET_MODEL = "spm.target.model"
+BYTE_FALLBACK_MIN_VOCAB = 2048  # below this, 256 byte pieces would crowd out real subwords
+_SPECIAL_IDS = {"pad_id": PAD_ID, "unk_id": UNK_ID, "bos_id": BOS_ID, "eos_id": EOS_ID}
+
+
+def padded_size(size: int, multiple: int = 8) -> int:
+    """`size` rounded up to a multiple of `multiple`."""
+    return -(-size // multiple) * multiple
+
+
+def _piece_count(model: bytes, origin: str) -> int:
+    """Checks the special ids of a serialized model; returns its number of pieces."""
+    processor = spm.SentencePieceProcessor()
+    try:
+        processor.LoadFromSerializedProto(model)
+    except (RuntimeError, OSError) as err:
+        raise DataError(f"{origin} is not a SentencePiece model: {err}") from err
+    actual = {
+        "pad_id": processor.pad_id(),
+        "unk_id": processor.unk_id(),
+        "bos_id": processor.bos_id(),
+        "eos_id": processor.eos_id(),
+    }
+    if actual != _SPECIAL_IDS:
+        raise DataError(f"{origin} reserves special ids {actual}; this project needs {_SPECIAL_IDS}")
+    return processor.GetPieceSize()
+
+
+class _SharedSentencepieceModel(tf.saved_model.experimental.TrackableResource):
+    """A SentencePiece model resource with a shared name, so it outlives TF's kernel cache.
+
+    TF Text creates its model resource private to the op kernel, and `tf.random.set_seed` (so also
+    `keras.utils.set_random_seed`) clears the eager kernel cache, which deletes it: every later call then fails
+    with "Resource ... SentencepieceResource does not exist". A shared name keeps it in the resource manager.
+    """
+
+    def __init__(self, model: bytes):
+        super().__init__()
+        self._model = model
+        self._shared_name = "nmt_sentencepiece_" + hashlib.sha1(model).hexdigest()
+        _ = self.resource_handle  # creates the resource
+
+    def _create_resource(self):
+        return gen_sentencepiece_tokenizer.sentencepiece_op(model=self._model, shared_name=self._shared_name)
+
+
+def _sentencepiece(model: bytes) -> tf_text.SentencepieceTokenizer:
+    tokenizer = tf_text.SentencepieceTokenizer(model=model, out_type=tf.int32)
+    tokenizer._model_resource = _SharedSentencepieceModel(model)  # see _SharedSentencepieceModel
+    return tokenizer
+
+
+class Tokenizer(tf.Module):
+    """Source and target SentencePiece tokenizers (one shared model if the vocabulary is joint).
+
+    A `tf.Module`: the SentencePiece models are tracked resources (and, when loaded from files, assets), so a
+    SavedModel holding a `Tokenizer` maps raw strings to ids and back with no Python at serving time.
+
+    Args:
+      source_model: serialized SentencePiece `ModelProto` for the source language (or both, if joint).
+      target_model: serialized model for the target language; None for a joint vocabulary.
+      files: optional model files to track as SavedModel assets (source first).
+    """
+
+    def __init__(
+        self,
+        source_model: bytes,
+        target_model: bytes | None = None,
+        *,
+        files: list[Path] | None = None,
+        name: str = "tokenizer",
+    ):
+        super().__init__(name=name)
+        self.joint = target_model is None
+        self._source_pieces = _piece_count(source_model, "source model")
+        self._target_pieces = (
+            self._source_pieces if self.joint else _piece_count(target_model, "target model")
+        )
+        self._models = (source_model, target_model)
+        self._source = _sentencepiece(source_model)
+        self._target = self._source if self.joint else _sentencepiece(target_model)
+        self.assets = [tf.saved_model.Asset(str(path)) for path in files or []]
+
+    @classmethod
+    def load(cls, directory: str | Path) -> Tokenizer:
+        """Loads `spm.model`, or `spm.source.model` and `spm.target.model`, from `directory`."""
+        directory = Path(directory)
+        joint = directory / JOINT_MODEL
+        if joint.is_file():
+            return cls(joint.read_bytes(), files=[joint])
+        source, target = directory / SOURCE_MODEL, directory / TARGET_MODEL
+        if source.is_file() and target.is_file():
+            return cls(source.read_bytes(), target.read_bytes(), files=[source, target])
+        raise DataError(
+            f"no tokenizer in {directory}: expected {JOINT_MODEL}, or {SOURCE_MODEL} and {TARGET_MODEL}"
+        )
+
+    def save(self, directory: str | Path) -> None:
+        """Writes the model file(s) into `directory` (created if needed), in the layout `load` reads."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        source, target = self._models
+        if self.joint:
+            (directory / JOINT_MODEL).write_bytes(source)
+        else:
+            (directory / SOURCE_MODEL).write_bytes(source)
+            (directory / TARGET_MODEL).write_bytes(target)
+
+    @property
+    def source_vocab_size(self) -> int:
+        """Source embedding rows: SentencePiece pieces padded up to a multiple of 8."""
+        return padded_size(self._source_pieces)
+
+    @property
+    def target_vocab_size(self) -> int:
+        """Target embedding rows / logits: SentencePiece pieces padded up to a multiple of 8."""
+        return padded_size(self._target_pieces)
+
+    def tokenize_source(self, strings) -> tf.RaggedTensor:
+        """tf.string (B,) -> int32 RaggedTensor (B, None) of piece ids, no BOS/EOS (a scalar gives (None,))."""
+        return self._source.tokenize(strings)
+
+    def tokenize_target(self, strings) -> tf.RaggedTensor:
+        """tf.string (B,) -> int32 RaggedTensor (B, None) of piece ids, no BOS/EOS (a scalar gives (None,))."""
+        return self._target.tokenize(strings)
+
+    def detokenize_source(self, ids) -> tf.Tensor:
+        """Like `detokenize_target`, with the source model."""
+        return _detokenize(self._source, ids, self._source_pieces)
+
+    def detokenize_target(self, ids) -> tf.Tensor:
+        """Ids -> text. Drops PAD and BOS and ids outside the vocabulary; stops at the first EOS.
+
+        Args:
+          ids: int tensor (B, L) (dense, e.g. decoder output padded with PAD) or RaggedTensor (B, None);
+            a single sequence (L,) gives a scalar.
+        Returns:
+          tf.string (B,) (or a scalar for (L,) input).
+        """
+        return _detokenize(self._target, ids, self._target_pieces)
+
+
+def _detokenize(tokenizer: tf_text.SentencepieceTokenizer, ids, pieces: int) -> tf.Tensor:
+    if isinstance(ids, tf.RaggedTensor):
+        ids = ids.to_tensor(default_value=PAD_ID)
+    ids = tf.cast(tf.convert_to_tensor(ids), tf.int32)
+    single = ids.shape.rank == 1
+    if single:
+        ids = ids[tf.newaxis]  # (1, L)
+    before_eos = tf.math.cumsum(tf.cast(ids == EOS_ID, tf.int32), axis=-1) == 0  # (B, L)
+    keep = before_eos & (ids != PAD_ID) & (ids != BOS_ID) & (ids >= 0) & (ids < pieces)
+    text = tokenizer.detokenize(tf.ragged.boolean_mask(ids, keep))  # (B,)
+    return text[0] if single else text
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Training
+
+
+def _sample_sentences(cfg: DataConfig, seed: int) -> tuple[list[str], list[str]]:
+    """At most cfg.tokenizer_max_sentences sentences from the train split, drawn without replacement, seeded.
+
+    Joint: one pool of 2N sentences (both sides), returned as (pool sample, []). Separate: the same sampled
+    pairs for both sides, each side at most the limit. Streams the split, keeping only the drawn lines.
+    """
+    from data.corpus import load_batches, split_sizes  # here: loading a tokenizer needs no TFDS
+
+    size = split_sizes(cfg).get(cfg.train_split)
+    if size is None:  # e.g. a sliced split name: count it
+        size = sum(len(b["source"]) for b in load_batches(cfg, cfg.train_split).as_numpy_iterator())
+    rng = np.random.default_rng(seed)
+    pool = 2 * size if cfg.joint_vocab else size
+    take = min(cfg.tokenizer_max_sentences, pool)
+    chosen = np.ones(pool, dtype=bool)
+    if take < pool:
+        log.info("sampling %d of %d sentences for SentencePiece (seed %d)", take, pool, seed)
+        chosen[:] = False
+        chosen[rng.choice(pool, size=take, replace=False)] = True
+    first, second = [], []
+    index = 0
+    for batch in load_batches(cfg, cfg.train_split).as_numpy_iterator():
+        for source, target in zip(batch["source"], batch["target"]):
+            if cfg.joint_vocab:
+                if chosen[2 * index]:
+                    first.append(source.decode("utf-8"))
+                if chosen[2 * index + 1]:
+                    first.append(target.decode("utf-8"))
+            elif chosen[index]:
+                first.append(source.decode("utf-8"))
+                second.append(target.decode("utf-8"))
+            index += 1
+    return first, second
+
+
+def _train_model(sentences: list[str], cfg: DataConfig, seed: int, side: str) -> bytes:
+    """Trains one SentencePiece model in memory; deterministic for a given seed (one thread)."""
+    if not sentences:
+        raise DataError(f"no {side} sentences to train the tokenizer on (split {cfg.train_split!r} is empty)")
+    model = io.BytesIO()
+    spm.set_random_generator_seed(seed)
+    try:
+        spm.SentencePieceTrainer.Train(
+            sentence_iterator=iter(sentences),
+            model_writer=model,
+            model_type=cfg.tokenizer,
+            vocab_size=cfg.vocab_size,
+            character_coverage=1.0,
+            byte_fallback=cfg.vocab_size >= BYTE_FALLBACK_MIN_VOCAB,
+            normalization_rule_name="identity",
+            remove_extra_whitespaces=False,
+            num_threads=1,
+            minloglevel=2,
+            **_SPECIAL_IDS,
+        )
+    except RuntimeError as err:
+        raise DataError(
+            f"SentencePiece cannot train a {cfg.tokenizer} model of data.vocab_size={cfg.vocab_size} on "
+            f"{len(sentences)} {side} sentences of {cfg.dataset!r}: {str(err).strip()}. "
+            "Lower data.vocab_size (or use more data)."
+        ) from err
+    return model.getvalue()
+
+
+def train_tokenizer(cfg: DataConfig, out_dir: str | Path, *, seed: int = 1234) -> Tokenizer:
+    """Trains SentencePiece on the train split only and writes the model file(s) into `out_dir`.
+
+    Args:
+      cfg: data config: dataset and languages, `tokenizer` (unigram|bpe), `vocab_size`, `joint_vocab`,
+        `tokenizer_max_sentences` (sentences sampled, seeded by `seed`).
+      out_dir: created if needed; receives `spm.model` (joint) or `spm.source.model` and `spm.target.model`.
+      seed: seeds the sentence sample and SentencePiece's own random generator.
+    Raises:
+      DataError: e.g. a vocabulary too large for the corpus (the message names data.vocab_size and the limit).
+    """
+    out_dir = Path(out_dir)
+    first, second = _sample_sentences(cfg, seed)
+    if cfg.joint_vocab:
+        log.info(
+            "training a joint %s SentencePiece model (%d pieces) on %d sentences",
+            cfg.tokenizer,
+            cfg.vocab_size,
+            len(first),
+        )
+        tokenizer = Tokenizer(_train_model(first, cfg, seed, "source and target"))
+    else:
+        log.info(
+            "training source and target %s SentencePiece models (%d pieces each) on %d pairs",
+            cfg.tokenizer,
+            cfg.vocab_size,
+            len(first),
+        )
+        tokenizer = Tokenizer(
+            _train_model(first, cfg, seed, "source"), _train_model(second, cfg, seed, "target")
+        )
+    tokenizer.save(out_dir)
+    return Tokenizer.load(out_dir)

@@ -1,0 +1,128 @@
+"""`load_split`, `load_text_pairs`, `split_sizes` for Multi30k, a TranslateFolder and a (mocked) TFDS catalog set."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import tensorflow as tf
+import tensorflow_datasets as tfds
+
+from data import corpus
+from data.corpus import find_mirror, load_split, load_text_pairs, split_sizes
+from data.errors import DataError
+from nmt.config import DataConfig
+from tests.data.conftest import SIZES, mirror_lines, sentences
+
+
+def test_multi30k_both_directions_in_corpus_order(data_cfg, mirror):
+    sources, targets = load_text_pairs(data_cfg, "validation")
+    assert sources == mirror_lines(mirror, "val", "en")
+    assert targets == mirror_lines(mirror, "val", "de")
+    reverse = dataclasses.replace(data_cfg, source="de", target="en")
+    sources, targets = load_text_pairs(reverse, "test")
+    assert sources == mirror_lines(mirror, "test_2016_flickr", "de")
+    assert targets == mirror_lines(mirror, "test_2016_flickr", "en")
+    assert split_sizes(data_cfg) == {
+        "train": SIZES["train"],
+        "validation": SIZES["val"],
+        "test": SIZES["test_2016_flickr"],
+    }
+
+
+def test_load_split_yields_string_pairs(data_cfg):
+    ds = load_split(data_cfg, "validation")
+    assert ds.element_spec == {
+        "source": tf.TensorSpec([], tf.string),
+        "target": tf.TensorSpec([], tf.string),
+    }
+    assert sum(1 for _ in ds) == SIZES["val"]
+
+
+def test_unknown_language_split_and_dataset(data_cfg):
+    with pytest.raises(DataError, match="'cs' is not in multi30k"):
+        load_split(dataclasses.replace(data_cfg, target="cs"), "train")
+    with pytest.raises(DataError, match="split 'dev' is not in dataset 'multi30k'"):
+        load_split(data_cfg, "dev")
+    with pytest.raises(DataError, match="unknown dataset 'no_such_corpus'.*'multi30k', 'folder'"):
+        load_split(dataclasses.replace(data_cfg, dataset="no_such_corpus"), "train")
+
+
+def write_folder(folder, splits={"train": 20, "dev": 5}):  # noqa: B006 - read only
+    folder.mkdir(parents=True, exist_ok=True)
+    for index, (split, count) in enumerate(splits.items()):
+        for lang in ("en", "fr"):
+            (folder / f"{lang}.{split}.txt").write_text("\n".join(sentences(lang, count, index)) + "\n")
+    return folder
+
+
+def test_translate_folder(tmp_path):
+    cfg = DataConfig(
+        dataset="folder", folder=str(write_folder(tmp_path / "corpus")), source="fr", target="en"
+    )
+    assert split_sizes(cfg) == {"train": 20, "dev": 5}
+    sources, targets = load_text_pairs(cfg, "dev")
+    assert sources == sentences("fr", 5, 1) and targets == sentences("en", 5, 1)
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "message"),
+    [
+        ("README.md", "hi\n", r"README\.md: data\.folder must hold only files named <lang>\.<split>\.txt"),
+        ("de.train.txt", "a\n", r"Num examples for split train do not match"),
+        ("de.dev.txt", "a\u2028b\n" * 5, r"de\.dev\.txt contains Unicode line separators"),
+    ],
+)
+def test_translate_folder_errors(tmp_path, name, content, message):
+    folder = write_folder(tmp_path / "corpus")
+    (folder / name).write_text(content)
+    with pytest.raises(DataError, match=message):
+        split_sizes(DataConfig(dataset="folder", folder=str(folder), source="fr", target="en"))
+
+
+def test_translate_folder_needs_a_folder(tmp_path):
+    with pytest.raises(DataError, match="needs data.folder"):
+        load_split(DataConfig(dataset="folder"), "train")
+    with pytest.raises(DataError, match="no such directory"):
+        load_split(DataConfig(dataset="folder", folder=str(tmp_path / "absent")), "train")
+
+
+def test_tfds_catalog_dataset_with_mock_data(tmp_path):
+    cfg = DataConfig(dataset="ted_hrlr_translate/pt_to_en", source="pt", target="en", data_dir=str(tmp_path))
+    with tfds.testing.mock_data(num_examples=6, policy=tfds.testing.MockPolicy.USE_CODE):
+        sources, targets = load_text_pairs(cfg, "validation")
+        assert len(sources) == len(targets) == 6 and all(isinstance(s, str) for s in sources)
+        with pytest.raises(
+            DataError, match=r"data.target='de': language not in dataset .*\(it has: pt, en\)"
+        ):
+            load_split(dataclasses.replace(cfg, target="de"), "train")
+
+
+def test_catalog_dataset_without_network_explains_the_way_out(tmp_path, monkeypatch):
+    def offline(self, **kwargs):
+        raise ConnectionError("Failed to resolve 'github.com'")
+
+    monkeypatch.setattr(tfds.core.DatasetBuilder, "download_and_prepare", offline)
+    cfg = DataConfig(dataset="ted_hrlr_translate/pt_to_en", source="pt", target="en", data_dir=str(tmp_path))
+    with pytest.raises(
+        DataError, match=r"cannot prepare TFDS dataset .*ConnectionError.*data\.data_dir.*data\.manual_dir"
+    ):
+        load_split(cfg, "train")
+
+
+def test_find_mirror_order(tmp_path, monkeypatch):
+    explicit, from_env = tmp_path / "explicit", tmp_path / "env"
+    explicit.mkdir()
+    from_env.mkdir()
+    monkeypatch.setattr(corpus, "REPO_ROOT", tmp_path / "repo")  # no ../shared/data/multi30k beside it
+    monkeypatch.delenv(corpus.MIRROR_ENV, raising=False)
+    assert find_mirror(DataConfig()) is None
+    monkeypatch.setenv(corpus.MIRROR_ENV, str(from_env))
+    assert find_mirror(DataConfig()) == from_env
+    assert find_mirror(DataConfig(manual_dir=str(explicit))) == explicit
+    with pytest.raises(DataError, match=r"data.manual_dir=.*absent: no such directory"):
+        find_mirror(DataConfig(manual_dir=str(tmp_path / "absent")))
+    default = tmp_path / "shared" / "data" / "multi30k"
+    default.mkdir(parents=True)
+    monkeypatch.delenv(corpus.MIRROR_ENV)
+    assert find_mirror(DataConfig()) == default

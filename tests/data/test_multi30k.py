@@ -1,0 +1,115 @@
+"""The Multi30k TFDS builder: offline preparation from a mirror, clear errors, no half-prepared state."""
+
+from __future__ import annotations
+
+import gzip
+import time
+from pathlib import Path
+
+import pytest
+import tensorflow_datasets as tfds
+
+from data.errors import DataError
+from data.multi30k import Multi30k, config_name, read_lines
+from tests.data.conftest import SIZES, mirror_lines, write_mirror
+
+SHARED_MIRROR = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "multi30k"
+
+
+def prepare(data_dir: Path, manual_dir: Path | None, config: str = "en-de") -> Multi30k:
+    builder = Multi30k(config=config, data_dir=str(data_dir))
+    download_config = tfds.download.DownloadConfig(manual_dir=manual_dir, try_download_gcs=False)
+    builder.download_and_prepare(download_config=download_config)
+    return builder
+
+
+def assert_nothing_prepared(data_dir: Path) -> None:
+    config_dir = data_dir / "multi30k" / "en-de"
+    leftovers = list(config_dir.iterdir()) if config_dir.exists() else []
+    assert leftovers == [], f"a failed prepare left {leftovers}"
+
+
+def test_prepares_splits_in_corpus_order_and_reuses(tmp_path, mirror):
+    builder = prepare(tmp_path, mirror)
+    sizes = {name: split.num_examples for name, split in builder.info.splits.items()}
+    assert sizes == {"train": SIZES["train"], "validation": SIZES["val"], "test": SIZES["test_2016_flickr"]}
+    examples = list(builder.as_dataset(split="validation").as_numpy_iterator())
+    assert [ex["en"].decode() for ex in examples] == mirror_lines(mirror, "val", "en")
+    assert [ex["de"].decode() for ex in examples] == mirror_lines(mirror, "val", "de")
+
+    record = next((tmp_path / "multi30k" / "en-de" / "1.0.0").glob("*train.tfrecord*"))
+    stamp = record.stat().st_mtime_ns
+    start = time.perf_counter()
+    prepare(tmp_path, mirror)  # reuses: nothing rewritten
+    assert record.stat().st_mtime_ns == stamp
+    assert time.perf_counter() - start < 5
+
+
+def test_other_pair_and_config_names(tmp_path, mirror):
+    builder = prepare(tmp_path, mirror, config="en-fr")
+    assert set(builder.info.features.keys()) == {"en", "fr"}
+    assert config_name("de", "en") == "en-de" and config_name("fr", "de") == "de-fr"
+    with pytest.raises(DataError, match="'cs' is not in multi30k"):
+        config_name("en", "cs")
+    with pytest.raises(DataError, match="no language pair en-en"):
+        config_name("en", "en")
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        ("missing", r"missing val\.de\.gz"),
+        ("empty", r"val\.de\.gz is empty"),
+        ("mismatch", r"line counts differ: .*val\.en\.gz has 12 lines, .*val\.de\.gz has 11"),
+        ("utf8", r"val\.de\.gz is not valid UTF-8 \(line 3"),
+        ("gzip", r"val\.de\.gz is not a valid gzip file"),
+    ],
+)
+def test_bad_mirror_files_are_named_and_leave_nothing_behind(tmp_path, damage, message):
+    mirror = write_mirror(tmp_path / "mirror", languages=("en", "de"))
+    target = mirror / "val.de.gz"
+    lines = mirror_lines(mirror, "val", "de")
+    if damage == "missing":
+        target.unlink()
+    elif damage == "empty":
+        target.write_bytes(gzip.compress(b""))
+    elif damage == "mismatch":
+        target.write_bytes(gzip.compress(("\n".join(lines[:-1]) + "\n").encode()))
+    elif damage == "utf8":
+        raw = "\n".join(lines[:2]).encode() + b"\nbad \xff\xfe byte\n" + "\n".join(lines[3:]).encode()
+        target.write_bytes(gzip.compress(raw))
+    else:
+        target.write_bytes(b"not gzip at all")
+    with pytest.raises(DataError, match=message):
+        prepare(tmp_path / "tfds", mirror)
+    assert_nothing_prepared(tmp_path / "tfds")
+
+    write_mirror(mirror, languages=("en", "de"))  # repaired: the next prepare succeeds
+    assert prepare(tmp_path / "tfds", mirror).info.splits["validation"].num_examples == SIZES["val"]
+
+
+def test_no_mirror_and_no_network_says_where_the_mirror_goes(tmp_path, monkeypatch):
+    def offline(*args, **kwargs):
+        raise ConnectionError("Name or service not known")
+
+    monkeypatch.setattr(tfds.download.DownloadManager, "download", offline)
+    with pytest.raises(
+        DataError, match=r"cannot download Multi30k.*data\.manual_dir.*NMT_DATA_MIRROR.*shared/data"
+    ):
+        prepare(tmp_path / "tfds", None)
+    assert_nothing_prepared(tmp_path / "tfds")
+
+
+def test_read_lines_splits_on_newlines_only(tmp_path):
+    path = tmp_path / "x.en"
+    path.write_bytes("\ufeffone\r\ntwo \u2028 still two\nthree".encode())
+    assert read_lines(path) == ["one", "two \u2028 still two", "three"]
+
+
+def test_real_mirror_prepares_offline(tmp_path):
+    """CI: the shared Multi30k mirror prepares into a fresh data_dir with the published split sizes."""
+    if not SHARED_MIRROR.is_dir():
+        pytest.skip(f"the shared Multi30k mirror is absent ({SHARED_MIRROR})")
+    builder = prepare(tmp_path, SHARED_MIRROR)
+    sizes = {name: split.num_examples for name, split in builder.info.splits.items()}
+    assert sizes == {"train": 29000, "validation": 1014, "test": 1000}

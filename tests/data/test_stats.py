@@ -1,0 +1,65 @@
+"""`python -m data.stats`: one JSON line on stdout, logs on stderr, exit 2 on a config error."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from data.stats import main
+from tests.data.conftest import SIZES
+
+
+def write_config(tmp_path, mirror, prepared_dir, extra: str = "") -> str:
+    path = tmp_path / "stats.yaml"
+    path.write_text(
+        "data:\n"
+        f"  manual_dir: {mirror}\n"
+        f"  data_dir: {prepared_dir}\n"
+        "  vocab_size: 96\n"
+        "  max_length: 20\n"
+        "  batch_tokens: 256\n"
+        "model:\n"
+        "  max_length: 64\n" + extra
+    )
+    return str(path)
+
+
+def test_prints_one_json_line(tmp_path, mirror, prepared_dir, capsys):
+    config = write_config(tmp_path, mirror, prepared_dir)
+    assert main(["--config", config, "--set", "train.seed=5", "--tokenizer-dir", str(tmp_path / "spm")]) == 0
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1
+    stats = json.loads(out)
+    assert stats["splits"] == {
+        "train": SIZES["train"],
+        "validation": SIZES["val"],
+        "test": SIZES["test_2016_flickr"],
+    }
+    assert stats["vocab_size"] == 96 and (tmp_path / "spm" / "spm.model").is_file()
+    # 96 pieces: no byte fallback for characters unseen in training (capitals of rare sentence starts)
+    assert 0.9 <= stats["roundtrip_exact"] <= 1
+    assert 0 <= stats["padding_waste"] < 0.5
+    assert 1 <= stats["num_shapes"] <= 2 * stats["num_buckets"]
+    assert stats["dropped_long"] > 0 and stats["tokens_per_sec"] > 0
+    assert stats["bucket_edges"][-1] == 20
+
+
+def test_config_error_exits_2(tmp_path, mirror, prepared_dir, capsys):
+    config = write_config(tmp_path, mirror, prepared_dir)
+    assert main(["--config", config, "--set", "data.vocab_sise=8"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "unknown config key data.vocab_sise" in captured.err
+    assert main(["--config", str(tmp_path / "absent.yaml")]) == 2
+
+
+def test_data_error_exits_1(tmp_path, mirror, prepared_dir, capsys):
+    config = write_config(tmp_path, mirror, prepared_dir)
+    assert main(["--config", config, "--set", "data.target=cs"]) == 1
+    assert "'cs' is not in multi30k" in capsys.readouterr().err
+
+
+def test_help(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])
+    assert exit_info.value.code == 0 and "--tokenizer-dir" in capsys.readouterr().out

@@ -1,0 +1,122 @@
+"""SentencePiece training and the in-graph `Tokenizer`: special ids, lossless round trip, padding, SavedModel."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import sentencepiece as spm
+import tensorflow as tf
+
+from data.errors import DataError
+from data.tokenizer import JOINT_MODEL, SOURCE_MODEL, TARGET_MODEL, Tokenizer, train_tokenizer
+from tests.data.conftest import mirror_lines
+from transformer.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+
+TEXT = [  # only characters of the fake training corpus: below 2048 pieces there is no byte fallback
+    "A man sleeps near the café.",
+    "Ein Mädchen läuft über die Straße!",
+    "Two  friends; outside , with the dog?",
+    "Eine Frau spielt mit zwei Freunden … ",
+    "",
+]
+
+
+def texts(tensor) -> list[str]:
+    return [t.decode("utf-8") for t in tensor.numpy()]
+
+
+def test_special_ids_and_padded_vocab(tokenizer, tmp_path):
+    processor = spm.SentencePieceProcessor(
+        model_file=str(next(iter(tokenizer.assets)).asset_path.numpy().decode())
+    )
+    assert [processor.pad_id(), processor.unk_id(), processor.bos_id(), processor.eos_id()] == [
+        PAD_ID, UNK_ID, BOS_ID, EOS_ID,
+    ]  # fmt: skip
+    assert processor.get_piece_size() == 96
+    assert tokenizer.joint and tokenizer.source_vocab_size == tokenizer.target_vocab_size == 96
+    tokenizer.save(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [JOINT_MODEL]
+
+
+def test_lossless_round_trip_without_specials(tokenizer, mirror):
+    seen = set("".join(mirror_lines(mirror, "train", "en") + mirror_lines(mirror, "train", "de")))
+    assert set("".join(TEXT)) <= seen, "the test text must only use characters seen in training"
+    ids = tokenizer.tokenize_source(tf.constant(TEXT))
+    assert isinstance(ids, tf.RaggedTensor) and ids.dtype == tf.int32
+    flat = ids.flat_values.numpy()
+    assert not np.isin(flat, [PAD_ID, BOS_ID, EOS_ID]).any()
+    assert texts(tokenizer.detokenize_source(ids)) == TEXT
+    assert texts(tokenizer.detokenize_target(tokenizer.tokenize_target(tf.constant(TEXT)))) == TEXT
+
+
+def test_detokenize_drops_pad_bos_and_stops_at_eos(tokenizer):
+    pieces = tokenizer.tokenize_target(tf.constant(["Ein Hund.", "Zwei"])).to_list()
+    first, second = pieces
+    dense = tf.constant(
+        [
+            [BOS_ID, *first, EOS_ID, *second, PAD_ID],  # everything after EOS ignored
+            [BOS_ID, *second, PAD_ID, EOS_ID] + [PAD_ID] * len(first),
+        ],
+        dtype=tf.int64,
+    )
+    assert texts(tokenizer.detokenize_target(dense)) == ["Ein Hund.", "Zwei"]
+    ragged = tf.ragged.constant([[*first, EOS_ID], [BOS_ID, *second]])
+    assert texts(tokenizer.detokenize_target(ragged)) == ["Ein Hund.", "Zwei"]
+    beyond = tf.constant([*second, tokenizer.target_vocab_size + 100, EOS_ID])  # an id outside the vocabulary
+    assert tokenizer.detokenize_target(beyond).numpy().decode() == "Zwei"
+
+
+def test_separate_bpe_vocabularies(data_cfg, tmp_path):
+    cfg = dataclasses.replace(data_cfg, joint_vocab=False, tokenizer="bpe", vocab_size=70)
+    tokenizer = train_tokenizer(cfg, tmp_path / "spm")
+    assert sorted(p.name for p in (tmp_path / "spm").iterdir()) == [SOURCE_MODEL, TARGET_MODEL]
+    assert not tokenizer.joint and tokenizer.source_vocab_size == tokenizer.target_vocab_size == 72
+    loaded = Tokenizer.load(tmp_path / "spm")
+    english = tf.constant(["A man sleeps near the café."])
+    assert texts(loaded.detokenize_source(loaded.tokenize_source(english))) == ["A man sleeps near the café."]
+
+
+def test_training_is_deterministic_and_uses_the_sample_limit(data_cfg, tmp_path, caplog):
+    cfg = dataclasses.replace(data_cfg, tokenizer_max_sentences=100)
+    caplog.set_level("INFO", logger="data.tokenizer")
+    train_tokenizer(cfg, tmp_path / "a", seed=3)
+    train_tokenizer(cfg, tmp_path / "b", seed=3)
+    assert (tmp_path / "a" / JOINT_MODEL).read_bytes() == (tmp_path / "b" / JOINT_MODEL).read_bytes()
+    assert "sampling 100 of 120 sentences" in caplog.text
+
+
+def test_vocab_too_large_names_the_size(data_cfg, tmp_path):
+    with pytest.raises(DataError, match=r"data\.vocab_size=50000.*Lower data\.vocab_size"):
+        train_tokenizer(dataclasses.replace(data_cfg, vocab_size=50000), tmp_path)
+
+
+def test_load_refuses_missing_or_foreign_models(tmp_path):
+    with pytest.raises(DataError, match="no tokenizer in"):
+        Tokenizer.load(tmp_path)
+    sentences = ["a b c d e f g h"] * 20
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(sentences), model_prefix=str(tmp_path / "spm"), vocab_size=12, minloglevel=2
+    )  # default ids: unk 0, bos 1, eos 2, no pad
+    with pytest.raises(DataError, match="reserves special ids"):
+        Tokenizer.load(tmp_path)
+
+
+def test_saved_model_takes_raw_strings(tokenizer, tmp_path):
+    module = tf.Module()
+    module.tokenizer = tokenizer
+    module.round_trip = tf.function(
+        lambda s: tokenizer.detokenize_target(tokenizer.tokenize_target(s)),
+        input_signature=[tf.TensorSpec([None], tf.string)],
+    )
+    tf.saved_model.save(module, str(tmp_path / "export"))
+    assert (tmp_path / "export" / "assets" / JOINT_MODEL).is_file()
+    restored = tf.saved_model.load(str(tmp_path / "export"))
+    assert texts(restored.round_trip(tf.constant(TEXT[:3]))) == TEXT[:3]
+
+
+def test_survives_tf_random_set_seed(tokenizer):
+    """`tf.random.set_seed` clears TF's kernel cache, which deletes TF Text's own SentencePiece resource."""
+    tf.random.set_seed(5)
+    assert texts(tokenizer.detokenize_target(tokenizer.tokenize_target(tf.constant(TEXT[:1])))) == TEXT[:1]

@@ -120,7 +120,7 @@ class Trainer:
             self.elapsed = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="elapsed_seconds")
             self.best_bleu = tf.Variable(-1.0, dtype=tf.float64, trainable=False, name="best_bleu")
             self.evals_since_best = tf.Variable(0, dtype=tf.int64, trainable=False, name="evals_since_best")
-        self.checkpoint = tf.train.Checkpoint(
+        state = dict(
             model=self.model,
             optimizer=self.optimizer,
             iterator=self.iterator,
@@ -129,6 +129,12 @@ class Trainer:
             evals_since_best=self.evals_since_best,
             **self.step_fn.checkpoint_state(),
         )
+        # Dropout RNG: Keras SeedGenerator states are in `model.variables` but not in the model's checkpoint
+        # dependencies; without them a resumed run draws the dropout masks of step 1 again (not exact).
+        weight_ids = {id(w) for w in self.model.weights}
+        self.rng_state = [v for v in self.model.variables if id(v) not in weight_ids]
+        self.checkpoint = tf.train.Checkpoint(**state, rng_state=self.rng_state)
+        self._checkpoint_without_rng = tf.train.Checkpoint(**state)  # restores checkpoints written before
         checkpoint_dir = self.run_dir.checkpoint_dir
         if not self.chief:  # non-chief workers write to a private directory that is thrown away
             checkpoint_dir = self.run_dir.path / f".worker-{id(self)}"
@@ -144,8 +150,14 @@ class Trainer:
         if not latest:
             return 0
         try:
-            self.checkpoint.restore(latest).assert_existing_objects_matched()
-        except (tf.errors.OpError, ValueError, AssertionError) as err:
+            checkpoint = self.checkpoint
+            if self.rng_state and not any(
+                name.startswith("rng_state/") for name, _ in tf.train.list_variables(latest)
+            ):
+                log.warning("%s has no dropout RNG state (older format): resume is not exact", latest)
+                checkpoint = self._checkpoint_without_rng
+            checkpoint.restore(latest).assert_existing_objects_matched()
+        except (tf.errors.OpError, ValueError, AssertionError, IndexError) as err:  # IndexError: truncated
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             raise TrainingError(
                 f"cannot resume from checkpoint {latest}: {first}. The checkpoint is corrupt or was written by a "
@@ -242,7 +254,7 @@ class Trainer:
                     self.save_checkpoint()
                 eval_due = cfg.eval_every and step % cfg.eval_every == 0
                 bleu_due = cfg.bleu_every and step % cfg.bleu_every == 0
-                if eval_due or bleu_due:
+                if (eval_due or bleu_due) and self._budget_left():  # the last step gets the final evaluation
                     record = self.evaluate(with_bleu=bool(bleu_due))
                     if self._early_stop(record):
                         status, message = "early_stopped", "validation BLEU stopped improving"

@@ -1,0 +1,101 @@
+"""Evaluate a trained run directory: sacreBLEU BLEU/chrF, validation loss and perplexity.
+
+    python evaluate.py --model-dir runs/base --split test --beam 4
+    python evaluate.py --model-dir runs/base --split validation --json          # last stdout line: one JSON object
+    python evaluate.py --model-dir runs/base --source news.en --reference news.de --output news.hyp.de
+
+BLEU is sacreBLEU on detokenized, cased hypotheses against the raw references (signature printed); `bleu_lc_tok`
+is lowercased, 13a-tokenized BLEU, only for comparison with papers. Hypotheses go to DIR/hypotheses.<split>.txt
+unless --output says otherwise. Exit codes: 0 ok, 1 run-directory/model problem, 2 usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+
+from nmt import cli
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description="Evaluate a run directory with sacreBLEU (BLEU, chrF) and the validation loss.",
+        epilog="With --json, the last line printed on stdout is one JSON object (bleu, chrf, loss, signature, ...).",
+    )
+    parser.add_argument("--model-dir", required=True, help="run directory written by train.py")
+    parser.add_argument(
+        "--split",
+        default="validation",
+        help="validation or test (the config's split names), or any split name",
+    )
+    parser.add_argument(
+        "--beam", type=int, default=None, help="beam size (1 = greedy); default: eval.beam_size"
+    )
+    parser.add_argument(
+        "--source", help="evaluate on this source file instead of a split (needs --reference)"
+    )
+    parser.add_argument("--reference", help="reference translations, line-aligned with --source")
+    parser.add_argument("--output", help="hypotheses file (default: DIR/hypotheses.<split>.txt)")
+    parser.add_argument("--weights", default="auto", choices=["auto", "final", "best", "latest"])
+    parser.add_argument("--max-sentences", type=int, default=0, help="only the first N sentences (0 = all)")
+    parser.add_argument("--json", action="store_true", help="print the result as one JSON line on stdout")
+    parser.add_argument("--verbose", action="store_true", help="debug logging")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    cli.setup_logging(args.verbose)
+    if (args.source is None) != (args.reference is None):
+        raise cli.CliError("--source and --reference go together", exit_code=2)
+    if args.beam is not None and args.beam < 1:
+        raise cli.CliError(f"--beam must be at least 1, got {args.beam}", exit_code=2)
+    if args.max_sentences < 0:
+        raise cli.CliError(f"--max-sentences must be >= 0, got {args.max_sentences}", exit_code=2)
+    cli.check_input_file(args.source)
+    cli.check_input_file(args.reference)
+    if args.source is not None:
+        from nmt.text_io import count_lines
+
+        counts = count_lines(args.source), count_lines(args.reference)
+        if counts[0] != counts[1]:
+            raise cli.CliError(
+                f"--source has {counts[0]} lines but --reference has {counts[1]}: they must be line-aligned",
+                exit_code=2,
+            )
+    cli.check_output_file(args.output)
+    cli.check_model_dir(args.model_dir)
+    cli.quiet_tensorflow()
+
+    from nmt.evaluation import EvaluationError, evaluate_run_dir, format_report
+
+    warnings = cli.LineWarnings()
+    try:
+        record = evaluate_run_dir(
+            args.model_dir,
+            split=args.split,
+            beam_size=args.beam,
+            source_file=args.source,
+            reference_file=args.reference,
+            output=args.output,
+            weights=args.weights,
+            max_sentences=args.max_sentences,
+            progress=sys.stderr.isatty(),
+            warn=warnings,
+        )
+    except EvaluationError as err:
+        raise cli.CliError(str(err), exit_code=2) from err
+    warnings.summary()
+    if args.json:
+        print(format_report(record), file=sys.stderr)
+        clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
+        print(json.dumps(clean, sort_keys=True), flush=True)
+    else:
+        print(format_report(record), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    cli.run(main)

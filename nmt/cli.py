@@ -1,0 +1,125 @@
+"""Shared plumbing for the entry points: quiet TensorFlow, logging to stderr, errors -> one message + exit code.
+
+Exit codes: 0 success, 1 a runtime problem (run directory, weights, I/O), 2 a usage problem (bad arguments,
+missing input file, invalid config), 130 interrupted. Nothing here imports TensorFlow, so `--help` and argument
+errors stay instant.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Callable
+
+log = logging.getLogger("nmt")
+
+
+class CliError(Exception):
+    """An error to report as one line on stderr, with the given exit code."""
+
+    def __init__(self, message: str, exit_code: int = 1):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def quiet_tensorflow() -> None:
+    """Silences TensorFlow's C++ and Python chatter; call before TensorFlow is imported."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+
+
+def setup_logging(verbose: bool = False) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(levelname)s: %(message)s",
+        stream=sys.stderr,
+        force=True,
+    )
+    for noisy in ("tensorflow", "absl", "matplotlib", "h5py"):
+        logging.getLogger(noisy).setLevel(logging.ERROR)
+
+
+def run(main: Callable[[], int | None]) -> None:
+    """Runs `main()` and exits: known errors become one `error: ...` line on stderr and a non-zero code."""
+    from data.errors import DataError
+    from nmt.config import ConfigError
+    from nmt.run_dir import RunDirError
+
+    try:
+        code = main() or 0
+    except CliError as err:
+        print(f"error: {err}", file=sys.stderr)
+        code = err.exit_code
+    except ConfigError as err:
+        print(f"error: invalid config: {err}", file=sys.stderr)
+        code = 2
+    except RunDirError as err:
+        print(f"error: {err}", file=sys.stderr)
+        code = 1
+    except BrokenPipeError:
+        # The reader went away (`... | head`): stop quietly, like other Unix filters.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        code = 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        code = 130
+    except OSError as err:
+        print(f"error: {err}", file=sys.stderr)
+        code = 1
+    except DataError as err:  # a corpus or tokenizer problem, with a message saying what to do
+        print(f"error: {err}", file=sys.stderr)
+        code = 1
+    sys.exit(code)
+
+
+def check_input_file(path: str | None) -> None:
+    """Raises a usage CliError if an `--input`/`--source` style file is given but cannot be read."""
+    if path is None or path == "-":
+        return
+    if not os.path.exists(path):
+        raise CliError(f"input file not found: {path}", exit_code=2)
+    if os.path.isdir(path):
+        raise CliError(f"input is a directory, not a file: {path}", exit_code=2)
+    if not os.access(path, os.R_OK):
+        raise CliError(f"input file is not readable: {path}", exit_code=2)
+
+
+def check_output_file(path: str | None) -> None:
+    """Raises a usage CliError if an output file could not be created (missing folder, a directory)."""
+    if path is None or path == "-":
+        return
+    if os.path.isdir(path):
+        raise CliError(f"output is a directory, not a file: {path}", exit_code=2)
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise CliError(f"output folder does not exist: {folder}", exit_code=2)
+
+
+def check_model_dir(path: str):
+    """The run directory behind `--model-dir`, checked before TensorFlow is even imported."""
+    from nmt.run_dir import RunDir
+
+    return RunDir(path).require()
+
+
+class LineWarnings:
+    """Per-line warnings on stderr, at most `limit` of each kind, then a summary of what was not shown."""
+
+    def __init__(self, limit: int = 20, source: str = "input"):
+        self.limit = limit
+        self.source = source
+        self.counts: dict[str, int] = {}
+
+    def __call__(self, line_number: int, kind: str, message: str, source: str | None = None) -> None:
+        self.counts[kind] = self.counts.get(kind, 0) + 1
+        if self.counts[kind] <= self.limit:
+            log.warning("%s line %d: %s", source or self.source, line_number, message)
+        elif self.counts[kind] == self.limit + 1:
+            log.warning("further %r warnings are not shown (see the summary at the end)", kind)
+
+    def summary(self) -> None:
+        for kind, count in self.counts.items():
+            if count > self.limit:
+                log.warning("%d lines in all had %r warnings", count, kind)

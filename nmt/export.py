@@ -1,0 +1,113 @@
+"""Export a run directory as a SavedModel: raw strings in, translations out, tokenizer and beam search inside.
+
+    module = TranslationModule(model, tokenizer, eval_config, beam_size=4)
+    export_saved_model(module, "runs/base/export")
+
+    import tensorflow as tf, tensorflow_text  # noqa: F401  (registers the SentencePiece ops)
+    serve = tf.saved_model.load("runs/base/export").signatures["serving_default"]
+    serve(inputs=tf.constant(["A man sleeps."]))["outputs"]     # -> tf.string (1,)
+
+The `serving_default` signature takes `inputs`, a 1-D tf.string tensor of sentences, and returns
+`{"outputs": 1-D tf.string}`, one translation each (blank inputs give ""). It decodes exactly like `Translator`
+(same truncation, per-sentence length limits and search), in one batch; the output buffer is the model's whole
+position table, so the sequences never need a retrace.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from pathlib import Path
+
+import tensorflow as tf
+
+from nmt.translator import decode_batch, output_limits
+from transformer.vocab import EOS_ID, PAD_ID
+
+log = logging.getLogger(__name__)
+
+
+class TranslationModule(tf.Module):
+    """A tf.Module holding the tokenizer (SentencePiece as tracked resources and assets) and the model.
+
+    Args:
+      model: a built Transformer (its variables are tracked, not copied).
+      tokenizer: a `data.tokenizer.Tokenizer`.
+      eval_config: `EvalConfig` (alpha, max_length_a, max_length_b, and beam_size unless given).
+      beam_size: beam width baked into the graph (1 = greedy).
+      max_source_length: source subwords with EOS; default: the model's position table.
+    """
+
+    def __init__(
+        self, model, tokenizer, eval_config, *, beam_size: int | None = None, max_source_length=None
+    ):
+        super().__init__(name="translator")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.model_variables = list(model.variables)  # explicit tracking, whatever Keras' own tracking does
+        self.beam_size = int(beam_size or eval_config.beam_size)
+        self.alpha = float(eval_config.alpha)
+        self.max_length_a = float(eval_config.max_length_a)
+        self.max_length_b = int(eval_config.max_length_b)
+        self.max_target_length = int(model.max_length)
+        self.max_source_length = int(min(max_source_length or model.max_length, model.max_length))
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="inputs")], autograph=False)
+    def serve(self, inputs):
+        """inputs: tf.string (B,) -> {"outputs": tf.string (B,)}."""
+        pieces = self.tokenizer.tokenize_source(inputs)[:, : self.max_source_length - 1]  # (B, None)
+        lengths = tf.cast(pieces.row_lengths(), tf.int32)  # (B,)
+        eos = tf.fill([pieces.nrows(), 1], tf.constant(EOS_ID, tf.int32))
+        source = tf.concat([pieces, eos], axis=1).to_tensor(default_value=PAD_ID)  # (B, S)
+        limits = output_limits(lengths, self.max_length_a, self.max_length_b, self.max_target_length)
+        ids, _ = decode_batch(
+            self.model,
+            source,
+            limits,
+            max_length=self.max_target_length,
+            beam_size=self.beam_size,
+            alpha=self.alpha,
+        )  # (B, K, max_length)
+        texts = self.tokenizer.detokenize_target(ids[:, 0])  # (B,)
+        blank = tf.equal(tf.strings.length(tf.strings.strip(inputs)), 0)
+        return {"outputs": tf.where(blank, tf.constant("", tf.string), texts)}
+
+
+def export_saved_model(module: TranslationModule, output: str | Path) -> Path:
+    """Writes the SavedModel to `output` through a sibling temporary directory (replacing an older export)."""
+    output = Path(output)
+    if output.exists() and not (output / "saved_model.pb").is_file():
+        if not output.is_dir() or any(output.iterdir()):
+            raise FileExistsError(f"{output} exists and is not a SavedModel: choose another --output")
+    staging = output.with_name(f".{output.name}.partial-{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        signature = module.serve.get_concrete_function()
+        tf.saved_model.save(module, str(staging), signatures={"serving_default": signature})
+        if output.exists():
+            shutil.rmtree(output)
+        staging.rename(output)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return output
+
+
+def export_run_dir(
+    model_dir: str | Path, output: str | Path, *, beam_size: int | None = None, weights="auto"
+):
+    """Loads a run directory and exports it; returns (output path, the TranslationModule)."""
+    from nmt.translator import Translator
+
+    translator = Translator.from_run_dir(model_dir, weights=weights)
+    module = TranslationModule(
+        translator.model, translator.tokenizer, translator.eval_config, beam_size=beam_size
+    )
+    return export_saved_model(module, output), module
+
+
+def load_exported(path: str | Path):
+    """The `serving_default` function of an exported SavedModel (registers the tensorflow_text ops first)."""
+    import tensorflow_text  # noqa: F401
+
+    return tf.saved_model.load(str(path)).signatures["serving_default"]

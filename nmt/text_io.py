@@ -1,0 +1,126 @@
+"""Line streaming for the CLIs: bytes in, clean text lines out, one output line per input line.
+
+Input is read as bytes and split on b"\\n" only (never on the other characters `str.splitlines` treats as line
+breaks), so the line count is the one `wc -l` sees. Each line is decoded as UTF-8 with errors="replace"; NUL bytes
+are dropped. Problems are reported through a `warn(line_number, kind, message)` callback, never silently.
+Output lines are made single-line (`one_line`) so that a translation can never add or remove a line.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from collections.abc import Callable, Iterable, Iterator
+from typing import BinaryIO, TypeVar
+
+T = TypeVar("T")
+
+# Everything str.splitlines() (and so most line readers) would treat as a line break.
+_LINE_BREAKS = re.compile("[\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")
+
+Warn = Callable[[int, str, str], None]  # (1-based line number, kind, message)
+
+
+def decode_line(raw: bytes, line_number: int = 0, warn: Warn | None = None) -> str:
+    """One raw input line (with or without its newline) -> text without the line ending.
+
+    Invalid UTF-8 becomes U+FFFD and NUL bytes are removed, each with a warning naming the line (1-based).
+    """
+    if raw.endswith(b"\n"):
+        raw = raw[:-1]
+    if raw.endswith(b"\r"):
+        raw = raw[:-1]
+    if b"\x00" in raw:
+        count = raw.count(b"\x00")
+        raw = raw.replace(b"\x00", b"")
+        if warn is not None:
+            warn(line_number, "nul", f"removed {count} NUL byte(s)")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        if warn is not None:
+            warn(
+                line_number, "utf8", f"invalid UTF-8 at byte {err.start} ({err.reason}); replaced with U+FFFD"
+            )
+        return raw.decode("utf-8", errors="replace")
+
+
+def read_lines(stream: BinaryIO, warn: Warn | None = None) -> Iterator[str]:
+    """Yields the decoded lines of a binary stream, lazily (memory bounded by the longest line)."""
+    for number, raw in enumerate(iter(stream.readline, b""), start=1):
+        yield decode_line(raw, number, warn)
+
+
+def one_line(text: str) -> str:
+    """A translation made safe for line-oriented output: no line breaks, no surrounding whitespace."""
+    return _LINE_BREAKS.sub(" ", text).strip()
+
+
+def chunked(items: Iterable[T], size: int) -> Iterator[list[T]]:
+    """Groups an iterable into lists of at most `size` items (the last one may be shorter)."""
+    if size < 1:
+        raise ValueError(f"chunk size must be positive, got {size}")
+    chunk: list[T] = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) >= size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def count_lines(path: str | os.PathLike) -> int:
+    """Number of lines in a file as `read_lines` yields them (a last line without newline counts), in O(1) memory."""
+    count = 0
+    last = b"\n"
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            count += block.count(b"\n")
+            last = block[-1:]
+    return count + (last != b"\n")
+
+
+class LineWriter:
+    """Writes one line per item to a path (through a temporary file renamed at `close`) or to stdout.
+
+    A file is only replaced once everything has been written: an interrupted run leaves no half-written output
+    under the final name. Paths that are not regular files (`/dev/stdout`, a FIFO) are written directly.
+    """
+
+    def __init__(self, path: str | os.PathLike | None = None):
+        self.path = None if path is None or str(path) == "-" else os.fspath(path)
+        self._tmp: str | None = None
+        if self.path is None:
+            self._handle = sys.stdout.buffer
+        elif os.path.exists(self.path) and not os.path.isfile(self.path):
+            self._handle = open(self.path, "wb")  # noqa: SIM115
+        else:
+            directory = os.path.dirname(os.path.abspath(self.path))
+            self._tmp = os.path.join(directory, f".{os.path.basename(self.path)}.{os.getpid()}.tmp")
+            self._handle = open(self._tmp, "wb")  # noqa: SIM115
+
+    def write(self, line: str) -> None:
+        self._handle.write(one_line(line).encode("utf-8") + b"\n")
+
+    def flush(self) -> None:
+        self._handle.flush()
+
+    def close(self, success: bool = True) -> None:
+        if self._handle is sys.stdout.buffer:
+            self._handle.flush()
+            return
+        self._handle.close()
+        if self._tmp is not None:
+            if success:
+                os.replace(self._tmp, self.path)
+            else:
+                os.unlink(self._tmp)
+            self._tmp = None
+
+    def __enter__(self) -> LineWriter:
+        return self
+
+    def __exit__(self, exc_type, *exc) -> None:
+        self.close(success=exc_type is None)

@@ -1,0 +1,432 @@
+"""Batched translation of raw text lines with a trained model: greedy or beam search, cached or full recompute.
+
+`Translator` is cheap to build around a live model (the trainer uses it for validation BLEU without copying
+weights); `Translator.from_run_dir` loads everything a run directory holds.
+
+Shapes and traces: sentences are sorted by length and batched; source lengths are padded up to fixed edges
+(16, 32, 64, ... up to the position table) and the output buffer follows from the edge, so decoding is traced once
+per (search setting, length edge), not per batch. The batch dimension is dynamic, except with `xla=True`, where
+batch sizes are padded to edges too (1, 4, 16, ... batch_size) since XLA compiles one program per shape. The
+traced functions are cached per model: a new `Translator` around the same model (the trainer makes one per
+evaluation) reuses them. `num_traces` counts the traces of this model's decoding functions.
+
+Maximum output length (subwords, EOS excluded) per sentence: `floor(a * source_length + b)` with `a, b =
+eval_config.max_length_a, max_length_b`, capped by the model's position table. It is enforced per sentence, by
+forcing EOS once a sentence reaches its limit, so a translation never depends on which other sentences share its
+batch or on the padded shape.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import math
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+import tensorflow as tf
+
+from nmt.evaluation import validation_loss
+from transformer.vocab import BOS_ID, EOS_ID, PAD_ID
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "Translator",
+    "decode_batch",
+    "limit_lengths",
+    "output_limits",
+    "plot_attention",
+    "validation_loss",
+]
+
+_FORCED = -1e9  # logit of every non-EOS token once a sentence has reached its length limit
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Pure decoding (also used in the exported SavedModel)
+
+
+def limit_lengths(step_fn: Callable, eos_id: int = EOS_ID) -> Callable:
+    """Wraps a step function so that row `n` emits EOS at output position `state["limit"][n]`.
+
+    The wrapped function takes and returns the state `{"inner": <step_fn cache>, "limit": (N,) int32}`; every
+    tensor has the leading batch dimension, so beam search tiles and reorders the limits with the cache.
+    """
+
+    def step(ids, index, state):
+        logits, inner = step_fn(ids, index, state["inner"])  # (N, V)
+        logits = tf.cast(logits, tf.float32)
+        vocab = tf.shape(logits)[-1]
+        eos_only = tf.where(tf.equal(tf.range(vocab), eos_id), 0.0, _FORCED)  # (V,)
+        force = tf.greater_equal(index, state["limit"])[:, tf.newaxis]  # (N, 1)
+        logits = tf.where(force, eos_only[tf.newaxis, :], logits)
+        return logits, {"inner": inner, "limit": state["limit"]}
+
+    return step
+
+
+def decode_batch(
+    model,
+    source,
+    limits,
+    *,
+    max_length: int,
+    beam_size: int = 1,
+    alpha: float = 0.6,
+    use_cache: bool = True,
+    search: str = "auto",
+):
+    """Decodes one padded batch.
+
+    Args:
+      model: the Transformer (`encode`, `init_cache`, `decode_step`).
+      source: (B, S) int32 source ids ending with EOS, padded with PAD.
+      limits: (B,) int32, maximum output subwords (EOS excluded) per sentence; each < `max_length`.
+      max_length: static size of the output buffer.
+      beam_size, alpha: beam width and GNMT length penalty exponent.
+      use_cache: incremental decoding with the key/value cache, or a full decoder pass per step (same results).
+      search: "greedy", "beam", or "auto" (greedy for beam_size 1).
+
+    Returns:
+      (ids (B, K, max_length) int32 without BOS, PAD after EOS; scores (B, K) float32), K = 1 for greedy search
+      and `beam_size` for beam search, best first.
+    """
+    from transformer.decoding import beam_search, greedy_search
+    from transformer.step_fns import cached_step_fn, full_step_fn
+
+    batch_size = source.shape[0] if source.shape[0] is not None else tf.shape(source)[0]
+    if use_cache:
+        inner = model.init_cache(source, model.encode(source), max_length)
+        step_fn = cached_step_fn(model)
+    else:
+        inner = {}  # the full-recompute step encodes the source once and keeps no cache
+        step_fn = full_step_fn(model, source)
+    state = {"inner": inner, "limit": tf.cast(limits, tf.int32)}
+    step_fn = limit_lengths(step_fn)
+    if search == "greedy" or (search == "auto" and beam_size == 1):
+        ids, scores = greedy_search(
+            step_fn, state, batch_size=batch_size, max_length=max_length, eos_id=EOS_ID, bos_id=BOS_ID
+        )
+        return ids[:, tf.newaxis, :], scores[:, tf.newaxis]
+    return beam_search(
+        step_fn,
+        state,
+        batch_size=batch_size,
+        beam_size=beam_size,
+        max_length=max_length,
+        alpha=alpha,
+        eos_id=EOS_ID,
+        bos_id=BOS_ID,
+    )
+
+
+def output_limits(source_lengths, a: float, b: int, cap: int):
+    """Per-sentence maximum output length floor(a * len + b), at most `cap - 1` (works on ints and tensors)."""
+    if isinstance(source_lengths, (int, np.integer)):
+        return max(0, min(int(math.floor(a * source_lengths + b)), cap - 1))
+    lengths = tf.cast(source_lengths, tf.float64)  # float64, like Python: the same floor as the int branch
+    limits = tf.cast(tf.floor(a * lengths + float(b)), tf.int32)
+    return tf.clip_by_value(limits, 0, cap - 1)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+
+
+class _Decoders:
+    """The decoding tf.functions of one model, shared by every Translator around it."""
+
+    def __init__(self):
+        self.functions: dict[tuple, Callable] = {}
+        self.num_traces = 0
+
+
+_DECODERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> _Decoders
+
+
+def _edges(smallest: int, largest: int, factor: int) -> list[int]:
+    edges, value = [], smallest
+    while value < largest:
+        edges.append(value)
+        value *= factor
+    return [*edges, largest]
+
+
+def _round_up(value: int, edges: Sequence[int]) -> int:
+    return edges[min(bisect.bisect_left(edges, value), len(edges) - 1)]
+
+
+class Translator:
+    """Translates lists or streams of raw sentences with a Transformer and its tokenizer.
+
+    Args:
+      model: a built `transformer.model.Transformer` (used as is: weights are shared, not copied).
+      tokenizer: a `data.tokenizer.Tokenizer`.
+      eval_config: `nmt.config.EvalConfig` (beam_size, alpha, max_length_a, max_length_b, batch_size).
+      max_source_length: source subwords fed to the encoder, EOS included; longer lines are truncated (the
+        `on_truncated` callback of `translate` reports them).
+      max_target_length: cap on the output buffer (positions, BOS included); default and maximum: the model's
+        position table (`model.max_length`).
+      batch_size: sentences per decoding batch; default `eval_config.batch_size`.
+      xla: compile the decoding function with XLA (off by default: it does not pay on CPU).
+
+    Example:
+      >>> translator = Translator.from_run_dir("runs/base")
+      >>> translator.translate(["A man is riding a bike."], beam_size=4)
+      ['Ein Mann fährt Fahrrad.']
+    """
+
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        eval_config,
+        *,
+        max_source_length: int,
+        max_target_length: int | None = None,
+        batch_size: int | None = None,
+        xla: bool = False,
+    ):
+        if max_source_length < 2:
+            raise ValueError(f"max_source_length must be at least 2, got {max_source_length}")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.eval_config = eval_config
+        table = getattr(model, "max_length", None) or max_source_length  # the model's position table
+        self.max_source_length = min(max_source_length, table)
+        self.max_target_length = min(max_target_length or table, table)
+        self.xla = xla
+        self.batch_size = max(1, batch_size or eval_config.batch_size)
+        self.length_edges = _edges(16, self.max_source_length, 2)  # padded source lengths
+        self.batch_edges = _edges(1, self.batch_size, 4)  # padded batch sizes
+        self.config = None  # the run's Config, when loaded by from_run_dir
+        self.weights = None  # the checkpoint prefix, when loaded by from_run_dir
+        self._decoders = _DECODERS.setdefault(model, _Decoders())
+
+    @property
+    def num_traces(self) -> int:
+        """How many times this model's decoding functions were traced (by any Translator around it)."""
+        return self._decoders.num_traces
+
+    @classmethod
+    def from_run_dir(cls, path: str | Path, weights: str = "auto", **kwargs) -> Translator:
+        """Loads config.yaml, the tokenizer and the weights (final, best, latest or auto) of a run directory."""
+        from data.tokenizer import Tokenizer
+        from nmt.run_dir import RunDir, restore_model_weights
+        from transformer.model import build_model
+
+        run_dir = RunDir(path).require()
+        config = run_dir.load_config()
+        prefix = run_dir.weights_prefix(weights)
+        tokenizer = Tokenizer.load(run_dir.tokenizer_dir)
+        model = build_model(config.model, tokenizer.source_vocab_size, tokenizer.target_vocab_size)
+        restore_model_weights(model, prefix)  # RunDirError on a missing, mismatched or corrupt checkpoint
+        log.info("loaded %s (weights %s)", run_dir.path, prefix)
+        translator = cls(model, tokenizer, config.eval, max_source_length=config.model.max_length, **kwargs)
+        translator.config = config
+        translator.weights = prefix
+        return translator
+
+    # ------------------------------------------------------------------------------------------------------------
+    def encode(self, lines: Sequence[str]) -> list[list[int]]:
+        """Source subword ids of each line, untruncated and without EOS."""
+        if not lines:
+            return []
+        ragged = self.tokenizer.tokenize_source(tf.constant(list(lines), dtype=tf.string))
+        return ragged.to_list()
+
+    def translate(
+        self,
+        lines: Sequence[str],
+        *,
+        beam_size: int | None = None,
+        use_cache: bool = True,
+        nbest: int = 1,
+        progress: bool = False,
+        on_truncated: Callable[[int, int], None] | None = None,
+    ) -> list:
+        """Translates `lines` (in order). Blank lines give "" (nbest > 1: []) without reaching the model.
+
+        Args:
+          beam_size: beam width; None = eval_config.beam_size; 1 = greedy search.
+          use_cache: incremental decoding (True) or a full recompute each step (same results, slower).
+          nbest: 1 -> a list of strings; N > 1 -> a list of lists of N `(text, score)` pairs, best first
+            (needs N <= beam_size; scores are the length-normalised log-probabilities of the beam search).
+          progress: a tqdm progress bar over batches on stderr.
+          on_truncated: called as `on_truncated(index, num_subwords)` for each line longer than the model allows.
+        """
+        beam_size = self.eval_config.beam_size if beam_size is None else beam_size
+        if beam_size < 1:
+            raise ValueError(f"beam_size must be at least 1, got {beam_size}")
+        if not 1 <= nbest <= beam_size:
+            raise ValueError(f"nbest must be between 1 and the beam size ({beam_size}), got {nbest}")
+        lines = list(lines)
+        results: list = ["" if nbest == 1 else [] for _ in lines]
+        todo = [i for i, line in enumerate(lines) if line.strip()]
+        keep = self.max_source_length - 1  # room for EOS
+        sources: dict[int, list[int]] = {}
+        for index, ids in zip(todo, self.encode([lines[i] for i in todo])):
+            if len(ids) > keep:
+                if on_truncated is not None:
+                    on_truncated(index, len(ids))
+                ids = ids[:keep]
+            sources[index] = ids
+        order = sorted(sources, key=lambda i: -len(sources[i]))  # longest first: memory problems show early
+        batches = [order[i : i + self.batch_size] for i in range(0, len(order), self.batch_size)]
+        if progress:
+            from tqdm import tqdm
+
+            batches = tqdm(batches, desc="translating", unit="batch", leave=False)
+        for batch in batches:
+            texts = self._translate_batch([sources[i] for i in batch], beam_size, use_cache, nbest)
+            for index, text in zip(batch, texts):
+                results[index] = text
+        return results
+
+    def translate_stream(
+        self, lines: Iterable[str], *, chunk_size: int = 1000, on_truncated=None, **kwargs
+    ) -> Iterator:
+        """Yields the translation of each line of `lines`, in order, holding at most `chunk_size` lines in memory.
+
+        Keyword arguments are those of `translate`; `on_truncated` receives indices into the whole stream.
+        """
+        from nmt.text_io import chunked
+
+        start = 0
+        for chunk in chunked(lines, chunk_size):
+            callback = None
+            if on_truncated is not None:
+
+                def callback(index, length, _start=start):
+                    on_truncated(_start + index, length)
+
+            yield from self.translate(chunk, on_truncated=callback, **kwargs)
+            start += len(chunk)
+
+    # ------------------------------------------------------------------------------------------------------------
+    def _translate_batch(self, sources: list[list[int]], beam_size: int, use_cache: bool, nbest: int) -> list:
+        count = len(sources)
+        ids, scores = self._decode(sources, beam_size, use_cache)  # (count, K, max_length), (count, K)
+        texts = self.tokenizer.detokenize_target(tf.reshape(ids[:, :nbest], [count * nbest, -1])).numpy()
+        texts = [text.decode("utf-8", errors="replace") for text in texts]
+        if nbest == 1:
+            return texts
+        scores = scores[:, :nbest].tolist()
+        return [list(zip(texts[i * nbest : (i + 1) * nbest], scores[i])) for i in range(count)]
+
+    def _decode(
+        self, sources: list[list[int]], beam_size: int, use_cache: bool
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Source pieces (truncated, without EOS) -> (ids (N, K, max_length), scores (N, K)) as NumPy arrays."""
+        cfg = self.eval_config
+        count = len(sources)
+        # XLA compiles one program per shape: pad the batch too. Without XLA the batch dimension is dynamic.
+        padded_batch = _round_up(count, self.batch_edges) if self.xla else count
+        padded_length = _round_up(max(len(ids) for ids in sources) + 1, self.length_edges)
+        max_length = min(
+            int(math.floor(cfg.max_length_a * padded_length + cfg.max_length_b)) + 1, self.max_target_length
+        )
+        source = np.full((padded_batch, padded_length), PAD_ID, dtype=np.int32)  # (B, S)
+        source[count:, 0] = EOS_ID  # filler rows: an empty sentence
+        limits = np.zeros((padded_batch,), dtype=np.int32)  # (B,)
+        for row, ids in enumerate(sources):
+            source[row, : len(ids)] = ids
+            source[row, len(ids)] = EOS_ID
+            limits[row] = output_limits(len(ids), cfg.max_length_a, cfg.max_length_b, max_length)
+        function = self._function(beam_size, use_cache, float(cfg.alpha), max_length)
+        ids, scores = function(tf.constant(source), tf.constant(limits))
+        return ids.numpy()[:count], scores.numpy()[:count]
+
+    # ------------------------------------------------------------------------------------------------------------
+    def attention(self, line: str, *, beam_size: int | None = None) -> dict:
+        """Translates one line and returns its cross-attention weights, for plotting.
+
+        Returns:
+          {"source": source pieces (EOS included), "target": output pieces (EOS included), "translation": str,
+          "weights": one float32 array (heads, len(target), len(source)) per decoder layer}.
+        """
+        beam_size = self.eval_config.beam_size if beam_size is None else beam_size
+        pieces = self.encode([line])[0][: self.max_source_length - 1]
+        ids, _ = self._decode([pieces], beam_size, True)
+        output = [int(i) for i in ids[0, 0]]
+        output = output[: output.index(EOS_ID)] if EOS_ID in output else [i for i in output if i != PAD_ID]
+        source = tf.constant([[*pieces, EOS_ID]], tf.int32)  # (1, S)
+        target_in = tf.constant([[BOS_ID, *output]], tf.int32)  # (1, T): row t predicts output token t
+        weights = [np.asarray(w[0], dtype=np.float32) for w in self.model.cross_attention(source, target_in)]
+        translation = self.tokenizer.detokenize_target(tf.constant([output], tf.int32))[0].numpy()
+        return {
+            "source": [*self._pieces(pieces, source=True), "</s>"],
+            "target": [*self._pieces(output, source=False), "</s>"],
+            "translation": translation.decode("utf-8", errors="replace"),
+            "weights": weights,
+        }
+
+    def _pieces(self, ids: list[int], *, source: bool) -> list[str]:
+        """A readable label per subword id (its detokenized text)."""
+        if not ids:
+            return []
+        detokenize = self.tokenizer.detokenize_source if source else self.tokenizer.detokenize_target
+        texts = detokenize(tf.constant([[i] for i in ids], tf.int32)).numpy()
+        return [text.decode("utf-8", errors="replace") or "\u2581" for text in texts]
+
+    def _function(self, beam_size: int, use_cache: bool, alpha: float, max_length: int) -> Callable:
+        """The decoding tf.function for one search setting and output buffer size (one per length edge)."""
+        key = (beam_size, use_cache, alpha, max_length, self.xla)
+        decoders = self._decoders
+        if key not in decoders.functions:
+            model_ref = weakref.ref(self.model)  # the cache must not keep the model (its key) alive
+
+            def decode(source, limits):
+                decoders.num_traces += 1
+                log.debug(
+                    "tracing the decoder: source %s, beam %d, max_length %d",
+                    source.shape,
+                    beam_size,
+                    max_length,
+                )
+                return decode_batch(
+                    model_ref(),
+                    source,
+                    limits,
+                    max_length=max_length,
+                    beam_size=beam_size,
+                    alpha=alpha,
+                    use_cache=use_cache,
+                )
+
+            # autograph=False: the searches build their own tf.while_loop; converting the model's Python code
+            # only makes every trace several times slower.
+            if self.xla:  # one trace per padded (batch, length) shape
+                function = tf.function(decode, jit_compile=True, autograph=False)
+            else:  # dynamic batch and length: one trace per output buffer size
+                spec = [tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([None], tf.int32)]
+                function = tf.function(decode, input_signature=spec, autograph=False)
+            decoders.functions[key] = function
+        return decoders.functions[key]
+
+
+def plot_attention(path: str | Path, maps: dict, *, title: str = "") -> None:
+    """Draws the cross-attention heat maps of `Translator.attention` (rows: decoder layers, columns: heads)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    layers, heads = len(maps["weights"]), maps["weights"][0].shape[0]
+    source, target = maps["source"], maps["target"]
+    width = max(3.0, 0.28 * len(source) + 1.5)
+    height = max(3.0, 0.28 * len(target) + 1.5)
+    figure, axes = plt.subplots(layers, heads, figsize=(width * heads, height * layers), squeeze=False)
+    for layer, weights in enumerate(maps["weights"]):
+        for head in range(heads):
+            axis = axes[layer][head]
+            axis.imshow(weights[head], cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
+            axis.set_xticks(range(len(source)), source, rotation=90, fontsize=8)
+            axis.set_yticks(range(len(target)), target, fontsize=8)
+            axis.set_title(f"layer {layer + 1}, head {head + 1}", fontsize=9)
+    figure.suptitle(title or maps["translation"], fontsize=10)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)

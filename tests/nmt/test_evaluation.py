@@ -1,0 +1,74 @@
+"""Evaluation: sacreBLEU scores as sacreBLEU computes them, loss datasets like the pipeline's, file evaluation."""
+
+import pytest
+import sacrebleu
+
+from nmt.evaluation import evaluate_run_dir, format_report, pairs_loss_dataset, score_corpus, validation_loss
+from tests.run_fixture import shared_tiny_run_dir, tiny_corpus
+
+
+@pytest.fixture(scope="session")
+def tiny_run_dir(tmp_path_factory, request):
+    return shared_tiny_run_dir(tmp_path_factory, getattr(request.config, "cache", None))
+
+
+def test_scores_are_sacrebleu_scores():
+    hyps = ["The cat sat on the mat.", "A dog barks loudly!", "hello World"]
+    refs = ["The cat sat on a mat.", "The dog barks loudly!", "Hello world"]
+    scores = score_corpus(hyps, refs, "en")
+    assert scores["bleu"] == sacrebleu.corpus_bleu(hyps, [refs]).score
+    assert scores["chrf"] == sacrebleu.corpus_chrf(hyps, [refs]).score
+    assert scores["bleu_lc_tok"] == sacrebleu.corpus_bleu(hyps, [refs], lowercase=True, tokenize="13a").score
+    assert scores["bleu_lc_tok"] > scores["bleu"]  # case differences only count in the cased score
+    assert "case:mixed" in scores["signature"] and "tok:13a" in scores["signature"]
+    assert "case:lc" in scores["bleu_lc_tok_signature"]
+    with pytest.raises(ValueError, match="2 hypotheses but 3 references"):
+        score_corpus(hyps[:2], refs)
+
+
+def test_loss_on_pairs_equals_loss_on_the_pipeline_split(tiny_run_dir):
+    from data.corpus import load_text_pairs
+    from data.pipeline import make_eval_dataset
+    from data.tokenizer import Tokenizer
+    from nmt.run_dir import RunDir, restore_model_weights
+    from transformer.model import build_model
+
+    run_dir = RunDir(tiny_run_dir)
+    config = run_dir.load_config()
+    tokenizer = Tokenizer.load(run_dir.tokenizer_dir)
+    model = build_model(config.model, tokenizer.source_vocab_size, tokenizer.target_vocab_size)
+    restore_model_weights(model, run_dir.weights_prefix())
+    sources, targets = load_text_pairs(config.data, "validation")
+    ours = validation_loss(model, pairs_loss_dataset(config.data, tokenizer, sources, targets))
+    pipeline = validation_loss(model, make_eval_dataset(config.data, tokenizer, "validation"))
+    assert ours[1] == pipeline[1]
+    assert ours[0] == pytest.approx(pipeline[0], rel=1e-5)
+
+
+def test_evaluate_files_writes_what_it_scores(tiny_run_dir, tmp_path):
+    pairs = tiny_corpus()["test"][:10]
+    source, reference = tmp_path / "test.en", tmp_path / "test.de"
+    source.write_bytes(b"".join(s.encode() + b"\n" for s, _ in pairs))
+    reference.write_bytes(
+        b"".join(t.encode() + b"\n" for _, t in pairs[:-1]) + b"Der mann\xff hat ein auto.\n"
+    )
+    warnings = []
+    record = evaluate_run_dir(
+        tiny_run_dir,
+        source_file=str(source),
+        reference_file=str(reference),
+        output=tmp_path / "hyp.txt",
+        beam_size=1,
+        warn=lambda line, kind, message, source=None: warnings.append((source, line, kind)),
+    )
+    assert warnings == [(str(reference), 10, "utf8")]
+    hypotheses = (tmp_path / "hyp.txt").read_text(encoding="utf-8").splitlines()
+    references = [t for _, t in pairs[:-1]] + ["Der mann\ufffd hat ein auto."]
+    assert len(hypotheses) == 10
+    assert record["bleu"] == sacrebleu.corpus_bleu(hypotheses, [references]).score
+    assert record["bleu"] > 50
+    assert record["num_sentences"] == 10 and record["beam"] == 1 and record["split"] == "test.en"
+    assert 0 < record["loss"] < 2 and record["loss_tokens"] > 10
+    report = format_report(record)
+    assert "bleu_lc_tok" in report and record["signature"] in report
+    assert not (tiny_run_dir / "hypotheses.test.en.txt").exists()

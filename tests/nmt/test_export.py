@@ -1,0 +1,63 @@
+"""Export: the SavedModel, loaded by plain TensorFlow, translates exactly like the run directory."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from nmt.export import export_run_dir
+from nmt.translator import Translator
+from tests.run_fixture import shared_tiny_run_dir, tiny_corpus
+
+
+@pytest.fixture(scope="session")
+def tiny_run_dir(tmp_path_factory, request):
+    return shared_tiny_run_dir(tmp_path_factory, getattr(request.config, "cache", None))
+
+
+def test_exported_model_matches_the_run_dir(tiny_run_dir, tmp_path):
+    corpus = tiny_corpus()
+    lines = [s for s, _ in corpus["validation"] + corpus["test"]][:48] + ["", "The cat sees " * 30]
+    output, module = export_run_dir(tiny_run_dir, tmp_path / "export", beam_size=2)
+    assert (output / "saved_model.pb").is_file() and module.beam_size == 2
+    assert any((output / "assets").glob("*.model"))  # the SentencePiece model travels with the SavedModel
+
+    # Plain TensorFlow in a fresh process, outside the repository: no project code involved.
+    script = textwrap.dedent(
+        f"""
+        import json, sys
+        import tensorflow as tf
+        import tensorflow_text  # noqa: F401
+        serve = tf.saved_model.load({str(output)!r}).signatures["serving_default"]
+        lines = json.loads(sys.stdin.read())
+        outputs = serve(inputs=tf.constant(lines, tf.string))
+        print(json.dumps([o.decode("utf-8") for o in outputs["outputs"].numpy()]))
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        input=json.dumps(lines),
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    exported = json.loads(done.stdout.strip().splitlines()[-1])
+
+    expected = Translator.from_run_dir(tiny_run_dir).translate(lines, beam_size=2)
+    assert exported == expected
+    assert exported[48] == "" and exported[49]
+
+
+def test_export_refuses_to_overwrite_something_else(tiny_run_dir, tmp_path):
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "notes.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="not a SavedModel"):
+        export_run_dir(tiny_run_dir, tmp_path / "taken", beam_size=1)
+    assert (tmp_path / "taken" / "notes.txt").read_text() == "mine"

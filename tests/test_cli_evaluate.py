@@ -1,0 +1,65 @@
+"""evaluate.py --json: its BLEU is sacreBLEU's on the hypotheses file it wrote."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import sacrebleu
+
+from tests.run_fixture import shared_tiny_run_dir, tiny_corpus
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def tiny_run_dir(tmp_path_factory, request):
+    return shared_tiny_run_dir(tmp_path_factory, getattr(request.config, "cache", None))
+
+
+def test_evaluate_json_bleu_equals_sacrebleu_on_its_hypotheses(tiny_run_dir):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
+    done = subprocess.run(
+        [
+            sys.executable,
+            "evaluate.py",
+            "--model-dir",
+            str(tiny_run_dir),
+            "--split",
+            "test",
+            "--beam",
+            "2",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    record = json.loads(done.stdout.strip().splitlines()[-1])
+    for key in (
+        "bleu",
+        "chrf",
+        "loss",
+        "signature",
+        "perplexity",
+        "bleu_lc_tok",
+        "num_sentences",
+        "beam",
+        "split",
+    ):
+        assert key in record, key
+    hypotheses_file = tiny_run_dir / "hypotheses.test.txt"
+    assert record["hypotheses"] == str(hypotheses_file)
+    hypotheses = hypotheses_file.read_text(encoding="utf-8").splitlines()
+    references = [t for _, t in tiny_corpus()["test"]]
+    assert len(hypotheses) == len(references) == record["num_sentences"]
+    assert record["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hypotheses, [references]).score, abs=1e-9)
+    assert record["chrf"] == pytest.approx(sacrebleu.corpus_chrf(hypotheses, [references]).score, abs=1e-9)
+    assert record["bleu"] > 50 and record["beam"] == 2 and record["split"] == "test"
+    assert 0 < record["loss"] < 2 and record["perplexity"] > 1
+    assert "nrefs:1|case:mixed|eff:no|tok:13a" in record["signature"]

@@ -1,0 +1,139 @@
+"""translate.py (and the shared CLI behaviour of evaluate.py and export.py), run as subprocesses."""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.run_fixture import shared_tiny_run_dir, tiny_corpus
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def tiny_run_dir(tmp_path_factory, request):
+    return shared_tiny_run_dir(tmp_path_factory, getattr(request.config, "cache", None))
+
+
+def cli(script, *args, stdin=b"", timeout=300):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
+    return subprocess.run(
+        [sys.executable, str(ROOT / script), *map(str, args)],
+        input=stdin,
+        capture_output=True,
+        cwd=ROOT,
+        env=env,
+        timeout=timeout,
+    )
+
+
+def listing(path: Path) -> list[str]:
+    return sorted(str(p.relative_to(path)) for p in path.rglob("*"))
+
+
+@pytest.mark.parametrize("script", ["translate.py", "evaluate.py", "export.py"])
+def test_help(script):
+    done = cli(script, "--help")
+    assert done.returncode == 0
+    assert b"--model-dir" in done.stdout
+
+
+@pytest.mark.parametrize("script", ["translate.py", "evaluate.py", "export.py"])
+def test_missing_model_dir_is_one_clear_error(script, tmp_path):
+    done = cli(script, "--model-dir", tmp_path / "nope", "--output", tmp_path / "out")
+    assert done.returncode != 0
+    assert (
+        done.stderr.decode().strip().splitlines()[-1]
+        == f"error: model directory does not exist: {tmp_path / 'nope'}"
+    )
+    assert not (tmp_path / "out").exists()
+
+
+def test_missing_input_file_writes_nothing(tiny_run_dir, tmp_path):
+    before = listing(tiny_run_dir)
+    done = cli("translate.py", "--model-dir", tiny_run_dir, "--input", tmp_path / "missing.txt")
+    assert done.returncode == 2
+    assert b"input file not found" in done.stderr
+    assert listing(tiny_run_dir) == before
+
+
+def test_bad_weights_are_reported(tiny_run_dir, tmp_path):
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_run_dir, broken)
+    for data in (broken / "final").glob("*.data-*"):
+        data.write_bytes(b"not a checkpoint")
+    before = listing(broken)
+    done = cli("translate.py", "--model-dir", broken, stdin=b"The cat sees a ball.\n")
+    assert done.returncode == 1
+    assert done.stdout == b""
+    last = done.stderr.decode().strip().splitlines()[-1]
+    assert (
+        last.startswith("error: cannot restore model weights from ")
+        and "Traceback" not in done.stderr.decode()
+    )
+    assert listing(broken) == before
+
+
+def test_messy_file_gives_one_line_per_line(tiny_run_dir, tmp_path):
+    good = [s for s, _ in tiny_corpus()["test"][:3]]
+    lines = [
+        good[0].encode(),
+        b"",
+        b"The cat \xff\xfe sees a ball.",  # invalid UTF-8
+        b"A dog\x00 has a hat.",  # NUL byte
+        " ".join(["word"] * 5000).encode(),  # far over the model's 64 positions
+        b"   ",
+        good[1].encode() + b"\r",  # CRLF line
+        good[2].encode(),  # no final newline
+    ]
+    source = tmp_path / "input.txt"
+    source.write_bytes(b"\n".join(lines))
+    output, plot = tmp_path / "output.txt", tmp_path / "attention.png"
+    before = listing(tiny_run_dir)
+    done = cli(
+        "translate.py",
+        "--model-dir",
+        tiny_run_dir,
+        "--input",
+        source,
+        "--output",
+        output,
+        "--plot-attention",
+        plot,
+    )
+    stderr = done.stderr.decode()
+    assert done.returncode == 0, stderr[-3000:]
+    out = output.read_bytes().decode("utf-8").split("\n")
+    assert out[-1] == "" and len(out[:-1]) == len(lines)
+    out = out[:-1]
+    assert out[1] == "" and out[5] == ""
+    assert all(out[i] for i in (0, 2, 3, 4, 6, 7))
+    assert "line 3: invalid UTF-8" in stderr
+    assert "line 4: removed 1 NUL byte" in stderr
+    assert "line 5: " in stderr and "translated only the first 63" in stderr
+    assert plot.stat().st_size > 1000 and plot.read_bytes()[:4] == b"\x89PNG"
+    assert listing(tiny_run_dir) == before  # translating writes nothing into the run directory
+
+    # stdin/stdout with --no-cache and --nbest: one line per input line, the first candidates are the same.
+    done = cli(
+        "translate.py",
+        "--model-dir",
+        tiny_run_dir,
+        "--beam",
+        2,
+        "--nbest",
+        2,
+        "--no-cache",
+        stdin=source.read_bytes(),
+    )
+    assert done.returncode == 0, done.stderr.decode()[-3000:]
+    rows = done.stdout.decode("utf-8").split("\n")
+    assert rows[-1] == "" and len(rows[:-1]) == len(lines)
+    assert rows[1] == "" and rows[5] == ""
+    for row, best in zip(rows, out):
+        if best:
+            fields = row.split("\t")
+            assert len(fields) == 4 and fields[0] == best and float(fields[1]) >= float(fields[3])

@@ -1,0 +1,133 @@
+"""Translate text with a trained run directory: one output line per input line, in order.
+
+    python translate.py --model-dir runs/base < input.en > output.de
+    python translate.py --model-dir runs/base --input input.en --output output.de --beam 4
+    python translate.py --model-dir runs/base --input input.en --nbest 3     # "text<TAB>score" x 3 per line
+
+Input is read as bytes: invalid UTF-8 is replaced (U+FFFD) and NUL bytes removed, each with a warning naming the
+line on stderr. Empty lines give empty lines without reaching the model; lines longer than the model's position
+table are translated truncated, with a warning. The input is streamed in chunks of --chunk-size lines (bounded
+memory for any file size); --output is written through a temporary file renamed at the end.
+With --nbest N, each output line holds N tab-separated `text<TAB>score` fields, best first (score: the
+length-normalised log-probability of the beam search), so the line count still matches the input.
+Exit codes: 0 ok, 1 run-directory/model problem, 2 usage error (e.g. missing input file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import logging
+import sys
+
+from nmt import cli
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description="Translate lines of text with a trained run directory (stdin/stdout by default).",
+        epilog="--nbest N prints N tab-separated 'text<TAB>score' fields per line, best first.",
+    )
+    parser.add_argument("--model-dir", required=True, help="run directory written by train.py")
+    parser.add_argument("--input", help="input file, one sentence per line (default: stdin)")
+    parser.add_argument("--output", help="output file (default: stdout)")
+    parser.add_argument(
+        "--beam", type=int, default=None, help="beam size (1 = greedy); default: eval.beam_size"
+    )
+    parser.add_argument("--nbest", type=int, default=1, help="translations per line, at most the beam size")
+    parser.add_argument(
+        "--no-cache", action="store_true", help="recompute the decoder each step (same output)"
+    )
+    parser.add_argument(
+        "--batch-size", type=int, default=None, help="sentences per batch; default eval.batch_size"
+    )
+    parser.add_argument("--chunk-size", type=int, default=1000, help="lines read and translated at a time")
+    parser.add_argument("--weights", default="auto", choices=["auto", "final", "best", "latest"])
+    parser.add_argument("--xla", action="store_true", help="compile decoding with XLA (useful on GPU/TPU)")
+    parser.add_argument(
+        "--plot-attention", metavar="FILE.png", help="cross-attention heat maps of the first line"
+    )
+    parser.add_argument("--verbose", action="store_true", help="debug logging")
+    return parser.parse_args(argv)
+
+
+def _check(args: argparse.Namespace) -> None:
+    for name in ("beam", "batch_size"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise cli.CliError(f"--{name.replace('_', '-')} must be at least 1, got {value}", exit_code=2)
+    if args.nbest < 1 or args.chunk_size < 1:
+        raise cli.CliError("--nbest and --chunk-size must be at least 1", exit_code=2)
+    if args.beam is not None and args.nbest > args.beam:
+        raise cli.CliError(f"--nbest {args.nbest} exceeds --beam {args.beam}", exit_code=2)
+    cli.check_input_file(args.input)
+    cli.check_output_file(args.output)
+    cli.check_output_file(args.plot_attention)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    cli.setup_logging(args.verbose)
+    _check(args)
+    cli.check_model_dir(args.model_dir)
+    cli.quiet_tensorflow()
+
+    from tqdm import tqdm
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
+    from nmt.text_io import LineWriter, count_lines, read_lines
+    from nmt.translator import Translator, plot_attention
+
+    translator = Translator.from_run_dir(
+        args.model_dir, weights=args.weights, xla=args.xla, batch_size=args.batch_size
+    )
+    beam = translator.eval_config.beam_size if args.beam is None else args.beam
+    if args.nbest > beam:
+        raise cli.CliError(f"--nbest {args.nbest} exceeds the beam size {beam} (set --beam)", exit_code=2)
+
+    warnings = cli.LineWarnings(source=args.input or "stdin")
+    keep = translator.max_source_length - 1
+
+    def truncated(index: int, length: int) -> None:
+        message = f"{length} subwords, longer than the model allows: translated only the first {keep}"
+        warnings(index + 1, "truncated", message)
+
+    interactive = args.input is None and sys.stdin.isatty()
+    handle = open(args.input, "rb") if args.input else sys.stdin.buffer  # noqa: SIM115
+    total = count_lines(args.input) if args.input else None
+    lines = read_lines(handle, warnings)
+    if args.plot_attention:
+        head = []  # the lines up to the first non-empty one, put back in front of the stream
+        for line in lines:
+            head.append(line)
+            if line.strip():
+                plot_attention(args.plot_attention, translator.attention(line, beam_size=beam))
+                break
+        else:
+            logging.getLogger("nmt").warning("--plot-attention: no non-empty input line, nothing plotted")
+        lines = itertools.chain(head, lines)
+    results = translator.translate_stream(
+        lines,
+        chunk_size=1 if interactive else args.chunk_size,
+        on_truncated=truncated,
+        beam_size=beam,
+        use_cache=not args.no_cache,
+        nbest=args.nbest,
+    )
+    with logging_redirect_tqdm(), LineWriter(args.output) as writer:
+        bar = tqdm(total=total, unit="line", desc="translating", disable=not args.input, file=sys.stderr)
+        for result in results:
+            if args.nbest > 1:
+                result = "\t".join(f"{text.replace(chr(9), ' ')}\t{score:.4f}" for text, score in result)
+            writer.write(result)
+            bar.update(1)
+            if interactive:
+                writer.flush()
+        bar.close()
+    handle.close()
+    warnings.summary()
+    return 0
+
+
+if __name__ == "__main__":
+    cli.run(main)

@@ -1,0 +1,223 @@
+"""transformer.model: invariances (causality, padding, cached == full), gradients, precision, serialization."""
+
+import types
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from transformer.model import Transformer, build_model
+from transformer.vocab import BOS_ID, PAD_ID
+
+VOCAB = 40
+
+
+def tiny_config(**overrides):
+    values = dict(
+        d_model=32,
+        num_heads=4,
+        d_ff=64,
+        num_layers=1,
+        dropout=0.0,
+        attention_dropout=0.0,
+        norm="post",
+        residual=True,
+        share_embeddings=True,
+        tie_output=True,
+        share_qkv="none",
+        attention="full",
+        chunk_size=4,
+        window=3,
+        scale=None,
+        mask_fill="auto",
+        max_length=32,
+    )
+    values.update(overrides)
+    return types.SimpleNamespace(**values)
+
+
+def batch(seed=0, source_length=7, target_length=20):
+    rng = np.random.default_rng(seed)
+    source = rng.integers(4, VOCAB, size=(2, source_length)).astype(np.int32)
+    source[1, source_length - 3 :] = PAD_ID
+    target = rng.integers(4, VOCAB, size=(2, target_length)).astype(np.int32)
+    target[:, 0] = BOS_ID
+    target[1, target_length - 4 :] = PAD_ID
+    return tf.constant(source), tf.constant(target)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return build_model(tiny_config(num_layers=2), VOCAB, VOCAB)
+
+
+@pytest.fixture(scope="module")
+def pre_ln_model():
+    return build_model(tiny_config(norm="pre"), VOCAB, VOCAB)
+
+
+def test_build_model_is_built_and_returns_float32_logits(model):
+    assert model.built and len(model.trainable_variables) > 0
+    source, target = batch()
+    logits = model({"source": source, "target_in": target})
+    assert logits.shape == (2, 20, VOCAB) and logits.dtype == tf.float32
+    assert model.encode(source).shape == (2, 7, 32)
+
+
+def test_decoder_is_causal(model):
+    source, target = batch(1)
+    logits = model({"source": source, "target_in": target}).numpy()
+    for t in (0, 5, 12):
+        changed = target.numpy().copy()
+        changed[:, t + 1 :] = np.random.default_rng(t).integers(4, VOCAB, size=changed[:, t + 1 :].shape)
+        new_logits = model({"source": source, "target_in": tf.constant(changed)}).numpy()
+        np.testing.assert_allclose(new_logits[:, : t + 1], logits[:, : t + 1], atol=1e-5)
+        assert not np.allclose(new_logits[:, t + 1 :], logits[:, t + 1 :], atol=1e-3)
+
+
+def test_extra_source_padding_changes_nothing(model):
+    source, target = batch(2)
+    logits = model({"source": source, "target_in": target})
+    padded = tf.pad(source, [[0, 0], [0, 5]], constant_values=PAD_ID)
+    np.testing.assert_allclose(
+        model({"source": padded, "target_in": target}).numpy(), logits.numpy(), atol=1e-5
+    )
+
+
+@pytest.mark.parametrize("overrides", [None, {"norm": "pre", "share_qkv": "qk", "tie_output": False}])
+def test_cached_decoding_equals_full_forward(model, overrides):
+    if overrides is not None:
+        model = build_model(tiny_config(**overrides), VOCAB, VOCAB)
+    source, target = batch(3)
+    target = tf.where(target == PAD_ID, 5, target)  # decoding never feeds padding
+    logits = model({"source": source, "target_in": target}).numpy()
+    cache = model.init_cache(source, model.encode(source), 20)
+    step = tf.function(model.decode_step, autograph=False)
+    for i in range(20):
+        step_logits, cache = step(target[:, i], cache, tf.constant(i))
+        assert step_logits.shape == (2, VOCAB) and step_logits.dtype == tf.float32
+        np.testing.assert_allclose(step_logits.numpy(), logits[:, i], atol=1e-5)
+    assert step.experimental_get_tracing_count() == 1  # one trace for every index
+
+
+def test_cache_has_leading_batch_dimension(model):
+    source, _ = batch()
+    cache = model.init_cache(source, model.encode(source), 12)
+    for tensor in tf.nest.flatten(cache):
+        assert tensor.shape[0] == 2
+    layer = cache["layers"][0]
+    assert layer["self"]["k"].shape == (2, 4, 12, 8) and layer["cross"]["v"].shape == (2, 4, 7, 8)
+    with pytest.raises(ValueError):
+        model.init_cache(source, model.encode(source), 33)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},
+        {
+            "norm": "pre",
+            "share_embeddings": False,
+            "tie_output": False,
+            "share_qkv": "all",
+            "attention": "chunked",
+            "attention_dropout": 0.1,
+            "dropout": 0.1,
+        },
+    ],
+)
+def test_gradients_reach_every_trainable_variable(overrides):
+    model = build_model(tiny_config(**overrides), VOCAB, VOCAB)
+    source, target = batch(4)
+    labels = tf.concat([target[:, 1:], tf.fill([2, 1], 3)], axis=1)
+    with tf.GradientTape() as tape:
+        logits = model({"source": source, "target_in": target}, training=True)
+        loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True))
+    variables = model.trainable_variables
+    gradients = tape.gradient(loss, variables)
+    assert len({id(v) for v in variables}) == len(variables)
+    for variable, gradient in zip(variables, gradients):
+        assert gradient is not None, variable.path
+        assert np.abs(tf.convert_to_tensor(gradient).numpy()).max() > 0, variable.path
+
+
+@pytest.mark.parametrize("policy, tolerance", [("mixed_float16", 0.02), ("mixed_bfloat16", 0.15)])
+def test_mixed_precision_is_finite_with_all_padding_rows(pre_ln_model, policy, tolerance):
+    reference = pre_ln_model
+    keras.mixed_precision.set_global_policy(policy)
+    model = build_model(tiny_config(norm="pre"), VOCAB, VOCAB)
+    model.set_weights(reference.get_weights())
+    source, target = batch(5)
+    source = tf.tensor_scatter_nd_update(source, [[0]], tf.fill([1, 7], PAD_ID))
+    target = tf.tensor_scatter_nd_update(target, [[1]], tf.fill([1, 20], PAD_ID))
+    logits = model({"source": source, "target_in": target})
+    assert logits.dtype == tf.float32
+    assert np.isfinite(logits.numpy()).all()
+    expected = reference({"source": source, "target_in": target}).numpy()
+    np.testing.assert_allclose(logits.numpy(), expected, atol=tolerance)
+    step_logits, _ = model.decode_step(target[:, 0], model.init_cache(source, model.encode(source), 4), 0)
+    assert step_logits.dtype == tf.float32 and np.isfinite(step_logits.numpy()).all()
+
+
+def test_config_round_trip(model):
+    config = model.get_config()
+    assert config["d_model"] == 32 and config["max_length"] == 32 and config["mask_fill"] == "auto"
+    clone = Transformer.from_config(config)
+    assert clone.get_config() == config
+    restored = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(model))
+    assert isinstance(restored, Transformer) and restored.get_config() == config
+    source, target = batch(6)
+    clone({"source": source, "target_in": target})
+    clone.set_weights(model.get_weights())
+    np.testing.assert_array_equal(
+        clone({"source": source, "target_in": target}).numpy(),
+        model({"source": source, "target_in": target}).numpy(),
+    )
+
+
+def test_checkpoint_round_trip(model, tmp_path):
+    path = tf.train.Checkpoint(model=model).save(str(tmp_path / "ckpt"))
+    saved = {name for name, _ in tf.train.list_variables(path) if name.startswith("model/")}
+    assert len(saved) == len(model.variables), "every variable must be in the checkpoint"
+    fresh = build_model(tiny_config(num_layers=2), VOCAB, VOCAB)
+    tf.train.Checkpoint(model=fresh).restore(path).assert_existing_objects_matched()
+    source, target = batch(7)
+    np.testing.assert_array_equal(
+        fresh({"source": source, "target_in": target}).numpy(),
+        model({"source": source, "target_in": target}).numpy(),
+    )
+
+
+def test_embedding_sharing_rules():
+    with pytest.raises(ValueError, match="vocab"):
+        Transformer(source_vocab_size=40, target_vocab_size=48, share_embeddings=True)
+    shared = Transformer(
+        source_vocab_size=40, target_vocab_size=40, d_model=16, num_heads=2, d_ff=16, num_layers=1
+    )
+    assert shared.source_embedding is shared.target_embedding
+    model = build_model(tiny_config(share_embeddings=False, tie_output=True), 40, 48)
+    assert model.source_embedding is not model.target_embedding
+    source, target = batch(8)
+    assert model({"source": source, "target_in": target}).shape == (2, 20, 48)
+
+
+def test_cross_attention_weights(model):
+    source, target = batch(9)
+    weights = model.cross_attention(source, target)
+    assert len(weights) == 2
+    for w in weights:
+        assert w.shape == (2, 4, 20, 7)
+        np.testing.assert_allclose(w.numpy().sum(-1), 1.0, atol=1e-5)
+        assert (w.numpy()[1, :, :, 4:] == 0).all()  # padded source positions
+
+
+def test_chunked_encoder_equals_full_encoder(model):
+    chunked = build_model(tiny_config(num_layers=2, attention="chunked", chunk_size=3), VOCAB, VOCAB)
+    chunked.set_weights(model.get_weights())
+    source, target = batch(10)
+    np.testing.assert_allclose(
+        chunked({"source": source, "target_in": target}).numpy(),
+        model({"source": source, "target_in": target}).numpy(),
+        atol=1e-5,
+    )

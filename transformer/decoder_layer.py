@@ -1,0 +1,179 @@
+"""One Transformer decoder layer: causal self-attention, cross-attention and feed-forward sublayers."""
+
+import keras
+import tensorflow as tf
+
+from transformer.feed_forward import FeedForward
+from transformer.multi_head import MultiHeadAttention
+from transformer.residual import NORMS, layer_norm, residual_sublayer
+
+
+@keras.saving.register_keras_serializable(package="transformer")
+class DecoderLayer(keras.layers.Layer):
+    """Masked self-attention, cross-attention over the encoder memory, feed-forward; each a residual sublayer.
+
+    Same residual / LayerNorm placement as `EncoderLayer` (``norm="post"`` default, ``"pre"``, ``residual=False``).
+    Self-attention is always full attention (the caller passes the causal mask); ``share_qkv`` applies to the
+    self-attention only (cross-attention projects queries and memory separately).
+
+    Args:
+        d_model, num_heads, d_ff: ints, widths.
+        dropout: float, residual and feed-forward dropout.
+        attention_dropout: float, dropout on the attention weights.
+        norm: ``"post"`` or ``"pre"``.
+        residual: bool; False removes the residual connections (ablation).
+        share_qkv, scale, mask_fill, soft_cap: passed to the `MultiHeadAttention` layers (``share_qkv``: self only).
+
+    Call arguments:
+        x: ``(B, T, d_model)``.
+        memory: ``(B, S, d_model)``, the encoder output.
+        self_mask: bool broadcastable to ``(B, heads, T, T)``: causal and target padding.
+        memory_mask: bool broadcastable to ``(B, heads, T, S)``: source padding ``(B, 1, 1, S)``.
+        training: bool.
+
+    Returns:
+        ``(x (B, T, d_model), cross_weights (B, heads, T, S))``.
+
+    Incremental decoding: `init_cache` then `decode_step` once per position gives the same outputs as `call`.
+    """
+
+    def __init__(
+        self,
+        *,
+        d_model,
+        num_heads,
+        d_ff,
+        dropout=0.1,
+        attention_dropout=0.0,
+        norm="post",
+        residual=True,
+        share_qkv="none",
+        scale=None,
+        mask_fill="auto",
+        soft_cap=None,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if norm not in NORMS:
+            raise ValueError(f"norm must be one of {NORMS}, got {norm!r}")
+        self.d_model = d_model
+        self.num_heads = num_heads
+        self.d_ff = d_ff
+        self.dropout = dropout
+        self.attention_dropout = attention_dropout
+        self.norm = norm
+        self.residual = residual
+        self.share_qkv = share_qkv
+        self.scale = scale
+        self.mask_fill = mask_fill
+        self.soft_cap = soft_cap
+        common = dict(
+            d_model=d_model,
+            num_heads=num_heads,
+            dropout=attention_dropout,
+            scale=scale,
+            mask_fill=mask_fill,
+            soft_cap=soft_cap,
+            dtype=self.dtype_policy,
+        )
+        self.self_attention = MultiHeadAttention(share_qkv=share_qkv, name="self_attention", **common)
+        self.cross_attention = MultiHeadAttention(name="cross_attention", **common)
+        self.feed_forward = FeedForward(
+            d_model=d_model, d_ff=d_ff, dropout=dropout, name="feed_forward", dtype=self.dtype_policy
+        )
+        self.self_attention_norm = layer_norm("self_attention_norm")
+        self.cross_attention_norm = layer_norm("cross_attention_norm")
+        self.feed_forward_norm = layer_norm("feed_forward_norm")
+        self.residual_dropout = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
+
+    def build(self, x_shape, memory_shape=None):
+        memory_shape = x_shape if memory_shape is None else memory_shape
+        self.self_attention.build(x_shape, x_shape, x_shape)
+        self.cross_attention.build(x_shape, memory_shape, memory_shape)
+        self.feed_forward.build(x_shape)
+        for norm_layer in (self.self_attention_norm, self.cross_attention_norm, self.feed_forward_norm):
+            norm_layer.build(x_shape)
+        self.built = True
+
+    def call(self, x, memory, self_mask=None, memory_mask=None, training=False):
+        x, _ = self._sublayer(
+            x,
+            lambda h: self.self_attention(h, h, h, mask=self_mask, training=training),
+            self.self_attention_norm,
+            training,
+        )
+        x, cross_weights = self._sublayer(
+            x,
+            lambda h: self.cross_attention(h, memory, memory, mask=memory_mask, training=training),
+            self.cross_attention_norm,
+            training,
+        )
+        x, _ = self._sublayer(
+            x, lambda h: (self.feed_forward(h, training=training), None), self.feed_forward_norm, training
+        )
+        return x, cross_weights
+
+    def init_cache(self, memory, max_length):
+        """Decoding cache for one layer; every tensor has leading batch dimension ``B``.
+
+        Returns:
+            ``{"self": {"k", "v"}: (B, heads, max_length, depth) zeros, "cross": {"k", "v"}: (B, heads, S, depth)}``,
+            the cross-attention keys/values of ``memory (B, S, d_model)`` projected once.
+        """
+        return {
+            "self": self.self_attention.init_cache(_batch_size(memory), max_length),
+            "cross": self.cross_attention.project_key_value(memory),
+        }
+
+    def decode_step(self, x, cache, index, memory_mask=None):
+        """Decode the token(s) at ``index``: ``x (B, 1, d_model)`` -> ``(x (B, 1, d_model), new_cache)``.
+
+        ``index`` is a scalar int32 tensor; ``cache`` comes from `init_cache` (or a previous step). Inference only.
+        """
+
+        def self_attend(h):
+            output, _, new_cache = self.self_attention(h, h, h, cache=cache["self"], cache_index=index)
+            return output, new_cache
+
+        x, new_self = self._sublayer(x, self_attend, self.self_attention_norm, False)
+        x, _ = self._sublayer(
+            x,
+            lambda h: self.cross_attention.attend_key_value(h, cache["cross"], mask=memory_mask),
+            self.cross_attention_norm,
+            False,
+        )
+        x, _ = self._sublayer(x, lambda h: (self.feed_forward(h), None), self.feed_forward_norm, False)
+        return x, {"self": new_self, "cross": cache["cross"]}
+
+    def _sublayer(self, x, fn, norm_layer, training):
+        return residual_sublayer(
+            x,
+            fn,
+            norm_layer=norm_layer,
+            dropout_layer=self.residual_dropout,
+            norm=self.norm,
+            residual=self.residual,
+            training=training,
+        )
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            d_model=self.d_model,
+            num_heads=self.num_heads,
+            d_ff=self.d_ff,
+            dropout=self.dropout,
+            attention_dropout=self.attention_dropout,
+            norm=self.norm,
+            residual=self.residual,
+            share_qkv=self.share_qkv,
+            scale=self.scale,
+            mask_fill=self.mask_fill,
+            soft_cap=self.soft_cap,
+        )
+        return config
+
+
+def _batch_size(x):
+    """Leading (batch) dimension of ``x``, static if known."""
+    return x.shape[0] if x.shape[0] is not None else tf.shape(x)[0]

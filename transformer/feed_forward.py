@@ -1,0 +1,45 @@
+"""Position-wise feed-forward sublayer."""
+
+import keras
+
+
+@keras.saving.register_keras_serializable(package="transformer")
+class FeedForward(keras.layers.Layer):
+    """``Dense(d_model)(dropout(relu(Dense(d_ff)(x))))`` applied at every position (Vaswani et al., 2017, eq. 2).
+
+    Args:
+        d_model: int, input and output width.
+        d_ff: int, hidden width.
+        dropout: float, dropout on the hidden activations (training only).
+        activation: str, hidden activation (default ``"relu"``).
+
+    Call arguments:
+        x: ``(B, L, d_model)``.
+        training: bool.
+
+    Returns:
+        ``(B, L, d_model)``.
+    """
+
+    def __init__(self, *, d_model, d_ff, dropout=0.0, activation="relu", **kwargs):
+        super().__init__(**kwargs)
+        self.d_model = d_model
+        self.d_ff = d_ff
+        self.dropout = dropout
+        self.activation = activation
+        self.hidden = keras.layers.Dense(d_ff, activation=activation, name="hidden", dtype=self.dtype_policy)
+        self.hidden_dropout = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
+        self.output_dense = keras.layers.Dense(d_model, name="output", dtype=self.dtype_policy)
+
+    def build(self, x_shape):
+        self.hidden.build(x_shape)
+        self.output_dense.build(tuple(x_shape[:-1]) + (self.d_ff,))
+        self.built = True
+
+    def call(self, x, training=False):
+        return self.output_dense(self.hidden_dropout(self.hidden(x), training=training))
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(d_model=self.d_model, d_ff=self.d_ff, dropout=self.dropout, activation=self.activation)
+        return config

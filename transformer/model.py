@@ -1,0 +1,360 @@
+"""The encoder-decoder Transformer and `build_model`, the one place that reads a config."""
+
+import keras
+import tensorflow as tf
+
+from transformer.attention import causal_mask, padding_mask
+from transformer.decoder_layer import DecoderLayer
+from transformer.encoder_layer import EncoderLayer
+from transformer.positional import TokenAndPositionEmbedding
+from transformer.residual import NORMS, layer_norm, normalize
+from transformer.vocab import PAD_ID
+
+
+@keras.saving.register_keras_serializable(package="transformer")
+class Transformer(keras.Model):
+    """Encoder-decoder Transformer for translation (Vaswani et al., 2017).
+
+    ``source -> TokenAndPositionEmbedding -> num_layers x EncoderLayer -> memory``;
+    ``target_in -> TokenAndPositionEmbedding -> num_layers x DecoderLayer(memory) -> output projection -> logits``.
+    All masks are explicit: source padding ``(B, 1, 1, S)`` from ``pad_id``; decoder self-attention is causal and
+    target padding ``(B, 1, T, T)``. Logits are always float32 (the output projection runs in float32), as are the
+    softmaxes and LayerNorms, so the model works under ``mixed_float16`` and ``mixed_bfloat16`` policies.
+
+    Args:
+        source_vocab_size, target_vocab_size: ints.
+        d_model: int, model width (default 256).
+        num_heads: int, attention heads (default 4).
+        d_ff: int, feed-forward hidden width (default 1024).
+        num_layers: int, encoder and decoder layers each (default 3).
+        dropout: float, embedding, residual and feed-forward dropout (default 0.1).
+        attention_dropout: float, dropout on attention weights (default 0.0).
+        norm: ``"post"`` (default) or ``"pre"`` (Pre-LN adds a final LayerNorm on each stack output).
+        residual: bool, False removes residual connections (ablation).
+        share_embeddings: bool, one embedding matrix for source and target; requires equal vocab sizes.
+        tie_output: bool, the output projection is the transposed target embedding (no bias); else a Dense layer.
+        share_qkv: ``"none" | "qk" | "all"``, projection sharing in every self-attention.
+        attention: ``"full" | "chunked" | "local"`` for the encoder self-attention (decoder: always causal full).
+        chunk_size, window: for chunked and local attention.
+        scale: optional float overriding ``1 / sqrt(depth)`` in every attention.
+        mask_fill: ``"auto"`` or a float (legacy additive fill, ablations only; needs ``attention="full"``).
+        soft_cap: optional float, tanh logit cap in every attention.
+        max_length: int, size of the position table (longest source, and longest decoder input).
+        pad_id: int, padding id (default ``PAD_ID``).
+
+    Call arguments:
+        inputs: ``{"source": int32 (B, S), "target_in": int32 (B, T)}``.
+        training: bool.
+
+    Returns:
+        logits ``(B, T, target_vocab_size)`` float32.
+
+    Decoding API (used by `transformer.step_fns`): `encode`, `init_cache`, `decode_step`; plus `decode` (the full
+    decoder pass over a given memory) and `cross_attention` (weights for plotting).
+    """
+
+    def __init__(
+        self,
+        *,
+        source_vocab_size,
+        target_vocab_size,
+        d_model=256,
+        num_heads=4,
+        d_ff=1024,
+        num_layers=3,
+        dropout=0.1,
+        attention_dropout=0.0,
+        norm="post",
+        residual=True,
+        share_embeddings=True,
+        tie_output=True,
+        share_qkv="none",
+        attention="full",
+        chunk_size=64,
+        window=16,
+        scale=None,
+        mask_fill="auto",
+        soft_cap=None,
+        max_length=512,
+        pad_id=PAD_ID,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if share_embeddings and source_vocab_size != target_vocab_size:
+            raise ValueError(
+                "share_embeddings=True requires equal vocab sizes, got "
+                f"source_vocab_size={source_vocab_size}, target_vocab_size={target_vocab_size}"
+            )
+        if norm not in NORMS:
+            raise ValueError(f"norm must be one of {NORMS}, got {norm!r}")
+        self.source_vocab_size = source_vocab_size
+        self.target_vocab_size = target_vocab_size
+        self.d_model = d_model
+        self.num_heads = num_heads
+        self.d_ff = d_ff
+        self.num_layers = num_layers
+        self.dropout = dropout
+        self.attention_dropout = attention_dropout
+        self.norm = norm
+        self.residual = residual
+        self.share_embeddings = share_embeddings
+        self.tie_output = tie_output
+        self.share_qkv = share_qkv
+        self.attention = attention
+        self.chunk_size = chunk_size
+        self.window = window
+        self.scale = scale
+        self.mask_fill = mask_fill
+        self.soft_cap = soft_cap
+        self.max_length = max_length
+        self.pad_id = pad_id
+
+        policy = self.dtype_policy
+        embedding = dict(d_model=d_model, max_length=max_length, dropout=dropout, dtype=policy)
+        self.source_embedding = TokenAndPositionEmbedding(
+            vocab_size=source_vocab_size, name="source_embedding", **embedding
+        )
+        if share_embeddings:
+            self.target_embedding = self.source_embedding
+        else:
+            self.target_embedding = TokenAndPositionEmbedding(
+                vocab_size=target_vocab_size, name="target_embedding", **embedding
+            )
+        layer = dict(
+            d_model=d_model,
+            num_heads=num_heads,
+            d_ff=d_ff,
+            dropout=dropout,
+            attention_dropout=attention_dropout,
+            norm=norm,
+            residual=residual,
+            share_qkv=share_qkv,
+            scale=scale,
+            mask_fill=mask_fill,
+            soft_cap=soft_cap,
+            dtype=policy,
+        )
+        # One attribute per layer (not a list): tf.train.Checkpoint does not see Keras-tracked lists.
+        for i in range(num_layers):
+            encoder_layer = EncoderLayer(
+                attention=attention, chunk_size=chunk_size, window=window, name=f"encoder_layer_{i}", **layer
+            )
+            setattr(self, f"encoder_layer_{i}", encoder_layer)
+        for i in range(num_layers):
+            setattr(self, f"decoder_layer_{i}", DecoderLayer(name=f"decoder_layer_{i}", **layer))
+        if norm == "pre":
+            self.encoder_norm = layer_norm("encoder_norm")
+            self.decoder_norm = layer_norm("decoder_norm")
+        if not tie_output:
+            self.output_projection = keras.layers.Dense(
+                target_vocab_size, name="output_projection", dtype="float32"
+            )
+
+    @property
+    def encoder_layers(self):
+        """The `EncoderLayer`s, bottom first."""
+        return [getattr(self, f"encoder_layer_{i}") for i in range(self.num_layers)]
+
+    @property
+    def decoder_layers(self):
+        """The `DecoderLayer`s, bottom first."""
+        return [getattr(self, f"decoder_layer_{i}") for i in range(self.num_layers)]
+
+    def build(self, inputs_shape=None):
+        ids_shape = (None, None)
+        x_shape = (None, None, self.d_model)
+        for embedding in {id(e): e for e in (self.source_embedding, self.target_embedding)}.values():
+            if not embedding.built:
+                embedding.build(ids_shape)
+        for layer in self.encoder_layers:
+            layer.build(x_shape)
+        for layer in self.decoder_layers:
+            layer.build(x_shape, x_shape)
+        if self.norm == "pre":
+            self.encoder_norm.build(x_shape)
+            self.decoder_norm.build(x_shape)
+        if not self.tie_output:
+            self.output_projection.build(x_shape)
+        self.built = True
+
+    def call(self, inputs, training=False):
+        source, target_in = inputs["source"], inputs["target_in"]
+        memory = self.encode(source, training=training)
+        return self.decode(target_in, memory, self.source_mask(source), training=training)
+
+    # -- masks -----------------------------------------------------------------------------------------------------
+
+    def source_mask(self, source):
+        """``(B, 1, 1, S)`` bool, True at non-padding source positions."""
+        return padding_mask(source, self.pad_id)
+
+    def target_mask(self, target_in):
+        """``(B, 1, T, T)`` bool: causal and target padding."""
+        length = tf.shape(target_in)[1]
+        return tf.logical_and(causal_mask(length)[None, None], padding_mask(target_in, self.pad_id))
+
+    # -- encoder / decoder -----------------------------------------------------------------------------------------
+
+    def encode(self, source, training=False):
+        """``source`` int32 ``(B, S)`` -> memory ``(B, S, d_model)`` in the compute dtype."""
+        mask = self.source_mask(source)
+        x = self.source_embedding(source, training=training)  # (batch, S, d_model)
+        for layer in self.encoder_layers:
+            x = layer(x, mask=mask, training=training)
+        if self.norm == "pre":
+            x = normalize(self.encoder_norm, x)
+        return x
+
+    def decode(self, target_in, memory, source_mask, training=False):
+        """Full decoder pass: ``target_in (B, T)``, ``memory (B, S, d_model)``, ``source_mask (B, 1, 1, S)`` ->
+        logits ``(B, T, V)`` float32."""
+        x, _ = self._decoder_stack(target_in, memory, source_mask, training)
+        return self._logits(x)
+
+    def cross_attention(self, source, target_in):
+        """Cross-attention weights for plotting: a list (one per decoder layer) of ``(B, heads, T, S)`` float tensors."""
+        memory = self.encode(source)
+        _, weights = self._decoder_stack(target_in, memory, self.source_mask(source), False)
+        return weights
+
+    def _decoder_stack(self, target_in, memory, source_mask, training):
+        self_mask = self.target_mask(target_in)
+        x = self.target_embedding(target_in, training=training)  # (batch, T, d_model)
+        weights = []
+        for layer in self.decoder_layers:
+            x, w = layer(x, memory, self_mask=self_mask, memory_mask=source_mask, training=training)
+            weights.append(w)
+        if self.norm == "pre":
+            x = normalize(self.decoder_norm, x)
+        return x, weights
+
+    def _logits(self, x):
+        """``(..., d_model)`` -> float32 logits ``(..., V)``.
+
+        The projection runs in the compute dtype (it is the largest matmul of the model, so bf16/fp16 pay off
+        here most) and the logits are cast to float32 for the softmax and the loss. A 2-D matmul, not an einsum:
+        TF's einsum gradient for ``...d,vd->...v`` materialises a ``(..., V, d)`` tensor.
+        """
+        if self.tie_output:
+            embeddings = tf.cast(self.target_embedding.embeddings, x.dtype)  # (V, d_model)
+            flat = tf.reshape(x, [-1, tf.shape(x)[-1]])  # (batch * len, d_model)
+            logits = tf.matmul(flat, embeddings, transpose_b=True)  # (batch * len, V)
+            shape = tf.concat([tf.shape(x)[:-1], tf.shape(embeddings)[:1]], axis=0)
+            return tf.cast(tf.reshape(logits, shape), tf.float32)
+        return tf.cast(self.output_projection(tf.cast(x, tf.float32)), tf.float32)
+
+    # -- incremental decoding --------------------------------------------------------------------------------------
+
+    def init_cache(self, source, memory, max_length):
+        """Decoding cache; every tensor has leading batch dimension ``B`` (so searches can tile and gather it).
+
+        Args:
+            source: int32 ``(B, S)``.
+            memory: ``encode(source)``, ``(B, S, d_model)``.
+            max_length: python int, number of decoder positions (``index`` runs over ``0 .. max_length - 1``).
+
+        Returns:
+            ``{"source_mask": bool (B, 1, 1, S), "layers": [{"self": {"k", "v"}, "cross": {"k", "v"}}, ...]}``, one
+            entry per decoder layer: self K/V zeros ``(B, heads, max_length, depth)``, cross K/V of ``memory``
+            ``(B, heads, S, depth)``.
+        """
+        if max_length > self.max_length:
+            raise ValueError(
+                f"max_length={max_length} exceeds the position table (max_length={self.max_length})"
+            )
+        return {
+            "source_mask": self.source_mask(source),
+            "layers": [layer.init_cache(memory, max_length) for layer in self.decoder_layers],
+        }
+
+    def decode_step(self, tokens, cache, index):
+        """One decoding step.
+
+        Args:
+            tokens: int32 ``(B,)``, the decoder input at position ``index``.
+            cache: from `init_cache` or the previous step.
+            index: scalar int32 tensor (or python int).
+
+        Returns:
+            ``(logits (B, V) float32, new_cache)``; the logits equal ``call()``'s at position ``index`` for the same
+            prefix.
+        """
+        index = tf.convert_to_tensor(index, tf.int32)
+        x = self.target_embedding(tokens[:, None], start_index=index)  # (batch, 1, d_model)
+        layers = []
+        for layer, layer_cache in zip(self.decoder_layers, cache["layers"]):
+            x, layer_cache = layer.decode_step(x, layer_cache, index, memory_mask=cache["source_mask"])
+            layers.append(layer_cache)
+        if self.norm == "pre":
+            x = normalize(self.decoder_norm, x)
+        return self._logits(x[:, 0]), {"source_mask": cache["source_mask"], "layers": layers}
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            source_vocab_size=self.source_vocab_size,
+            target_vocab_size=self.target_vocab_size,
+            d_model=self.d_model,
+            num_heads=self.num_heads,
+            d_ff=self.d_ff,
+            num_layers=self.num_layers,
+            dropout=self.dropout,
+            attention_dropout=self.attention_dropout,
+            norm=self.norm,
+            residual=self.residual,
+            share_embeddings=self.share_embeddings,
+            tie_output=self.tie_output,
+            share_qkv=self.share_qkv,
+            attention=self.attention,
+            chunk_size=self.chunk_size,
+            window=self.window,
+            scale=self.scale,
+            mask_fill=self.mask_fill,
+            soft_cap=self.soft_cap,
+            max_length=self.max_length,
+            pad_id=self.pad_id,
+        )
+        return config
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**config)
+
+
+def build_model(config, source_vocab_size, target_vocab_size):
+    """Build a `Transformer` from a config object and create its variables.
+
+    Args:
+        config: any object with attributes ``d_model, num_heads, d_ff, num_layers, dropout, attention_dropout, norm,
+            residual, share_embeddings, tie_output, share_qkv, attention, chunk_size, window, scale, mask_fill,
+            max_length`` (optional: ``soft_cap``, default None).
+        source_vocab_size, target_vocab_size: ints.
+
+    Returns:
+        A built `Transformer` (called once on a dummy batch), ready to checkpoint or restore.
+    """
+    model = Transformer(
+        source_vocab_size=source_vocab_size,
+        target_vocab_size=target_vocab_size,
+        d_model=config.d_model,
+        num_heads=config.num_heads,
+        d_ff=config.d_ff,
+        num_layers=config.num_layers,
+        dropout=config.dropout,
+        attention_dropout=config.attention_dropout,
+        norm=config.norm,
+        residual=config.residual,
+        share_embeddings=config.share_embeddings,
+        tie_output=config.tie_output,
+        share_qkv=config.share_qkv,
+        attention=config.attention,
+        chunk_size=config.chunk_size,
+        window=config.window,
+        scale=config.scale,
+        mask_fill=config.mask_fill,
+        soft_cap=getattr(config, "soft_cap", None),
+        max_length=config.max_length,
+    )
+    dummy = tf.ones((1, 2), tf.int32)
+    model({"source": dummy, "target_in": dummy}, training=False)
+    return model

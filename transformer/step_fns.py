@@ -1,0 +1,70 @@
+"""Adapters from a `Transformer` to the step functions of `transformer.decoding`.
+
+Both adapters forbid the ``PAD`` and ``BOS`` tokens (their logits are set to a large negative value): they are never
+valid outputs, and a generated ``PAD`` would be masked as padding by the full pass but not by the cached step.
+
+Example:
+    >>> memory = model.encode(source)
+    >>> cache = model.init_cache(source, memory, max_length)
+    >>> ids, scores = beam_search(cached_step_fn(model), cache, batch_size=B, beam_size=4, max_length=max_length)
+    >>> ids, scores = beam_search(full_step_fn(model, source), None, batch_size=B, beam_size=4, max_length=max_length)
+"""
+
+import tensorflow as tf
+
+from transformer.vocab import BOS_ID, PAD_ID
+
+FORBIDDEN = (PAD_ID, BOS_ID)
+
+
+def cached_step_fn(model, forbid=FORBIDDEN):
+    """Incremental step: feeds ``ids[:, index]`` to ``model.decode_step`` with the KV cache.
+
+    The initial cache is ``model.init_cache(source, model.encode(source), max_length)``.
+
+    Returns:
+        ``step_fn(ids (N, max_length), index, cache) -> (logits (N, V) float32, new_cache)``.
+    """
+
+    def step_fn(ids, index, cache):
+        tokens = tf.gather(ids, index, axis=1)  # (N,)
+        logits, cache = model.decode_step(tokens, cache, index)
+        return _forbid(logits, forbid), cache
+
+    return step_fn
+
+
+def full_step_fn(model, source, forbid=FORBIDDEN):
+    """No-cache step: re-runs the whole decoder on the buffer and reads position ``index``.
+
+    The source is encoded once, here; the step repeats the memory ``N // B`` times along the batch axis, which matches
+    the batch-major layout of the searches (row ``b * beam + k``). The search's cache is unused: pass None.
+
+    Args:
+        model: a `Transformer`.
+        source: int32 ``(B, S)``.
+
+    Returns:
+        ``step_fn(ids (N, max_length), index, cache) -> (logits (N, V) float32, cache)``.
+    """
+    memory = model.encode(source)  # (B, S, d_model)
+    source_mask = model.source_mask(source)  # (B, 1, 1, S)
+
+    def step_fn(ids, index, cache):
+        repeats = tf.shape(ids)[0] // tf.shape(memory)[0]
+        logits = model.decode(
+            ids, tf.repeat(memory, repeats, axis=0), tf.repeat(source_mask, repeats, axis=0)
+        )  # (N, max_length, V)
+        return _forbid(tf.gather(logits, index, axis=1), forbid), cache
+
+    return step_fn
+
+
+def _forbid(logits, ids):
+    if not ids:
+        return logits
+    vocab = tf.shape(logits)[-1]
+    banned = tf.reduce_any(
+        tf.equal(tf.range(vocab)[:, None], tf.constant(list(ids), tf.int32)[None, :]), axis=1
+    )
+    return tf.where(banned[None, :], tf.constant(-1.0e9, logits.dtype), logits)

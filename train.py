@@ -10,6 +10,7 @@ Exit codes: 0 done or stopped cleanly by SIGINT/SIGTERM (checkpoint saved), 1 tr
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
@@ -41,6 +42,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+# Where the data is stored, not what it is: may change between runs (e.g. a mirror set after a failed run).
+LOCATION_KEYS = {("data", "data_dir"), ("data", "manual_dir")}
+
+
 def check_resume_compatible(run_dir: RunDir, config) -> bool:
     """True when DIR already holds a run; raises RunDirError if its model/data config differs from this one."""
     if not run_dir.exists():
@@ -48,7 +53,11 @@ def check_resume_compatible(run_dir: RunDir, config) -> bool:
     saved = run_dir.load_config()
     for section in ("data", "model"):
         old, new = getattr(saved, section).__dict__, getattr(config, section).__dict__
-        changed = [f"{section}.{key}: {old[key]!r} -> {new[key]!r}" for key in old if old[key] != new[key]]
+        changed = [
+            f"{section}.{key}: {old[key]!r} -> {new[key]!r}"
+            for key in old
+            if old[key] != new[key] and (section, key) not in LOCATION_KEYS
+        ]
         if changed:
             raise RunDirError(
                 f"{run_dir.path} was trained with a different {section} config ({'; '.join(changed)}); "
@@ -77,14 +86,24 @@ def main(argv=None) -> int:
         print(f"train.py: {err}", file=sys.stderr)
         return 3
 
+    from nmt.distribute import is_chief
+
+    chief = is_chief()  # only the chief of a multi-worker run locks and writes the run directory
+    try:  # before the slow imports: a second training on DIR is refused at once
+        lock = RunLock(run_dir).acquire() if chief else contextlib.nullcontext()
+    except RunDirError as err:
+        print(f"train.py: {err}", file=sys.stderr)
+        return 3
+
     from data.errors import DataError
     from nmt.trainer import Trainer, TrainingError
 
     try:
-        with RunLock(run_dir):
+        with lock:
             log.info("run directory %s (%s)", run_dir.path, "resuming" if resuming else "new run")
             print(config.to_yaml(), file=sys.stderr)
-            write_atomic(run_dir.config_path, config.to_yaml())
+            if chief:
+                write_atomic(run_dir.config_path, config.to_yaml())
             trainer = Trainer(config, run_dir)
             trainer.setup()
             if trainer.resumed_from:

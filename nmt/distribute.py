@@ -9,12 +9,13 @@ from __future__ import annotations
 import json
 import os
 
-import tensorflow as tf
-
 CPU_REPLICAS = 2  # logical CPU devices used by `mirrored` when no GPU is present
 
 
-def make_strategy(kind: str) -> tf.distribute.Strategy:
+def make_strategy(kind: str):
+    """The `tf.distribute.Strategy` named by `train.distribute`."""
+    import tensorflow as tf
+
     if kind == "none":
         return tf.distribute.get_strategy()
     if kind == "mirrored":
@@ -41,14 +42,17 @@ def make_strategy(kind: str) -> tf.distribute.Strategy:
     raise ValueError(f"train.distribute: unknown strategy {kind!r}")
 
 
-def is_chief(strategy: tf.distribute.Strategy) -> bool:
-    """True on the one worker that writes checkpoints, metrics and TensorBoard (always true off multi-worker)."""
-    resolver = getattr(strategy, "cluster_resolver", None)
-    if resolver is None or not os.environ.get("TF_CONFIG"):
+def is_chief() -> bool:
+    """True on the one worker that writes the run directory (always true outside multi-worker training).
+
+    Read from TF_CONFIG alone, so train.py can decide before any TensorFlow set-up whether this process takes
+    the run-directory lock: the chief if the cluster has one, else worker 0.
+    """
+    if not os.environ.get("TF_CONFIG"):
         return True
-    task = json.loads(os.environ["TF_CONFIG"]).get("task", {})
-    task_type, task_id = task.get("type"), task.get("index", 0)
+    tf_config = json.loads(os.environ["TF_CONFIG"])
+    task = tf_config.get("task", {})
+    task_type, task_id = task.get("type"), int(task.get("index", 0))
     if task_type == "chief":
         return True
-    cluster = json.loads(os.environ["TF_CONFIG"]).get("cluster", {})
-    return task_type == "worker" and task_id == 0 and "chief" not in cluster
+    return task_type == "worker" and task_id == 0 and "chief" not in tf_config.get("cluster", {})

@@ -12,6 +12,7 @@ import logging
 import math
 import resource
 import signal
+import tempfile
 import time
 from pathlib import Path
 
@@ -57,7 +58,7 @@ class Trainer:
 
         cfg = self.config
         self.strategy = make_strategy(cfg.train.distribute)
-        self.chief = is_chief(self.strategy)
+        self.chief = is_chief()
         device = device_kind(self.strategy)
         self.precision = resolve_precision(cfg.train.precision, device)
         self.xla = resolve_xla(cfg.train.xla, device)
@@ -71,7 +72,10 @@ class Trainer:
             "on" if self.xla else "off",
         )
 
-        tokenizer_dir = self.run_dir.tokenizer_dir
+        # Non-chief workers of a multi-worker run write nothing into the run directory: they train the same
+        # (deterministic) tokenizer and keep their throw-away checkpoints in a private temporary directory.
+        self.private_dir = None if self.chief else Path(tempfile.mkdtemp(prefix="nmt-worker-"))
+        tokenizer_dir = self.run_dir.tokenizer_dir if self.chief else self.private_dir / "tokenizer"
         if tokenizer_dir.is_dir() and any(tokenizer_dir.glob("*.model")):
             self.tokenizer = Tokenizer.load(tokenizer_dir)
         else:
@@ -85,13 +89,9 @@ class Trainer:
 
         self.train_dataset = make_train_dataset(cfg.data, self.tokenizer, seed=cfg.train.seed, repeat=True)
         self.eval_dataset = make_eval_dataset(cfg.data, self.tokenizer, cfg.data.validation_split)
-        if self.strategy.num_replicas_in_sync > 1:
-            options = tf.data.Options()
-            options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
-            self.train_dataset = self.train_dataset.with_options(options)
-            self.iterator = iter(self.strategy.experimental_distribute_dataset(self.train_dataset))
-        else:
-            self.iterator = iter(self.train_dataset)
+        # A plain iterator, checkpointable (tf.distribute's DistributedIterator is not): every worker reads the
+        # same global batches and each replica takes its slice of the rows (see _distribute).
+        self.iterator = iter(self.train_dataset)
 
         with self.strategy.scope():
             self.model = build_model(
@@ -135,9 +135,7 @@ class Trainer:
         self.rng_state = [v for v in self.model.variables if id(v) not in weight_ids]
         self.checkpoint = tf.train.Checkpoint(**state, rng_state=self.rng_state)
         self._checkpoint_without_rng = tf.train.Checkpoint(**state)  # restores checkpoints written before
-        checkpoint_dir = self.run_dir.checkpoint_dir
-        if not self.chief:  # non-chief workers write to a private directory that is thrown away
-            checkpoint_dir = self.run_dir.path / f".worker-{id(self)}"
+        checkpoint_dir = self.run_dir.checkpoint_dir if self.chief else self.private_dir / "checkpoints"
         self.manager = tf.train.CheckpointManager(
             self.checkpoint,
             str(checkpoint_dir),
@@ -220,7 +218,7 @@ class Trainer:
                     status = "stopped"
                     break
                 started = time.perf_counter()
-                batches = [next(self.iterator) for _ in range(cfg.accumulate_steps)]
+                batches = [self._distribute(next(self.iterator)) for _ in range(cfg.accumulate_steps)]
                 metrics = self.step_fn.step(batches)
                 applied = bool(metrics["applied"].numpy())
                 self.elapsed.assign_add(time.perf_counter() - started)
@@ -277,6 +275,20 @@ class Trainer:
                 message += f", BLEU {final_record['bleu']:.2f}"
         log.info("training compiled the step %d time(s) (bucketed shapes)", self.step_fn.num_traces)
         return TrainResult(status, self.step, self.resumed_from, message)
+
+    def _distribute(self, batch: dict):
+        """Splits a global batch by rows into one slice per replica (all workers read identical batches)."""
+        replicas = self.strategy.num_replicas_in_sync
+        if replicas == 1:
+            return batch
+
+        def replica_slice(context):
+            rows = tf.shape(batch["source"])[0]
+            index = context.replica_id_in_sync_group
+            start, end = rows * index // replicas, rows * (index + 1) // replicas
+            return {key: value[start:end] for key, value in batch.items()}
+
+        return self.strategy.experimental_distribute_values_from_function(replica_slice)
 
     # ------------------------------------------------------------------------------------------------------------
     def save_checkpoint(self) -> None:

@@ -72,7 +72,9 @@ def model_weights(model_dir: Path) -> dict:
     """The trainable weights in the latest training checkpoint (TF names them after the optimizer's list)."""
     reader = tf.train.load_checkpoint(str(model_dir / "checkpoints"))
     pattern = re.compile(r"optimizer/_trainable_variables/\d+/\.ATTRIBUTES/VARIABLE_VALUE")
-    return {key: reader.get_tensor(key) for key in reader.get_variable_to_shape_map() if pattern.fullmatch(key)}
+    return {
+        key: reader.get_tensor(key) for key in reader.get_variable_to_shape_map() if pattern.fullmatch(key)
+    }
 
 
 def assert_same_weights(a: dict, b: dict, atol: float):

@@ -1,0 +1,101 @@
+"""Benchmarks: training and decoding speed, attention memory, input pipeline; one JSON object per line on stdout.
+
+    python bench.py                         # everything (make bench): about 15 minutes on 2 CPU cores
+    python bench.py --quick                 # ~1-minute smoke on configs/tiny.yaml
+    python bench.py --only train,input --precisions float32 --xla off
+
+Records: {"bench": "train"} per precision x XLA (our TrainStep vs a stock-Keras reference of the same size,
+tokens/s, ratio, MFU), {"bench": "decode"} per search x cache x XLA, {"bench": "attention"} per variant x length,
+{"bench": "input"}. Logs go to stderr. Exit codes: 0 ok, 2 bad arguments or config.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def _list(kind):
+    return lambda text: tuple(kind(item) for item in text.split(",") if item.strip())
+
+
+def _switch(text: str) -> bool:
+    if text.lower() not in ("on", "off", "true", "false"):
+        raise argparse.ArgumentTypeError(f"expected on or off, got {text!r}")
+    return text.lower() in ("on", "true")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="smoke run (tiny.yaml, float32, no XLA, few items)"
+    )
+    parser.add_argument(
+        "--only", type=_list(str), help="comma-separated subset of train,decode,attention,input"
+    )
+    parser.add_argument("--config", help="YAML config (default base.yaml; tiny.yaml with --quick)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    parser.add_argument("--run-dir", help="trained run for decode (and its tokenizer); default runs/base")
+    parser.add_argument("--tokenizer-dir", help="tokenizer to use (default: RUN_DIR/tokenizer if compatible)")
+    parser.add_argument("--precisions", type=_list(str), help="e.g. float32,mixed_bfloat16,mixed_float16")
+    parser.add_argument("--xla", type=_list(_switch), help="e.g. off,on")
+    parser.add_argument("--train-batches", type=int, help="batches per timed training pass")
+    parser.add_argument("--train-shapes", type=int, help="distinct batch shapes among them")
+    parser.add_argument("--train-rounds", type=int, help="timed passes per model (median)")
+    parser.add_argument("--decode-all", type=int, help="test sentences for cached decoding (0 = all)")
+    parser.add_argument("--decode-sentences", type=int, help="test sentences for no-cache decoding")
+    parser.add_argument("--decode-xla", type=_list(_switch), help="XLA settings for decode (default: --xla)")
+    parser.add_argument("--beams", type=_list(int), help="beam sizes, 1 = greedy (default 1,4)")
+    parser.add_argument("--attention-lengths", type=_list(int), help="e.g. 256,512,1024,2048,4096,8192")
+    parser.add_argument("--memory-budget-mb", type=float, help="skip full attention whose scores exceed this")
+    parser.add_argument("--chunk-size", type=int, help="chunked attention block size")
+    parser.add_argument("--window", type=int, help="local attention half width")
+    return parser.parse_args(argv)
+
+
+def options_from_args(args):
+    from nmt.bench.runner import BenchOptions
+
+    names = ("config", "run_dir", "tokenizer_dir", "precisions", "xla", "train_batches", "train_shapes",
+             "train_rounds", "decode_all", "decode_sentences", "decode_xla", "beams", "attention_lengths",
+             "memory_budget_mb", "chunk_size", "window", "only")  # fmt: skip
+    changes = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+    changes["overrides"] = args.overrides
+    return BenchOptions.quick(**changes) if args.quick else BenchOptions(**changes)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
+    from nmt.bench.runner import check_options
+    from nmt.config import ConfigError, load_config
+
+    options = options_from_args(args)
+    try:
+        check_options(options)
+    except ValueError as err:
+        print(f"bench.py: {err}", file=sys.stderr)
+        return 2
+    try:
+        config = load_config(options.config, options.overrides)
+    except ConfigError as err:
+        print(f"bench.py: config error: {err}", file=sys.stderr)
+        return 2
+    import tensorflow as tf
+
+    tf.get_logger().setLevel("ERROR")  # per-length retracing warnings of the attention benchmark are expected
+
+    from nmt.bench.runner import run_benchmarks
+
+    run_benchmarks(options, config=config)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,167 @@
+"""Runs the selected benchmarks in one process, in a fixed order (train, decode, attention, input).
+
+Settings live in `BenchOptions`; `BenchOptions.quick()` is the ~1-minute smoke (configs/tiny.yaml, float32 without
+XLA, a few batches and sentences, short attention lengths).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import sys
+from pathlib import Path
+
+from nmt.bench.common import BenchContext, JsonLines
+
+log = logging.getLogger("nmt.bench")
+
+BENCHES = ("train", "decode", "attention", "input")
+TOKENIZER_FIELDS = ("dataset", "source", "target", "folder", "train_split", "tokenizer", "vocab_size",
+                    "joint_vocab", "tokenizer_max_sentences")  # fmt: skip
+
+
+@dataclasses.dataclass
+class BenchOptions:
+    config: str = "base.yaml"  # YAML config (a bare name is looked up in configs/)
+    overrides: list[str] = dataclasses.field(default_factory=list)  # --set section.key=value
+    only: tuple[str, ...] = BENCHES  # which benchmarks, run in BENCHES order
+    run_dir: str = "runs/base"  # trained model for decode, and its tokenizer for everything, when they exist
+    tokenizer_dir: str | None = (
+        None  # explicit tokenizer directory (default: RUN_DIR/tokenizer if compatible)
+    )
+    # train
+    precisions: tuple[str, ...] = ("float32", "mixed_bfloat16", "mixed_float16")
+    xla: tuple[bool, ...] = (False, True)
+    train_batches: int = 4  # batches per timed pass
+    train_shapes: int = (
+        2  # distinct batch shapes among them, the most common (XLA compiles one program per shape)
+    )
+    train_rounds: int = 3  # timed passes per model (median)
+    peak_size: int = 2048  # matmul size of the peak measurement
+    # decode
+    decode_all: int = 0  # test sentences for the cached settings (0 = all)
+    decode_sentences: int = 100  # test sentences for the no-cache settings
+    beams: tuple[int, ...] = (1, 4)
+    decode_xla: tuple[bool, ...] | None = None  # XLA settings of the decode benchmark (None = as `xla`)
+    # attention
+    attention_lengths: tuple[int, ...] = (256, 512, 1024, 2048, 4096, 8192)
+    memory_budget_mb: float = 512.0
+    chunk_size: int = 256
+    window: int = 64
+    attention_repeats: int = 3
+
+    @classmethod
+    def quick(cls, **changes) -> BenchOptions:
+        """The smoke settings: seconds per benchmark on configs/tiny.yaml."""
+        settings = dict(
+            config="tiny.yaml",
+            precisions=("float32",),
+            xla=(False,),
+            train_batches=2,
+            train_shapes=1,
+            train_rounds=2,
+            peak_size=512,
+            decode_all=32,
+            decode_sentences=8,
+            beams=(1, 2),
+            attention_lengths=(128, 256, 512),
+            memory_budget_mb=1.0,
+            chunk_size=64,
+            window=16,
+            attention_repeats=2,
+        )
+        settings.update(changes)
+        return cls(**settings)
+
+
+def compatible_tokenizer_dir(config, run_dir: str | Path) -> Path | None:
+    """RUN_DIR/tokenizer if RUN_DIR was trained with the same tokenizer settings as `config`, else None."""
+    from nmt.config import ConfigError
+    from nmt.run_dir import RunDir
+
+    run = RunDir(run_dir)
+    if not run.exists() or not any(run.tokenizer_dir.glob("*.model")):
+        return None
+    try:
+        saved = run.load_config().data
+    except ConfigError:
+        return None
+    if all(getattr(saved, name) == getattr(config.data, name) for name in TOKENIZER_FIELDS):
+        return run.tokenizer_dir
+    return None
+
+
+def check_options(options: BenchOptions) -> None:
+    """ValueError naming the first unknown benchmark or precision."""
+    from nmt.bench.flops import COMPUTE_DTYPES
+
+    for kind, given, known in (
+        ("benchmark", options.only, BENCHES),
+        ("precision", options.precisions, COMPUTE_DTYPES),
+    ):
+        unknown = sorted(set(given) - set(known))
+        if unknown:
+            raise ValueError(f"unknown {kind} {', '.join(unknown)}; choose from {', '.join(known)}")
+
+
+def run_benchmarks(options: BenchOptions, emit=None, config=None) -> list[dict]:
+    """Runs `options.only`; every record goes to `emit` (default: JSON lines on stdout). Returns the records.
+
+    `config`: an already loaded `nmt.config.Config` (else `options.config` with `options.overrides`).
+    """
+    from nmt.config import load_config
+
+    check_options(options)
+    emit = emit or JsonLines(sys.stdout)
+    config = config or load_config(options.config, options.overrides)
+    tokenizer_dir = options.tokenizer_dir or compatible_tokenizer_dir(config, options.run_dir)
+    context = BenchContext(config, Path(tokenizer_dir) if tokenizer_dir else None)
+    records = []
+    try:
+        with contextlib.redirect_stdout(sys.stderr):  # TFDS prints progress on stdout: keep it for JSON
+            if "train" in options.only:
+                from nmt.bench.train_speed import bench_train
+
+                records += bench_train(
+                    context,
+                    emit,
+                    precisions=options.precisions,
+                    xla_settings=options.xla,
+                    num_batches=options.train_batches,
+                    max_shapes=options.train_shapes,
+                    rounds=options.train_rounds,
+                    peak_size=options.peak_size,
+                )
+            if "decode" in options.only:
+                from nmt.bench.decode_speed import bench_decode
+
+                records += bench_decode(
+                    context,
+                    emit,
+                    run_dir=options.run_dir,
+                    sentences=options.decode_all,
+                    no_cache_sentences=options.decode_sentences,
+                    beams=options.beams,
+                    xla_settings=options.xla if options.decode_xla is None else options.decode_xla,
+                )
+            if "attention" in options.only:
+                from nmt.bench.attention_memory import bench_attention
+
+                records += bench_attention(
+                    emit,
+                    lengths=options.attention_lengths,
+                    d_model=256,
+                    num_heads=4,
+                    chunk_size=options.chunk_size,
+                    window=options.window,
+                    memory_budget_mb=options.memory_budget_mb,
+                    repeats=options.attention_repeats,
+                )
+            if "input" in options.only:
+                from nmt.bench.input_speed import bench_input
+
+                records.append(bench_input(context, emit))
+    finally:
+        context.close()
+    return records

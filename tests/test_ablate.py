@@ -1,0 +1,120 @@
+"""ablate.py: two variants trained in-process with the real trainer on a tiny folder corpus, then the report."""
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.run_fixture import tiny_config_tree, write_corpus
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_ablation_of_two_variants_writes_both_tables(tmp_path):
+    from nmt.bench.ablation import AblationOptions, run_ablation
+
+    config_path = tmp_path / "tiny.yaml"
+    config_path.write_text(
+        yaml.safe_dump(tiny_config_tree(write_corpus(tmp_path / "corpus"))), encoding="utf-8"
+    )
+    options = AblationOptions(
+        config=str(config_path),
+        overrides=["data.bucket_boundaries=[32]"],  # one batch shape: one trace of the training step
+        variants=("scale_unscaled", "baseline"),
+        budget_minutes=1.0,
+        max_steps=3,  # the budget bounds time; tests bound steps too
+        root=str(tmp_path / "runs"),
+        output=str(tmp_path / "ablations.md"),
+        eval_every=2,
+        grad_steps=3,
+        bleu_sentences=8,
+        mask_steps=1,
+        mask_fills=("auto", -1.0e9),
+        launcher="inprocess",
+        command="python ablate.py --test",
+    )
+    output, failed = run_ablation(options)
+    assert failed == []
+    text = output.read_text(encoding="utf-8")
+    assert "### Claimed" in text and "### Measured" in text
+    assert "| baseline |" in text and "| scale_unscaled |" in text
+    assert "python ablate.py --test" in text and "Budget: 1 minutes" in text and "CPU" in text
+    assert "far from" in text  # the short-budget caveat
+    assert "| -1e9 | float16 | NaN" in text  # the classic float16 overflow, measured
+    for name in ("baseline", "scale_unscaled"):
+        run = tmp_path / "runs" / name
+        assert (run / "final").is_dir() and (run / "tensorboard" / "train").is_dir()
+        assert yaml.safe_load((run / "config.yaml").read_text())["train"]["seed"] == 1234
+    assert (
+        yaml.safe_load((tmp_path / "runs" / "scale_unscaled" / "config.yaml").read_text())["model"]["scale"]
+        == 1.0
+    )
+
+
+def test_run_metrics_reductions():
+    from nmt.bench.run_metrics import fluctuation, steps_to_loss
+
+    flat = fluctuation([(1, 2.0), (2, 2.0), (3, 2.0)], first_steps=3)
+    assert flat["cv"] == 0.0 and flat["step_change"] == 0.0 and flat["max_over_min"] == 1.0
+    wild = fluctuation([(1, 1.0), (2, 4.0), (3, 1.0), (50, 100.0)], first_steps=3)
+    assert wild["points"] == 3 and wild["step_change"] == pytest.approx((3.0 + 0.75) / 2)
+    assert fluctuation([(1, 1.0)], first_steps=3)["cv"] is None
+    records = [
+        {"step": 10, "loss": 3.0, "elapsed_seconds": 60},
+        {"step": 20, "loss": 2.0, "elapsed_seconds": 120},
+    ]
+    assert steps_to_loss(records, 2.5) == (20, 2.0)
+    assert steps_to_loss(records, 1.0) is None
+
+
+def test_mask_fill_leak_measurement():
+    from nmt.bench.mask_fill import synthetic_leak
+
+    safe = synthetic_leak("auto", "float16", 1000.0)
+    assert safe["leak"] == 0.0 and not safe["nonfinite"] and safe["fully_masked_rows_mass"] == 0.0
+    small = synthetic_leak(-1.0e3, "float32", 1000.0)
+    assert 0.0 < small["leak"] < 1.0 and small["fully_masked_rows_mass"] == pytest.approx(1.0)
+    overflow = synthetic_leak(-1.0e9, "float16", 1.0)
+    assert overflow["nonfinite"] and math.isnan(overflow["leak"])
+
+
+def test_variants_use_existing_config_keys():
+    from nmt.bench.variants import VARIANTS, resolve_overrides
+    from nmt.config import load_config
+
+    base = load_config("base.yaml")
+    for variant in VARIANTS:
+        load_config(
+            "base.yaml", resolve_overrides(variant, base)
+        )  # ConfigError on an unknown key or bad type
+    over = next(v for v in VARIANTS if v.name == "scale_over")
+    assert resolve_overrides(over, base) == ["model.scale=0.015625"]  # 1 / d_head, d_head = 256 / 4
+
+
+def test_ablate_cli_rejects_unknown_variant(capsys):
+    import ablate
+
+    assert ablate.main(["--variants", "baseline,nope"]) == 2
+    assert "nope" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_ablate_quick_cli_on_multi30k(tmp_path):
+    """The CI smoke as a user runs it: train.py subprocesses on configs/tiny.yaml (Multi30k), a few minutes."""
+    output = tmp_path / "ablations.md"
+    command = [
+        sys.executable,
+        "ablate.py",
+        "--quick",
+        "--root",
+        str(tmp_path / "runs"),
+        "--output",
+        str(output),
+    ]
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    text = output.read_text(encoding="utf-8")
+    assert "### Claimed" in text and "### Measured" in text and "| scale_unscaled |" in text

@@ -1,0 +1,144 @@
+"""bench.py on a tiny folder corpus: every benchmark emits JSON lines with the documented fields and types.
+
+No timing assertions: the machine may be loaded. The reference model must have our parameter count (exactly, for
+the Post-LN default; `parameter_difference` otherwise).
+"""
+
+import dataclasses
+import io
+import json
+
+import pytest
+
+from nmt.config import config_from_dict
+from tests.run_fixture import tiny_config_tree, write_corpus
+
+NUMBER = (int, float)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """(config, tokenizer directory) on the tiny templated corpus."""
+    from data.tokenizer import train_tokenizer
+
+    root = tmp_path_factory.mktemp("bench")
+    config = config_from_dict(tiny_config_tree(write_corpus(root / "corpus")))
+    train_tokenizer(config.data, root / "tokenizer", seed=config.train.seed)
+    return config, root / "tokenizer"
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [{}, {"norm": "pre", "share_qkv": "qk"}, {"share_qkv": "all", "tie_output": False, "num_layers": 2}],
+)
+def test_reference_model_has_our_parameter_count(changes):
+    from nmt.bench.flops import count_parameters
+    from nmt.bench.reference_model import build_reference_model, parameter_difference
+    from nmt.config import ModelConfig
+    from transformer.model import build_model
+
+    config = dataclasses.replace(
+        ModelConfig(d_model=16, num_heads=2, d_ff=32, num_layers=1, max_length=32), **changes
+    )
+    ours, reference = build_model(config, 48, 48), build_reference_model(config, 48, 48)
+    assert count_parameters(ours) - count_parameters(reference) == parameter_difference(config)
+    if not changes:
+        assert parameter_difference(config) == 0
+
+
+def test_reference_model_masks_padding_and_future():
+    """Logits at a position do not depend on padded source tokens or on later target tokens."""
+    import numpy as np
+    import tensorflow as tf
+
+    from nmt.bench.reference_model import build_reference_model
+    from nmt.config import ModelConfig
+
+    config = ModelConfig(d_model=16, num_heads=2, d_ff=32, num_layers=1, dropout=0.0, max_length=32)
+    model = build_reference_model(config, 40, 40)
+    source = tf.constant([[5, 6, 7, 3, 0, 0]])
+    target = tf.constant([[2, 8, 9, 10, 11, 0]])
+    base = model({"source": source, "target_in": target}).numpy()
+    changed_padding = model({"source": tf.constant([[5, 6, 7, 3, 0, 0]]), "target_in": target}).numpy()
+    changed_future = model({"source": source, "target_in": tf.constant([[2, 8, 9, 30, 31, 0]])}).numpy()
+    np.testing.assert_allclose(base, changed_padding, atol=1e-6)
+    np.testing.assert_allclose(base[:, :3], changed_future[:, :3], atol=1e-5)
+    assert base.dtype == np.float32 and base.shape == (1, 6, 40)
+
+
+def test_quick_benchmarks_emit_json_lines_with_the_required_fields(tiny):
+    from nmt.bench.common import JsonLines
+    from nmt.bench.runner import BenchOptions, run_benchmarks
+
+    config, tokenizer_dir = tiny
+    options = BenchOptions.quick(
+        tokenizer_dir=str(tokenizer_dir),
+        run_dir="does/not/exist",
+        train_batches=1,
+        train_rounds=1,
+        peak_size=128,
+        decode_all=6,
+        decode_sentences=2,
+        beams=(1,),
+        attention_lengths=(64, 128),
+        memory_budget_mb=0.2,  # 4 heads x 128^2 x 4 bytes = 0.25 MB: full attention is skipped at 128
+        chunk_size=32,
+        window=8,
+        attention_repeats=1,
+    )
+    stream = io.StringIO()
+    records = run_benchmarks(options, emit=JsonLines(stream), config=config)
+    lines = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert lines == records and all("bench" in r for r in lines)
+    by_bench = {
+        name: [r for r in lines if r["bench"] == name] for name in ("train", "decode", "attention", "input")
+    }
+
+    (train,) = by_bench["train"]
+    assert train["precision"] == "float32" and train["xla"] is False
+    for key in ("tokens_per_sec", "reference_tokens_per_sec", "ratio", "mfu", "peak_gflops"):
+        assert isinstance(train[key], NUMBER) and train[key] > 0, key
+    assert train["params"] == train["reference_params"] and train["expected_param_difference"] == 0
+    assert train["non_embedding_params"] < train["params"] + 48 * 32  # embeddings out, tied projection in
+
+    decode = by_bench["decode"]
+    assert {(r["search"], r["cache"]) for r in decode} == {("greedy", True), ("greedy", False)}
+    for r in decode:
+        assert isinstance(r["sentences_per_sec"], NUMBER) and isinstance(r["tokens_per_sec"], NUMBER)
+        assert r["trained"] is False and r["xla"] is False and r["traces_in_timed_run"] == 0
+    assert {r["cache"]: r["sentences"] for r in decode} == {True: 6, False: 2}
+
+    attention = {(r["variant"], r["length"]): r for r in by_bench["attention"]}
+    assert set(attention) == {(v, n) for v in ("full", "chunked", "local") for n in (64, 128)}
+    assert attention[("full", 128)]["status"] == "skipped: exceeds budget"
+    for key in (("full", 64), ("chunked", 128), ("local", 128)):
+        record = attention[key]
+        assert record["status"] == "ok" and isinstance(record["seconds"], float)
+        assert isinstance(record["peak_memory_mb"], NUMBER) and record["memory_method"]
+
+    (pipeline,) = by_bench["input"]
+    assert pipeline["tokens_per_sec"] > 0 and pipeline["target_tokens"] > 0
+    assert pipeline["train_tokens_per_sec"] == train["tokens_per_sec"]
+    assert pipeline["ratio"] == pytest.approx(pipeline["tokens_per_sec"] / train["tokens_per_sec"], rel=0.01)
+
+
+def test_flops_count_attention_on_real_lengths():
+    import numpy as np
+
+    from nmt.bench.flops import attention_flops, target_tokens
+
+    batch = {
+        "source": np.array([[5, 6, 3, 0]]),
+        "target_in": np.array([[2, 7, 0, 0]]),
+        "target_out": np.array([[7, 3, 0, 0]]),
+    }
+    # S = 3, T = 2: 3 (fwd + bwd) x layers x 4 d (S^2 + T^2 + T S)
+    assert attention_flops(batch, d_model=8, num_layers=2) == 3 * 2 * 4 * 8 * (9 + 4 + 6)
+    assert target_tokens(batch) == 2
+
+
+def test_bench_cli_rejects_unknown_benchmark(capsys):
+    import bench
+
+    assert bench.main(["--only", "train,nope"]) == 2
+    assert "nope" in capsys.readouterr().err

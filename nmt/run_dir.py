@@ -171,7 +171,7 @@ class RunLock:
             self._handle = None
 
     def __enter__(self) -> RunLock:
-        return self.acquire()
+        return self if self._handle is not None else self.acquire()  # already acquired: just release at exit
 
     def __exit__(self, *exc) -> None:
         self.release()
@@ -197,6 +197,6 @@ def restore_model_weights(model, prefix: str) -> None:
         status = tf.train.Checkpoint(model=model).restore(prefix)
         status.assert_existing_objects_matched()
         status.expect_partial()
-    except (tf.errors.OpError, ValueError, AssertionError) as err:
+    except (tf.errors.OpError, ValueError, AssertionError, IndexError) as err:  # IndexError: a truncated file
         message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise RunDirError(f"cannot restore model weights from {prefix}: {message}") from err

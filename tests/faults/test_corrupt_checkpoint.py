@@ -1,0 +1,113 @@
+"""Truncated or mismatched checkpoints: a clear error naming the file, a non-zero exit, never a silent re-init."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+import evaluate
+import train as train_cli
+import translate
+from tests.faults.conftest import MAX_STEPS, run_main, snapshot, train
+
+
+def truncate(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+def data_file(directory: Path, step: int) -> Path:
+    (path,) = directory.glob(f"ckpt-{step}.data-*")
+    return path
+
+
+def test_truncated_training_checkpoint_is_refused(fault_config, reference_copy, capsys, caplog):
+    """train.main in this process (exit code and stderr as train.py's; saves a process start)."""
+    run_dir = reference_copy
+    truncate(data_file(run_dir / "checkpoints", MAX_STEPS))
+    before = snapshot(run_dir / "checkpoints") | snapshot(run_dir / "final")
+    # More steps than were trained: a silent re-init (or a silent skip of the bad file) would write checkpoints.
+    argv = [
+        "--config",
+        str(fault_config),
+        "--model-dir",
+        str(run_dir),
+        "--set",
+        f"train.max_steps={MAX_STEPS + 10}",
+    ]
+    code = train_cli.main(argv)
+    stderr = capsys.readouterr().err
+    assert code == 1, stderr[-3000:]
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith(
+        f"train.py: training failed: cannot resume from checkpoint {run_dir / 'checkpoints' / f'ckpt-{MAX_STEPS}'}: "
+    )
+    assert "corrupt" in last
+    assert snapshot(run_dir / "checkpoints") | snapshot(run_dir / "final") == before
+    assert not [r for r in caplog.records if "saved checkpoint" in r.getMessage()]
+
+
+def test_checkpoint_of_another_model_size_is_refused(fault_config, reference_copy):
+    before = snapshot(reference_copy)
+    done = train(fault_config, reference_copy, "model.d_model=32")
+    assert done.returncode == 3, done.stderr[-3000:]
+    assert "model.d_model: 16 -> 32" in done.stderr
+    assert "use another --model-dir or the original config" in done.stderr
+    assert snapshot(reference_copy) == before
+
+
+@pytest.fixture
+def reference_model_parts(reference_copy):
+    from data.tokenizer import Tokenizer
+    from nmt.run_dir import RunDir
+
+    run_dir = RunDir(reference_copy)
+    return run_dir, run_dir.load_config(), Tokenizer.load(run_dir.tokenizer_dir)
+
+
+@pytest.mark.parametrize("which", ["final", "latest"])
+def test_restore_of_mismatched_weights_raises_rundirerror(reference_model_parts, which):
+    from nmt.run_dir import RunDirError, restore_model_weights
+    from transformer.model import build_model
+
+    run_dir, config, tokenizer = reference_model_parts
+    wider = dataclasses.replace(config.model, d_model=32, d_ff=64)
+    model = build_model(wider, tokenizer.source_vocab_size, tokenizer.target_vocab_size)
+    prefix = run_dir.weights_prefix(which)
+    with pytest.raises(RunDirError, match=f"cannot restore model weights from {prefix}: .*shape"):
+        restore_model_weights(model, prefix)
+
+
+def test_restore_of_truncated_weights_raises_rundirerror(reference_model_parts):
+    from nmt.run_dir import RunDirError, restore_model_weights
+    from transformer.model import build_model
+
+    run_dir, config, tokenizer = reference_model_parts
+    prefix = run_dir.weights_prefix("final")
+    truncate(data_file(run_dir.final_dir, MAX_STEPS))
+    model = build_model(config.model, tokenizer.source_vocab_size, tokenizer.target_vocab_size)
+    with pytest.raises(RunDirError, match=f"cannot restore model weights from {prefix}"):
+        restore_model_weights(model, prefix)
+
+
+@pytest.mark.parametrize("module", [translate, evaluate], ids=["translate", "evaluate"])
+def test_cli_on_truncated_final_weights_fails_clearly(
+    module, reference_copy, tmp_path, capsys, restore_logging
+):
+    truncate(data_file(reference_copy / "final", MAX_STEPS))
+    source = tmp_path / "input.txt"
+    source.write_text("The cat sees a ball.\n", encoding="utf-8")
+    before = snapshot(reference_copy)
+    extra = ["--input", str(source)] if module is translate else ["--json"]
+    code = run_main(module, ["--model-dir", str(reference_copy), *extra])
+    captured = capsys.readouterr()
+    assert code == 1
+    assert captured.out == ""
+    assert "Traceback" not in captured.err
+    prefix = reference_copy / "final" / f"ckpt-{MAX_STEPS}"
+    assert (
+        captured.err.strip().splitlines()[-1].startswith(f"error: cannot restore model weights from {prefix}")
+    )
+    assert snapshot(reference_copy) == before

@@ -1,0 +1,129 @@
+"""Multi30k without its data: no mirror where the config says, no network. A clear error, and a clean next run.
+
+No test here ever waits on the network. The mirror checks fail before any download is tried when `data.manual_dir`
+is set. Without any mirror, `data/multi30k.py` calls the TFDS download manager, whose `requests` session retries 10
+times with exponential backoff (about 200 s per file when DNS fails, as measured here): the in-process test below
+makes "no network" instant and deterministic by failing name resolution and setting the TFDS downloader's
+`MAX_RETRIES` to 0.
+"""
+
+from __future__ import annotations
+
+import gzip
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.faults.conftest import fault_tree, write_config
+from tests.run_fixture import tiny_corpus
+
+STEMS = {"train": "train", "validation": "val", "test": "test_2016_flickr"}
+
+
+def write_fake_mirror(folder: Path) -> Path:
+    """A flat Multi30k mirror (`train.en.gz`, `val.de.gz`, ...) holding the tiny templated corpus."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for split, pairs in tiny_corpus().items():
+        for index, lang in enumerate(("en", "de")):
+            text = "".join(pair[index] + "\n" for pair in pairs)
+            (folder / f"{STEMS[split]}.{lang}.gz").write_bytes(gzip.compress(text.encode("utf-8"), mtime=0))
+    return folder
+
+
+def half_prepared(data_dir: Path) -> list[Path]:
+    """Anything TFDS would have to clean up: incomplete dataset folders, partial downloads, data files."""
+    return [
+        p
+        for p in data_dir.rglob("*")
+        if "incomplete" in p.name or ".tmp" in p.name or (p.is_file() and p.suffix not in (".json",))
+    ]
+
+
+def prepared(data_dir: Path) -> bool:
+    return any(data_dir.glob("multi30k/en-de/*/dataset_info.json"))
+
+
+def test_no_mirror_gives_clear_error_and_the_next_run_prepares(corpus, tmp_path, monkeypatch, capsys):
+    """train.main in this process (exit code and stderr as train.py's; saves a process start)."""
+    import train as train_cli
+    from data.corpus import split_sizes
+    from nmt.config import load_config
+    from nmt.run_dir import RunDir
+
+    data_dir, missing, run_dir = tmp_path / "tfds", tmp_path / "no_such_mirror", tmp_path / "run"
+    tree = fault_tree(corpus)
+    tree["data"].update(dataset="multi30k", folder=None, manual_dir=str(missing), data_dir=str(data_dir))
+    tree["train"].update(max_steps=2)
+    config = write_config(tmp_path / "multi30k.yaml", tree)
+
+    monkeypatch.delenv("NMT_DATA_MIRROR", raising=False)
+    code = train_cli.main(["--config", str(config), "--model-dir", str(run_dir)])
+    stderr = capsys.readouterr().err
+    assert code == 1, stderr[-3000:]
+    last = stderr.strip().splitlines()[-1]
+    assert last == (
+        f"train.py: data error: data.manual_dir={missing}: no such directory (it should hold the raw corpus files)"
+    )
+    assert not missing.exists()
+    assert not prepared(data_dir)
+    assert not data_dir.exists() or half_prepared(data_dir) == []
+    assert not (run_dir / "tokenizer").exists() and not (run_dir / "checkpoints").exists()
+
+    # The user points data.manual_dir at a real mirror and reruns the same command on the same run directory:
+    # train.py accepts it (where the data lives is not part of the run's identity) and the data prepares.
+    mirror = write_fake_mirror(tmp_path / "mirror")
+    fixed = load_config(config, [f"data.manual_dir={mirror}"])
+    assert train_cli.check_resume_compatible(RunDir(run_dir), fixed)  # resumes the (empty) run, no refusal
+    assert split_sizes(fixed.data) == {"train": 200, "validation": 40, "test": 40}
+    assert prepared(data_dir)
+
+
+@pytest.fixture
+def no_network_no_mirror(monkeypatch, tmp_path):
+    """No mirror anywhere (config, $NMT_DATA_MIRROR, <repo>/../shared/data) and no network, failing instantly."""
+    import tensorflow_datasets.core.download.downloader as downloader
+
+    import data.corpus
+
+    def no_dns(*args, **kwargs):
+        raise socket.gaierror(socket.EAI_NONAME, "no network (test)")
+
+    monkeypatch.delenv("NMT_DATA_MIRROR", raising=False)
+    monkeypatch.setattr(data.corpus, "REPO_ROOT", tmp_path / "elsewhere" / "repo")  # no ../shared/data here
+    monkeypatch.setattr(socket, "getaddrinfo", no_dns)
+    monkeypatch.setattr(downloader, "MAX_RETRIES", 0)
+
+
+def test_no_mirror_and_no_network_in_process(no_network_no_mirror, tmp_path):
+    from data.corpus import split_sizes
+    from data.errors import DataError
+    from nmt.config import DataConfig
+
+    data_dir = tmp_path / "tfds"
+    cfg = DataConfig(dataset="multi30k", source="en", target="de", data_dir=str(data_dir))
+    started = time.monotonic()
+    with pytest.raises(DataError) as error:
+        split_sizes(cfg)
+    assert time.monotonic() - started < 60
+    message = str(error.value)
+    assert message.startswith("cannot download Multi30k")
+    for where in (
+        "data.manual_dir",
+        "$NMT_DATA_MIRROR",
+        "<repo>/../shared/data/multi30k",
+        "train/val/test_2016_flickr",
+    ):
+        assert where in message
+    assert not prepared(data_dir)
+
+    # Whatever the failed attempt left in data_dir does not stop a later prepare from a mirror.
+    mirror = write_fake_mirror(tmp_path / "mirror")
+    sizes = split_sizes(
+        DataConfig(
+            dataset="multi30k", source="en", target="de", data_dir=str(data_dir), manual_dir=str(mirror)
+        )
+    )
+    assert sizes == {"train": 200, "validation": 40, "test": 40}
+    assert prepared(data_dir)

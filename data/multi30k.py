@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
+import socket
+import urllib.parse
 import zlib
 from pathlib import Path
 
@@ -162,6 +164,7 @@ class Multi30k(tfds.core.GeneratorBasedBuilder):
             f"{split}.{lang}": URL_TEMPLATE.format(stem=SPLIT_STEMS[split], lang=lang)
             for split, lang in wanted
         }
+        _check_reachable(URL_TEMPLATE)
         try:
             paths = dl_manager.download(urls)
         except Exception as err:  # noqa: BLE001 - any failure here means: no usable network
@@ -191,3 +194,19 @@ class Multi30k(tfds.core.GeneratorBasedBuilder):
         languages = list(lines)
         for index, sentences in enumerate(zip(*(lines[lang] for lang in languages))):
             yield index, dict(zip(languages, sentences))
+
+
+def _check_reachable(url: str, timeout: float = 5.0) -> None:
+    """Fails fast, with the mirror hint, when the download host cannot be reached.
+
+    Without this, TFDS's downloader retries each file with growing delays (minutes per file) on a machine
+    without network before giving up.
+    """
+    host = urllib.parse.urlsplit(url).hostname
+    try:
+        socket.create_connection((host, 443), timeout=timeout).close()
+    except OSError as err:
+        raise DataError(
+            f"cannot download Multi30k: no mirror was found and {host} is unreachable ({err}). "
+            f"Without network, {MIRROR_HINT}."
+        ) from err

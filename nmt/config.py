@@ -240,7 +240,7 @@ def _describe(annotation: Any) -> str:
 
 def _build(cls: type, tree: Any, path: str):
     if not isinstance(tree, dict):
-        raise ConfigError(f"{path}: expected a mapping, got {type(tree).__name__}")
+        raise ConfigError(f"{path.rstrip('.') or 'config'}: expected a mapping, got {type(tree).__name__}")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(tree) - set(fields))

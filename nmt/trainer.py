@@ -134,7 +134,6 @@ class Trainer:
         weight_ids = {id(w) for w in self.model.weights}
         self.rng_state = [v for v in self.model.variables if id(v) not in weight_ids]
         self.checkpoint = tf.train.Checkpoint(**state, rng_state=self.rng_state)
-        self._checkpoint_without_rng = tf.train.Checkpoint(**state)  # restores checkpoints written before
         checkpoint_dir = self.run_dir.checkpoint_dir if self.chief else self.private_dir / "checkpoints"
         self.manager = tf.train.CheckpointManager(
             self.checkpoint,
@@ -148,13 +147,7 @@ class Trainer:
         if not latest:
             return 0
         try:
-            checkpoint = self.checkpoint
-            if self.rng_state and not any(
-                name.startswith("rng_state/") for name, _ in tf.train.list_variables(latest)
-            ):
-                log.warning("%s has no dropout RNG state (older format): resume is not exact", latest)
-                checkpoint = self._checkpoint_without_rng
-            checkpoint.restore(latest).assert_existing_objects_matched()
+            self.checkpoint.restore(latest).assert_existing_objects_matched()
         except (tf.errors.OpError, ValueError, AssertionError, IndexError) as err:  # IndexError: truncated
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             raise TrainingError(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import socket
 import time
 from pathlib import Path
 
@@ -93,6 +94,7 @@ def test_no_mirror_and_no_network_says_where_the_mirror_goes(tmp_path, monkeypat
         raise ConnectionError("Name or service not known")
 
     monkeypatch.setattr(tfds.download.DownloadManager, "download", offline)
+    monkeypatch.setattr(socket, "create_connection", offline)  # the fail-fast reachability check
     with pytest.raises(
         DataError, match=r"cannot download Multi30k.*data\.manual_dir.*NMT_DATA_MIRROR.*shared/data"
     ):

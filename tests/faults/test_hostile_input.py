@@ -188,7 +188,7 @@ def bad_configs(corpus, tmp_path):
         "section_not_mapping": (
             variant("flat", lambda t: t.update(model=16)),
             [],
-            "model.: expected a mapping, got int",
+            "model: expected a mapping, got int",
         ),
         "python_tag": (tagged, [], "could not determine a constructor for the tag"),
         "override_wrong_type": (

@@ -382,9 +382,32 @@ class Trainer:
             self.optimizer.finalize_variable_values(self.model.trainable_variables)
             log.info("final weights: exponential moving average (decay %g)", cfg.ema_decay)
         elif cfg.average_last > 1 and len(self.manager.checkpoints) > 1:
+            from nmt.translator import validation_loss
+
             paths = self.manager.checkpoints[-cfg.average_last :]
+            last_weights = [w.numpy() for w in self.model.weights]
+            last_loss, _ = validation_loss(self.model, self.eval_dataset)
             average_checkpoints(self.model, paths)
-            log.info("final weights: average of %d checkpoints (%s ... %s)", len(paths), paths[0], paths[-1])
+            average_loss, _ = validation_loss(self.model, self.eval_dataset)
+            if average_loss <= last_loss:
+                log.info(
+                    "final weights: average of %d checkpoints (%s ... %s), validation loss %.4f (last %.4f)",
+                    len(paths),
+                    paths[0],
+                    paths[-1],
+                    average_loss,
+                    last_loss,
+                )
+            else:
+                for weight, value in zip(self.model.weights, last_weights):
+                    weight.assign(value)
+                log.info(
+                    "final weights: last weights; the average of %d checkpoints had a higher validation loss "
+                    "(%.4f > %.4f)",
+                    len(paths),
+                    average_loss,
+                    last_loss,
+                )
         save_model_weights(self.model, self.run_dir.final_dir, self.step)
 
 

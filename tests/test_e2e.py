@@ -6,6 +6,7 @@ consistent with what evaluate.py recomputes from the same weights.
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -59,7 +60,16 @@ def test_train_writes_a_self_describing_run_directory(trained):
     assert [r["step"] for r in records] == [20, 40, 60]
     assert records[-1]["tag"] == "final" and "bleu" in records[-1] and "bleu" in records[1]
     assert records[-1]["loss"] < records[0]["loss"]  # it learned
-    assert "final weights: average of 2 checkpoints" in stderr
+    # The average of the last 2 checkpoints is kept only if it does not raise validation loss.
+    kept = re.search(
+        r"final weights: average of 2 checkpoints .*validation loss ([\d.]+) \(last ([\d.]+)\)", stderr
+    )
+    rejected = re.search(
+        r"the average of 2 checkpoints had a higher validation loss \(([\d.]+) > ([\d.]+)\)", stderr
+    )
+    assert bool(kept) != bool(rejected), stderr[-2000:]
+    average, last = map(float, (kept or rejected).groups())
+    assert records[-1]["loss"] == pytest.approx(min(average, last), abs=1e-4)
     assert "training compiled the step" in stderr
 
 

@@ -78,6 +78,7 @@ def decode_batch(
     alpha: float = 0.6,
     use_cache: bool = True,
     search: str = "auto",
+    static_shapes: bool = False,
 ):
     """Decodes one padded batch.
 
@@ -89,6 +90,8 @@ def decode_batch(
       beam_size, alpha: beam width and GNMT length penalty exponent.
       use_cache: incremental decoding with the key/value cache, or a full decoder pass per step (same results).
       search: "greedy", "beam", or "auto" (greedy for beam_size 1).
+      static_shapes: keep every shape static (needed under XLA); without the cache this re-runs the decoder over
+        the whole output buffer each step instead of over the prefix.
 
     Returns:
       (ids (B, K, max_length) int32 without BOS, PAD after EOS; scores (B, K) float32), K = 1 for greedy search
@@ -103,7 +106,7 @@ def decode_batch(
         step_fn = cached_step_fn(model)
     else:
         inner = {}  # the full-recompute step encodes the source once and keeps no cache
-        step_fn = full_step_fn(model, source)
+        step_fn = full_step_fn(model, source, prefix_only=not static_shapes)
     state = {"inner": inner, "limit": tf.cast(limits, tf.int32)}
     step_fn = limit_lengths(step_fn)
     if search == "greedy" or (search == "auto" and beam_size == 1):
@@ -394,6 +397,7 @@ class Translator:
                     beam_size=beam_size,
                     alpha=alpha,
                     use_cache=use_cache,
+                    static_shapes=self.xla,
                 )
 
             # autograph=False: the searches build their own tf.while_loop; converting the model's Python code

@@ -211,6 +211,11 @@ class Transformer(keras.Model):
         x, _ = self._decoder_stack(target_in, memory, source_mask, training)
         return self._logits(x)
 
+    def decode_last(self, target_in, memory, source_mask):
+        """Full decoder pass over ``target_in (B, T)``, projecting only the last position -> logits ``(B, V)``."""
+        x, _ = self._decoder_stack(target_in, memory, source_mask, False)
+        return self._logits(x[:, -1])
+
     def cross_attention(self, source, target_in):
         """Cross-attention weights for plotting: a list (one per decoder layer) of ``(B, heads, T, S)`` float tensors."""
         memory = self.encode(source)

@@ -34,8 +34,12 @@ def cached_step_fn(model, forbid=FORBIDDEN):
     return step_fn
 
 
-def full_step_fn(model, source, forbid=FORBIDDEN):
-    """No-cache step: re-runs the whole decoder on the buffer and reads position ``index``.
+def full_step_fn(model, source, forbid=FORBIDDEN, prefix_only=False):
+    """No-cache step: re-runs the whole decoder and reads position ``index``.
+
+    ``prefix_only=False`` runs the decoder over the whole static buffer (every shape static, as XLA needs);
+    ``prefix_only=True`` runs it over ``ids[:, :index + 1]`` and projects only the last position, the usual
+    no-cache loop (the TF tutorial's), whose cost grows with the prefix. Both give the same logits.
 
     The source is encoded once, here; the step repeats the memory ``N // B`` times along the batch axis, which matches
     the batch-major layout of the searches (row ``b * beam + k``). The search's cache is unused: pass None.
@@ -52,10 +56,12 @@ def full_step_fn(model, source, forbid=FORBIDDEN):
 
     def step_fn(ids, index, cache):
         repeats = tf.shape(ids)[0] // tf.shape(memory)[0]
-        logits = model.decode(
-            ids, tf.repeat(memory, repeats, axis=0), tf.repeat(source_mask, repeats, axis=0)
-        )  # (N, max_length, V)
-        return _forbid(tf.gather(logits, index, axis=1), forbid), cache
+        tiled_memory, tiled_mask = tf.repeat(memory, repeats, axis=0), tf.repeat(source_mask, repeats, axis=0)
+        if prefix_only:
+            logits = model.decode_last(ids[:, : index + 1], tiled_memory, tiled_mask)  # (N, V)
+        else:
+            logits = tf.gather(model.decode(ids, tiled_memory, tiled_mask), index, axis=1)  # (N, V)
+        return _forbid(logits, forbid), cache
 
     return step_fn
 

@@ -21,6 +21,8 @@ import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+from nmt.cli import add_set_argument  # noqa: E402
+
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
@@ -28,7 +30,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     parser.add_argument("--quick", action="store_true", help="smoke: tiny.yaml, 2 variants of 40 steps")
     parser.add_argument("--config", help="YAML config (default base.yaml; tiny.yaml with --quick)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    add_set_argument(parser)
     parser.add_argument(
         "--budget", type=float, help="training minutes per variant (default 5; 1 with --quick)"
     )

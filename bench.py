@@ -18,6 +18,8 @@ import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+from nmt.cli import add_set_argument  # noqa: E402
+
 
 def _list(kind):
     return lambda text: tuple(kind(item) for item in text.split(",") if item.strip())
@@ -40,7 +42,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--only", type=_list(str), help="comma-separated subset of train,decode,attention,input"
     )
     parser.add_argument("--config", help="YAML config (default base.yaml; tiny.yaml with --quick)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    add_set_argument(parser)
     parser.add_argument("--run-dir", help="trained run for decode (and its tokenizer); default runs/base")
     parser.add_argument("--tokenizer-dir", help="tokenizer to use (default: RUN_DIR/tokenizer if compatible)")
     parser.add_argument("--precisions", type=_list(str), help="e.g. float32,mixed_bfloat16,mixed_float16")

@@ -18,6 +18,7 @@ from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+from nmt.cli import add_set_argument  # noqa: E402
 from nmt.config import ConfigError, load_config  # noqa: E402
 from nmt.run_dir import RunDir, RunDirError, RunLock, write_atomic  # noqa: E402
 
@@ -29,14 +30,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--config", required=True, help="YAML config: a path, or a name looked up in configs/"
     )
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="SECTION.KEY=VALUE",
-        help="override one config value (repeatable), e.g. --set train.max_steps=100",
-    )
+    add_set_argument(parser)
     parser.add_argument("--model-dir", help="run directory (default: runs/<config name>)")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     return parser.parse_args(argv)

@@ -74,6 +74,19 @@ def run(main: Callable[[], int | None]) -> None:
     sys.exit(code)
 
 
+def add_set_argument(parser) -> None:
+    """`--set section.key=value [section.key=value ...]`, repeatable; collected in `args.overrides`."""
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override config values, e.g. --set train.max_steps=100 data.batch_tokens=2048 (repeatable)",
+    )
+
+
 def check_input_file(path: str | None) -> None:
     """Raises a usage CliError if an `--input`/`--source` style file is given but cannot be read."""
     if path is None or path == "-":

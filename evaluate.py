@@ -34,6 +34,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--beam", type=int, default=None, help="beam size (1 = greedy); default: eval.beam_size"
     )
     parser.add_argument(
+        "--alpha", type=float, default=None, help="beam length-penalty exponent; default: eval.alpha"
+    )
+    parser.add_argument(
         "--source", help="evaluate on this source file instead of a split (needs --reference)"
     )
     parser.add_argument("--reference", help="reference translations, line-aligned with --source")
@@ -52,6 +55,8 @@ def main(argv: list[str] | None = None) -> int:
         raise cli.CliError("--source and --reference go together", exit_code=2)
     if args.beam is not None and args.beam < 1:
         raise cli.CliError(f"--beam must be at least 1, got {args.beam}", exit_code=2)
+    if args.alpha is not None and not 0.0 <= args.alpha <= 5.0:
+        raise cli.CliError(f"--alpha must be between 0 and 5, got {args.alpha}", exit_code=2)
     if args.max_sentences < 0:
         raise cli.CliError(f"--max-sentences must be >= 0, got {args.max_sentences}", exit_code=2)
     cli.check_input_file(args.source)
@@ -82,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
             output=args.output,
             weights=args.weights,
             max_sentences=args.max_sentences,
+            alpha=args.alpha,
             progress=sys.stderr.isatty(),
             warn=warnings,
         )

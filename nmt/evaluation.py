@@ -10,6 +10,7 @@ The hypotheses file holds exactly the strings that were scored (one per line, `t
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import math
@@ -181,7 +182,8 @@ def format_report(record: dict) -> str:
 
     lines = [
         f"model dir      {record.get('model_dir', '')} (weights {record.get('weights', '')})",
-        f"data           {record.get('split', '')}: {record['num_sentences']} sentences, beam {record['beam']}",
+        f"data           {record.get('split', '')}: {record['num_sentences']} sentences, beam {record['beam']}"
+        + (f", alpha {record['alpha']}" if record.get("alpha") is not None and record["beam"] > 1 else ""),
         f"BLEU           {number('bleu')}   sacreBLEU, detokenized, cased (the number to report)",
         f"  signature    {record['signature']}",
         f"  detail       {record['bleu_detail']}",
@@ -216,6 +218,7 @@ def evaluate_run_dir(
     max_sentences: int = 0,
     progress: bool = False,
     warn=None,
+    alpha: float | None = None,
 ) -> dict:
     """Evaluates a run directory on a split of its dataset, or on a source file and its reference file.
 
@@ -225,6 +228,7 @@ def evaluate_run_dir(
       output: hypotheses file; default DIR/hypotheses.<split>.txt (DIR/hypotheses.<source file name>.txt).
       max_sentences: only the first N sentences (0 = all); the loss is then measured on those N pairs too.
       warn: `warn(line_number, kind, message, source=file name)` for undecodable bytes in the files.
+      alpha: GNMT length-penalty exponent of the beam search (default: the run's eval.alpha).
     Returns:
       The record of `evaluate`, plus `split`, `model_dir`, `weights` and `hypotheses` (the file written).
     """
@@ -233,6 +237,8 @@ def evaluate_run_dir(
 
     translator = Translator.from_run_dir(model_dir, weights=weights)
     config = translator.config
+    if alpha is not None:
+        translator.eval_config = dataclasses.replace(translator.eval_config, alpha=alpha)
     if source_file is not None:
         sources = read_text_file(source_file, functools.partial(warn, source=source_file) if warn else None)
         references = read_text_file(
@@ -271,4 +277,5 @@ def evaluate_run_dir(
     output = Path(output) if output else Path(model_dir) / f"hypotheses.{label}.txt"
     write_hypotheses(output, hypotheses)
     record.update(split=label, model_dir=str(model_dir), weights=translator.weights, hypotheses=str(output))
+    record["alpha"] = translator.eval_config.alpha
     return record

@@ -26,6 +26,7 @@ def test_checkpoint_write_failure_is_reported_and_previous_checkpoint_survives(f
     assert f"the previous one ({good_prefix}) is still usable" in log
     assert 0 < good < MAX_STEPS
     assert tf.train.latest_checkpoint(str(run_dir / "checkpoints")) == good_prefix
+    assert not list((run_dir / "checkpoints").glob("*_temp*"))  # no half-written shards left behind
     assert not (run_dir / "final").exists()
 
     # Every tensor of the previous checkpoint reads back (the CRC of each is checked), weights are finite.

@@ -41,7 +41,7 @@ class BenchOptions:
     peak_size: int = 2048  # matmul size of the peak measurement
     # decode
     decode_all: int = 0  # test sentences for the cached settings (0 = all)
-    decode_sentences: int = 100  # test sentences for the no-cache settings
+    decode_sentences: int = 30  # test sentences for the no-cache settings (quadratic; 100 took 8 of 34 min)
     beams: tuple[int, ...] = (1, 4)
     decode_xla: tuple[bool, ...] | None = None  # XLA settings of the decode benchmark (None = as `xla`)
     # attention

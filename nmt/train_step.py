@@ -54,7 +54,6 @@ class TrainStep:
         self.label_smoothing = float(label_smoothing)
         self.clipnorm = float(clipnorm)
         self.loss_scaling = loss_scaling
-        self.jit_compile = jit_compile
         # Sum losses are divided by this constant (the batch token budget) to keep float16 in range; the true
         # token count is applied exactly in apply().
         self.loss_normaliser = float(loss_normaliser)
@@ -76,10 +75,19 @@ class TrainStep:
             self.good_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="good_steps")
             self.bad_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="consecutive_bad_steps")
             self.skipped_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped_steps")
+        self.set_jit_compile(jit_compile)
+        self.apply = tf.function(self._apply_fn)
+
+    def set_jit_compile(self, jit_compile: bool) -> None:
+        """Turns XLA on or off for the gradient computation (traced again on the next step).
+
+        The optimizer update (`apply`, never XLA-compiled) keeps its trace; the benchmarks use this to time both
+        settings on one model without paying for that trace twice.
+        """
+        self.jit_compile = jit_compile
         self._replica_grads = tf.function(self._replica_grads_fn, jit_compile=jit_compile)
         # Without XLA one relaxed trace serves every shape; with XLA each bucket shape compiles once.
         self.accumulate = tf.function(self._accumulate_fn, reduce_retracing=not jit_compile)
-        self.apply = tf.function(self._apply_fn)
 
     def checkpoint_state(self) -> dict:
         """State that must survive a restart (accumulators are empty between optimizer steps)."""

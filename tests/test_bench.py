@@ -76,6 +76,8 @@ def test_quick_benchmarks_emit_json_lines_with_the_required_fields(tiny):
         run_dir="does/not/exist",
         train_batches=1,
         train_rounds=1,
+        xla=(False, True),  # the XLA setting reuses the models, only the gradient step is compiled again
+        decode_xla=(False,),
         peak_size=128,
         decode_all=6,
         decode_sentences=2,
@@ -94,8 +96,10 @@ def test_quick_benchmarks_emit_json_lines_with_the_required_fields(tiny):
         name: [r for r in lines if r["bench"] == name] for name in ("train", "decode", "attention", "input")
     }
 
-    (train,) = by_bench["train"]
-    assert train["precision"] == "float32" and train["xla"] is False
+    train, train_xla = by_bench["train"]
+    assert train["precision"] == "float32" and train["xla"] is False and train_xla["xla"] is True
+    for record in (train, train_xla):  # one trace per setting: the warm-up left nothing to compile when timed
+        assert record["compiled_shapes"] == {"ours": 1, "reference": 1}
     for key in ("tokens_per_sec", "reference_tokens_per_sec", "ratio", "mfu", "peak_gflops"):
         assert isinstance(train[key], NUMBER) and train[key] > 0, key
     assert train["params"] == train["reference_params"] and train["expected_param_difference"] == 0

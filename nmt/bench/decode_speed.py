@@ -51,7 +51,8 @@ def warmup_groups(translator, lines: list[str]) -> list[list[str]]:
     """One group of lines per padded batch shape that `translator.translate(lines)` will decode.
 
     Mirrors the batching of `Translator.translate`: longest first, `batch_size` lines per batch, lengths (+ EOS)
-    rounded up to `length_edges`, and, with XLA, batch sizes rounded up to `batch_edges`.
+    rounded up to `length_edges`, and, with XLA, batch sizes rounded up to `batch_edges`. Without XLA the batch
+    dimension is dynamic, so a group is the batch's longest line alone: it traces the same function.
     """
     keep = translator.max_source_length - 1
     lengths = [min(len(ids), keep) for ids in translator.encode(lines)]
@@ -63,7 +64,7 @@ def warmup_groups(translator, lines: list[str]) -> list[list[str]]:
         key = _round_up(lengths[batch[0]] + 1, translator.length_edges)
         if translator.xla:
             key = (key, _round_up(len(batch), translator.batch_edges))
-        groups.setdefault(key, [lines[i] for i in batch])
+        groups.setdefault(key, [lines[i] for i in (batch if translator.xla else batch[:1])])
     return list(groups.values())
 
 

@@ -4,8 +4,9 @@ Both models train with the project's real `nmt.train_step.TrainStep` (Adam with 
 smoothing, global clipnorm, loss scaling under float16), on the same fixed list of Multi30k batches from
 `make_train_dataset`, in the same process. For each (precision, XLA) setting:
 
-    set the global Keras policy, build ours and the reference (same seed)
-    warm up: one pass of each model over the batches (traces / XLA compiles every batch shape)
+    set the global Keras policy, build ours and the reference (same seed), once per precision; the XLA
+    settings of a precision share the models and their optimizer-update trace (`TrainStep.set_jit_compile`)
+    warm up: one step of each model per batch shape (traces / XLA compiles every shape the timed passes meet)
     `rounds` times: one timed pass of ours, then one of the reference (alternated, so load drifts hit both)
     tokens/s = target tokens of the batches / pass seconds, median over the rounds
 
@@ -111,9 +112,9 @@ def bench_train(
     *,
     precisions=PRECISIONS,
     xla_settings=(False, True),
-    num_batches: int = 4,
-    max_shapes: int = 2,
-    rounds: int = 3,
+    num_batches: int = 3,
+    max_shapes: int = 1,
+    rounds: int = 2,
     peak_size: int = 2048,
 ) -> list[dict]:
     """Emits one `{"bench": "train", ...}` record per (precision, XLA) setting; returns them."""
@@ -122,6 +123,8 @@ def bench_train(
     batches = sample_batches(context, num_batches=num_batches, max_shapes=max_shapes)
     tokens = sum(target_tokens(b) for b in batches)
     shapes = sorted({tuple(b["source"].shape) for b in batches})
+    # Warm-up: one step per distinct shape traces (and under XLA compiles) everything the timed passes run.
+    warmup_batches = list({tuple(b["source"].shape): b for b in batches}.values())
     records = []
     try:
         for precision in precisions:
@@ -139,13 +142,19 @@ def bench_train(
                 d_model=model_cfg.d_model,
                 num_layers=model_cfg.num_layers,
             )
+            steps = {}
             for xla in xla_settings:
-                steps = {
-                    "ours": make_train_step(ours, cfg, precision=precision, xla=xla),
-                    "reference": make_train_step(reference, cfg, precision=precision, xla=xla),
-                }
+                if not steps:
+                    steps = {
+                        "ours": make_train_step(ours, cfg, precision=precision, xla=xla),
+                        "reference": make_train_step(reference, cfg, precision=precision, xla=xla),
+                    }
+                else:  # same models and optimizer update; only the gradient computation is traced again
+                    for step in steps.values():
+                        step.set_jit_compile(xla)
+                traces_before = {name: step.num_traces for name, step in steps.items()}
                 warmup = {
-                    name: timed(lambda s=step: _train_pass(s, batches))[0] for name, step in steps.items()
+                    name: timed(lambda s=step: _train_pass(s, warmup_batches))[0] for name, step in steps.items()
                 }
                 seconds = {name: [] for name in steps}
                 losses = {}
@@ -177,7 +186,9 @@ def bench_train(
                     "seconds_ours": [round(s, 3) for s in seconds["ours"]],
                     "seconds_reference": [round(s, 3) for s in seconds["reference"]],
                     "warmup_seconds": {name: round(s, 2) for name, s in warmup.items()},
-                    "compiled_shapes": {name: step.num_traces for name, step in steps.items()},
+                    "compiled_shapes": {
+                        name: step.num_traces - traces_before[name] for name, step in steps.items()
+                    },
                     "final_loss": {name: rounded(loss, 4) for name, loss in losses.items()},
                 }
                 records.append(emit(record))

@@ -138,3 +138,20 @@ def test_xla_step_matches_eager_reference_and_counts_compilations():
     assert step.num_traces == 1
     step.step([batch(8, length=9)])
     assert step.num_traces == 2
+
+
+def test_switching_xla_on_retraces_only_the_gradients_and_keeps_training_the_same():
+    switched, plain = tiny_model(), tiny_model()
+    plain.set_weights(switched.get_weights())
+    step, reference = make_step(switched, learning_rate=0.1), make_step(plain, learning_rate=0.1)
+    step.step([batch(9)])
+    reference.step([batch(9)])
+    apply_function = step.apply
+    step.set_jit_compile(True)
+    assert step.jit_compile and step.apply is apply_function  # the optimizer update is not traced again
+    got = step.step([batch(10)])
+    want = reference.step([batch(10)])
+    assert step.num_traces == 2  # one trace without XLA, one XLA compilation
+    np.testing.assert_allclose(float(got["loss"]), float(want["loss"]), rtol=1e-5)
+    for new, old in zip(weights(switched), weights(plain)):
+        np.testing.assert_allclose(new, old, atol=1e-5)

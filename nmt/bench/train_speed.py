@@ -154,7 +154,8 @@ def bench_train(
                         step.set_jit_compile(xla)
                 traces_before = {name: step.num_traces for name, step in steps.items()}
                 warmup = {
-                    name: timed(lambda s=step: _train_pass(s, warmup_batches))[0] for name, step in steps.items()
+                    name: timed(lambda s=step: _train_pass(s, warmup_batches))[0]
+                    for name, step in steps.items()
                 }
                 seconds = {name: [] for name in steps}
                 losses = {}

@@ -1,6 +1,6 @@
 """Benchmarks: training and decoding speed, attention memory, input pipeline; one JSON object per line on stdout.
 
-    python bench.py                         # everything (make bench): about 15 minutes on 2 CPU cores
+    python bench.py                         # everything (make bench): about 14 minutes on 2 CPU cores
     python bench.py --quick                 # ~1-minute smoke on configs/tiny.yaml
     python bench.py --only train,input --precisions float32 --xla off
 

@@ -219,6 +219,7 @@ def evaluate_run_dir(
     progress: bool = False,
     warn=None,
     alpha: float | None = None,
+    xla: bool = False,
 ) -> dict:
     """Evaluates a run directory on a split of its dataset, or on a source file and its reference file.
 
@@ -229,13 +230,14 @@ def evaluate_run_dir(
       max_sentences: only the first N sentences (0 = all); the loss is then measured on those N pairs too.
       warn: `warn(line_number, kind, message, source=file name)` for undecodable bytes in the files.
       alpha: GNMT length-penalty exponent of the beam search (default: the run's eval.alpha).
+      xla: decode with XLA (`Translator(xla=True)`): the same translations, faster on large inputs once compiled.
     Returns:
       The record of `evaluate`, plus `split`, `model_dir`, `weights` and `hypotheses` (the file written).
     """
     from data.pipeline import make_eval_dataset
     from nmt.translator import Translator
 
-    translator = Translator.from_run_dir(model_dir, weights=weights)
+    translator = Translator.from_run_dir(model_dir, weights=weights, xla=xla)
     config = translator.config
     if alpha is not None:
         translator.eval_config = dataclasses.replace(translator.eval_config, alpha=alpha)
@@ -278,4 +280,5 @@ def evaluate_run_dir(
     write_hypotheses(output, hypotheses)
     record.update(split=label, model_dir=str(model_dir), weights=translator.weights, hypotheses=str(output))
     record["alpha"] = translator.eval_config.alpha
+    record["xla"] = xla
     return record

@@ -72,3 +72,20 @@ def test_evaluate_files_writes_what_it_scores(tiny_run_dir, tmp_path):
     report = format_report(record)
     assert "bleu_lc_tok" in report and record["signature"] in report
     assert not (tiny_run_dir / "hypotheses.test.en.txt").exists()
+
+
+def test_xla_decoding_gives_the_same_translations_and_scores(tiny_run_dir, tmp_path):
+    runs = {
+        xla: evaluate_run_dir(
+            tiny_run_dir,
+            split="test",
+            max_sentences=12,
+            beam_size=2,
+            output=tmp_path / f"hyp.{xla}.txt",
+            xla=xla,
+        )
+        for xla in (False, True)
+    }
+    assert runs[True]["xla"] is True and runs[False]["xla"] is False
+    assert (tmp_path / "hyp.True.txt").read_text() == (tmp_path / "hyp.False.txt").read_text()
+    assert runs[True]["bleu"] == runs[False]["bleu"] > 0

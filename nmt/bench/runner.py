@@ -34,7 +34,7 @@ class BenchOptions:
     precisions: tuple[str, ...] = ("float32", "mixed_bfloat16", "mixed_float16")
     xla: tuple[bool, ...] = (False, True)
     # Sized for `make bench` under 15 minutes on 2 CPU cores: tracing and XLA compilation, not the timed passes,
-    # are most of the train benchmark's time (~20-45 s per model and setting).
+    # are most of the train benchmark's time (~20-35 s per model and setting).
     train_batches: int = 3  # batches per timed pass
     train_shapes: int = 1  # distinct batch shapes among them, the most common (XLA compiles one per shape)
     train_rounds: int = 2  # timed passes per model (median)

@@ -289,10 +289,9 @@ class Trainer:
             path = self.manager.save(checkpoint_number=self.step)
         except (tf.errors.OpError, OSError) as err:
             first = str(err).strip().splitlines()[0]
+            # Remove the half-written shards of this save (the previous checkpoint is intact).
             for partial in Path(self.manager.directory).glob(f"ckpt-{self.step}_temp*"):
-                _remove_tree(
-                    partial
-                )  # the half-written shards of this save (the previous checkpoint is intact)
+                _remove_tree(partial)
             raise TrainingError(
                 f"could not write a checkpoint at step {self.step} ({first}); "
                 f"the previous one ({self.manager.latest_checkpoint}) is still usable"

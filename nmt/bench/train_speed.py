@@ -142,16 +142,13 @@ def bench_train(
                 d_model=model_cfg.d_model,
                 num_layers=model_cfg.num_layers,
             )
-            steps = {}
+            steps = {
+                "ours": make_train_step(ours, cfg, precision=precision, xla=False),
+                "reference": make_train_step(reference, cfg, precision=precision, xla=False),
+            }
             for xla in xla_settings:
-                if not steps:
-                    steps = {
-                        "ours": make_train_step(ours, cfg, precision=precision, xla=xla),
-                        "reference": make_train_step(reference, cfg, precision=precision, xla=xla),
-                    }
-                else:  # same models and optimizer update; only the gradient computation is traced again
-                    for step in steps.values():
-                        step.set_jit_compile(xla)
+                for step in steps.values():  # the optimizer update keeps its trace; the gradients are traced anew
+                    step.set_jit_compile(xla)
                 traces_before = {name: step.num_traces for name, step in steps.items()}
                 warmup = {
                     name: timed(lambda s=step: _train_pass(s, warmup_batches))[0]

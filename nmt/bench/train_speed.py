@@ -147,7 +147,9 @@ def bench_train(
                 "reference": make_train_step(reference, cfg, precision=precision, xla=False),
             }
             for xla in xla_settings:
-                for step in steps.values():  # the optimizer update keeps its trace; the gradients are traced anew
+                for (
+                    step
+                ) in steps.values():  # the optimizer update keeps its trace; the gradients are traced anew
                     step.set_jit_compile(xla)
                 traces_before = {name: step.num_traces for name, step in steps.items()}
                 warmup = {

@@ -37,7 +37,14 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 # Where the data is stored, not what it is: may change between runs (e.g. a mirror set after a failed run).
-LOCATION_KEYS = {("data", "data_dir"), ("data", "manual_dir")}
+# And how the tokenizer would be sampled, which the run directory's own tokenizer has settled (the default
+# changed from 2M to 1M sentences: runs saved with the old default still resume).
+LOCATION_KEYS = {
+    ("data", "data_dir"),
+    ("data", "manual_dir"),
+    ("data", "cache_dir"),
+    ("data", "tokenizer_max_sentences"),
+}
 
 
 def check_resume_compatible(run_dir: RunDir, config) -> bool:

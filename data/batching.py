@@ -1,79 +1,29 @@
-"""The tokenized corpus, kept in memory, and its seeded, checkpointable sampler of length-bucketed batches.
+"""The seeded, checkpointable sampler of length-bucketed batches over a prepared split.
 
-Why not `tokenize -> cache() -> shuffle(buffer) -> group_by_window`: an iterator checkpoint of an in-memory
-`cache()` holds the whole cache, and one of `shuffle` its whole buffer (15 MB per checkpoint measured on
-Multi30k; gigabytes on WMT), and the per-example tf.data ops run at a few thousand sentences per second. Here the
-corpus is tokenized once into two ragged int32 tensors (the cache), and each epoch is planned in-graph from the
-epoch number alone:
+Why not `cache() -> shuffle(buffer) -> group_by_window`: an iterator checkpoint of `cache()` holds the whole cache
+and one of `shuffle` its whole buffer (gigabytes on WMT), and a shuffle buffer is not a permutation. Here each
+epoch is planned in NumPy from the split's length index and the epoch number alone:
 
-    epoch e:  perm = stateless_shuffle(range(N), seed=(seed, 2e))           # a full permutation, not a buffer
+    epoch e:  perm = permutation of the kept pairs, rng seeded by (seed, e)      # a full permutation, no buffer
               group perm by bucket (stable), cut each bucket into batches of its batch size
-              shuffle the batch order with seed (seed, 2e + 1)
-              each batch: gather its pieces -> {"source": (B, None), "target": (B, None), "edge": ()}
+              shuffle the batch order with the same rng
+              each batch: gather its pieces from the (memory-mapped) arrays
+                          -> {"source": (B, None), "target": (B, None), "edge": ()}
 
-Everything is a pure function of (seed, epoch), so the iterator state is a few integers: `tf.train.Checkpoint(
-iterator=it)` stays small, and restoring it into a fresh iterator of a freshly built dataset resumes at the exact
-batch. The batch layout (sizes and buckets) is the same every epoch; only which pairs go where changes. Each bucket
-ends an epoch with at most one smaller batch, so an epoch has at most 2 x buckets distinct batch shapes.
+Everything is a pure function of (seed, epoch), so the iterator state is a few integers (epoch, batch position,
+prefetched batches): `tf.train.Checkpoint(iterator=it)` stays small, and restoring it into a fresh iterator of a
+freshly built dataset resumes at the exact batch, re-reading or re-tokenizing nothing. The corpus never becomes a
+graph constant: planning and gathering run in `tf.numpy_function`s (deterministic, so restoring re-plans the
+same epoch). The batch layout (sizes and buckets) is the same every epoch; only which pairs go where changes.
+Each bucket ends an epoch with at most one smaller batch: at most 2 x buckets distinct batch shapes.
 """
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import tensorflow as tf
 
-
-@dataclasses.dataclass(frozen=True)
-class PieceCorpus:
-    """Piece ids of a parallel corpus, without special tokens.
-
-    Attributes:
-      source: int32 RaggedTensor (N, None).
-      target: int32 RaggedTensor (N, None).
-    """
-
-    source: tf.RaggedTensor
-    target: tf.RaggedTensor
-
-    @classmethod
-    def from_batches(cls, batches: tf.data.Dataset) -> PieceCorpus:
-        """Materializes a dataset of `{"source": int32 ragged (b, None), "target": int32 ragged (b, None)}`."""
-        parts = {"source": ([], []), "target": ([], [])}
-        for batch in batches:
-            for key, (values, lengths) in parts.items():
-                ragged = batch[key]
-                values.append(ragged.flat_values.numpy())
-                lengths.append(ragged.row_lengths().numpy())
-
-        def join(key: str) -> tf.RaggedTensor:
-            values, lengths = parts[key]
-            if not values:
-                return tf.RaggedTensor.from_row_lengths(tf.zeros([0], tf.int32), tf.zeros([0], tf.int64))
-            return tf.RaggedTensor.from_row_lengths(np.concatenate(values), np.concatenate(lengths))
-
-        return cls(join("source"), join("target"))
-
-    def __len__(self) -> int:
-        return int(self.source.nrows())
-
-    def lengths(self) -> tuple[np.ndarray, np.ndarray]:
-        """Pieces per example: (source (N,), target (N,)) int64."""
-        return self.source.row_lengths().numpy(), self.target.row_lengths().numpy()
-
-    def drop_longer_than(self, max_pieces: int) -> tuple[PieceCorpus, int]:
-        """Keeps pairs with at most `max_pieces` pieces on both sides; returns (kept corpus, number dropped)."""
-        source_len, target_len = self.lengths()
-        keep = (source_len <= max_pieces) & (target_len <= max_pieces)
-        kept = PieceCorpus(
-            tf.ragged.boolean_mask(self.source, keep), tf.ragged.boolean_mask(self.target, keep)
-        )
-        return kept, int((~keep).sum())
-
-    def truncate(self, max_pieces: int) -> PieceCorpus:
-        """Cuts both sides to at most `max_pieces` pieces."""
-        return PieceCorpus(self.source[:, :max_pieces], self.target[:, :max_pieces])
+from data.store import PreparedSplit
 
 
 def bucket_of(lengths: np.ndarray, edges: list[int]) -> np.ndarray:
@@ -86,11 +36,50 @@ def bucket_of(lengths: np.ndarray, edges: list[int]) -> np.ndarray:
     return buckets
 
 
+class EpochPlan:
+    """Which pairs form which batch in each epoch: a pure function of (seed, epoch)."""
+
+    def __init__(
+        self, pairs: np.ndarray, buckets: np.ndarray, batch_sizes: list[int], seed: int, shuffle: bool
+    ):
+        self.pairs, self.buckets, self.seed, self.shuffle = pairs, buckets, seed, shuffle
+        counts = np.bincount(buckets, minlength=len(batch_sizes))
+        row_lengths, batch_bucket = [], []  # the batch layout, in bucket order
+        for bucket, (count, size) in enumerate(zip(counts, batch_sizes)):
+            full, rest = divmod(int(count), int(size))
+            row_lengths += [size] * full + ([rest] if rest else [])
+            batch_bucket += [bucket] * (full + bool(rest))
+        self.row_lengths = np.asarray(row_lengths, np.int64)
+        self.batch_bucket = np.asarray(batch_bucket, np.int32)
+
+    def __len__(self) -> int:
+        return len(self.row_lengths)
+
+    def __call__(self, epoch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(pair indices in batch order (N,), pairs per batch (num_batches,), bucket per batch)."""
+        order = np.arange(len(self.pairs))
+        batch_order = np.arange(len(self.row_lengths))
+        if self.shuffle:
+            rng = np.random.default_rng([self.seed, int(epoch)])
+            order = rng.permutation(order)
+            batch_order = rng.permutation(batch_order)
+        grouped = order[np.argsort(self.buckets[order], kind="stable")]  # bucket by bucket, shuffled within
+        starts = np.cumsum(self.row_lengths) - self.row_lengths
+        # batches concatenated in `batch_order`
+        rows = self.row_lengths[batch_order]
+        positions = np.repeat(starts[batch_order] - (np.cumsum(rows) - rows), rows) + np.arange(
+            int(rows.sum())
+        )
+        return self.pairs[grouped[positions]].astype(np.int64), rows, self.batch_bucket[batch_order]
+
+
 def bucketed_batches(
-    corpus: PieceCorpus,
+    split: PreparedSplit,
     *,
     edges: list[int],
     batch_sizes: list[int],
+    max_pieces: int | None = None,
+    truncate: bool = False,
     extra_tokens: int = 1,
     seed: int = 0,
     shuffle: bool = True,
@@ -99,10 +88,13 @@ def bucketed_batches(
     """Batches of pairs of similar length, as ragged piece ids plus the bucket edge to pad them to.
 
     Args:
-      corpus: the pairs; every `max(len(source), len(target)) + extra_tokens` must be <= edges[-1].
+      split: the pairs (memory-mapped or in memory).
       edges: increasing bucket edges (padded lengths); a pair goes to the first edge >= its length.
       batch_sizes: pairs per batch for each bucket.
-      extra_tokens: special tokens the caller adds to each side later (EOS; BOS or EOS), counted in the length.
+      max_pieces: pairs with a longer side are left out (or cut to it, with `truncate`); None keeps all.
+      truncate: cut sides to `max_pieces` instead of leaving pairs out (evaluation).
+      extra_tokens: special tokens the caller adds to each side later (EOS; BOS or EOS), counted in the length;
+        every kept `max(len(source), len(target)) + extra_tokens` must be <= edges[-1].
       seed: with the epoch number, fixes the order of pairs and batches (independent of TF's global seed).
       shuffle: False keeps corpus order within each bucket and the buckets in order (evaluation).
       repeat: epochs without end (a fresh order each epoch); else one epoch.
@@ -111,48 +103,51 @@ def bucketed_batches(
     """
     if len(edges) != len(batch_sizes):
         raise ValueError(f"{len(edges)} bucket edges but {len(batch_sizes)} batch sizes")
-    source_len, target_len = corpus.lengths()
-    buckets = bucket_of(np.maximum(source_len, target_len) + extra_tokens, edges)
-    counts = np.bincount(buckets, minlength=len(edges))
-    row_lengths, batch_bucket = [], []  # the batch layout, in bucket order
-    for bucket, (count, size) in enumerate(zip(counts, batch_sizes)):
-        full, rest = divmod(int(count), int(size))
-        row_lengths += [size] * full + ([rest] if rest else [])
-        batch_bucket += [bucket] * (full + bool(rest))
-    if repeat and not row_lengths:
+    source_len = np.asarray(split.source_lengths, np.int64)
+    target_len = np.asarray(split.target_lengths, np.int64)
+    if max_pieces is not None and truncate:
+        source_len, target_len = np.minimum(source_len, max_pieces), np.minimum(target_len, max_pieces)
+        pairs = np.arange(len(split))
+    elif max_pieces is not None:
+        pairs = np.flatnonzero((source_len <= max_pieces) & (target_len <= max_pieces))
+    else:
+        pairs = np.arange(len(split))
+    buckets = bucket_of(np.maximum(source_len[pairs], target_len[pairs]) + extra_tokens, edges)
+    index_type = np.int32 if len(split) < 2**31 else np.int64  # host memory: 4 bytes per pair, twice
+    plan = EpochPlan(pairs.astype(index_type), buckets.astype(np.int32), batch_sizes, seed, shuffle)
+    if repeat and not len(plan):
         raise ValueError("cannot repeat an empty corpus")
-
-    num_pairs, num_batches = len(corpus), len(row_lengths)
-    bucket_t = tf.constant(buckets, tf.int32)  # (N,)
-    row_lengths_t = tf.constant(row_lengths, tf.int64)  # (num_batches,)
-    batch_bucket_t = tf.constant(batch_bucket, tf.int32)  # (num_batches,)
+    limit = max_pieces if truncate else None
     edges_t = tf.constant(edges, tf.int32)
-    seed_t = tf.constant(seed, tf.int64)
 
     @tf.autograph.experimental.do_not_convert
     def plan_epoch(epoch: tf.Tensor) -> tf.data.Dataset:
-        order = tf.range(num_pairs, dtype=tf.int64)  # (N,)
-        batch_order = tf.range(num_batches, dtype=tf.int64)  # (num_batches,)
-        if shuffle:
-            order = tf.random.experimental.stateless_shuffle(order, seed=tf.stack([seed_t, 2 * epoch]))
-            batch_order = tf.random.experimental.stateless_shuffle(
-                batch_order, seed=tf.stack([seed_t, 2 * epoch + 1])
-            )
-        by_bucket = tf.argsort(tf.gather(bucket_t, order), stable=True)
-        grouped = tf.gather(order, by_bucket)  # (N,) bucket by bucket, shuffled within
-        batches = tf.RaggedTensor.from_row_lengths(grouped, row_lengths_t)  # (num_batches, None)
-        return tf.data.Dataset.from_tensor_slices(
-            {"index": tf.gather(batches, batch_order), "bucket": tf.gather(batch_bucket_t, batch_order)}
-        )
+        index, rows, bucket = tf.numpy_function(plan, [epoch], (tf.int64, tf.int64, tf.int32), stateful=False)
+        index.set_shape([None])
+        rows.set_shape([None])
+        bucket.set_shape([None])
+        batches = tf.RaggedTensor.from_row_lengths(index, rows, validate=False)  # (num_batches, None)
+        return tf.data.Dataset.from_tensor_slices({"index": batches, "bucket": bucket})
+
+    def gather_numpy(index: np.ndarray):
+        return split.gather(index, limit)
 
     @tf.autograph.experimental.do_not_convert
     def gather(batch: dict) -> dict:
-        index = batch["index"]  # (B,)
+        source, source_len, target, target_len = tf.numpy_function(
+            gather_numpy, [batch["index"]], (tf.int32, tf.int64, tf.int32, tf.int64), stateful=False
+        )
+        for tensor in (source, source_len, target, target_len):
+            tensor.set_shape([None])
         return {
-            "source": tf.gather(corpus.source, index),  # (B, None)
-            "target": tf.gather(corpus.target, index),  # (B, None)
+            "source": tf.RaggedTensor.from_row_lengths(source, source_len, validate=False),  # (B, None)
+            "target": tf.RaggedTensor.from_row_lengths(target, target_len, validate=False),  # (B, None)
             "edge": tf.gather(edges_t, batch["bucket"]),  # ()
         }
 
     epochs = tf.data.Dataset.counter() if repeat else tf.data.Dataset.range(1)
-    return epochs.flat_map(plan_epoch).map(gather, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    dataset = epochs.flat_map(plan_epoch).map(gather, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    options = tf.data.Options()
+    # the NumPy functions are pure: restoring an iterator re-runs them on the same inputs
+    options.experimental_external_state_policy = tf.data.experimental.ExternalStatePolicy.IGNORE
+    return dataset.with_options(options)

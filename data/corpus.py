@@ -7,8 +7,8 @@
 `cfg.dataset` selects the corpus:
 - "multi30k": `data.multi30k.Multi30k`, prepared into `cfg.data_dir` from a mirror of the raw files, found as
   `cfg.manual_dir`, else `$NMT_DATA_MIRROR`, else `<repo root>/../shared/data/multi30k`; else downloaded.
-- "folder": `tfds.folder_dataset.TranslateFolder(cfg.folder)`, whose files are named `<lang>.<split>.txt`
-  (e.g. `en.train.txt`, `de.train.txt`), one sentence per line, line-aligned across languages.
+- "folder": a folder of files named `<lang>.<split>.txt` (e.g. `en.train.txt`, `de.train.txt`), one sentence
+  per line, line-aligned across languages, read line by line by `data.folder`.
 - anything else: a TFDS catalog name such as "ted_hrlr_translate/pt_to_en" or "wmt14_translate/de-en", whose
   features are per-language texts; `cfg.source` and `cfg.target` pick two of them.
 
@@ -20,15 +20,14 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 from pathlib import Path
 
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
+from data.config import DataConfig
 from data.errors import DataError
-from data.multi30k import Multi30k, config_name, read_lines
-from nmt.config import DataConfig
+from data.multi30k import Multi30k, config_name
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +35,6 @@ MULTI30K = "multi30k"
 FOLDER = "folder"
 MIRROR_ENV = "NMT_DATA_MIRROR"
 REPO_ROOT = Path(__file__).resolve().parent.parent
-_FOLDER_FILE = re.compile(r"^[^.]+\.[^.]+\.[^.]+$")  # <lang>.<split>.<ext>, what TranslateFolder unpacks
 
 
 def find_mirror(cfg: DataConfig) -> Path | None:
@@ -79,41 +77,14 @@ def _prepare(builder: tfds.core.DatasetBuilder, cfg: DataConfig) -> None:
         ) from err
 
 
-def _check_folder(folder: Path) -> None:
-    """Validates the TranslateFolder layout, with errors naming the file (TFDS would fail obscurely)."""
-    if not folder.is_dir():
-        raise DataError(f"data.folder={folder}: no such directory")
-    files = sorted(p for p in folder.iterdir())
-    if not files:
-        raise DataError(f"data.folder={folder} is empty: expected files named <lang>.<split>.txt")
-    for path in files:
-        if not path.is_file() or not _FOLDER_FILE.match(path.name):
-            raise DataError(
-                f"{path}: data.folder must hold only files named <lang>.<split>.txt (e.g. en.train.txt)"
-            )
-        lines = read_lines(path)  # UTF-8, non-empty
-        if len("\n".join(lines).splitlines()) != len(lines):
-            raise DataError(
-                f"{path} contains Unicode line separators (e.g. U+2028, U+0085) on which TranslateFolder splits "
-                "lines; replace them so the files stay line-aligned"
-            )
-
-
-def _builder(cfg: DataConfig) -> tfds.core.DatasetBuilder:
-    """The prepared builder for cfg.dataset."""
+def tfds_builder(cfg: DataConfig) -> tfds.core.DatasetBuilder:
+    """The prepared builder for cfg.dataset (Multi30k or a TFDS catalog name; not a folder)."""
     if cfg.dataset == MULTI30K:
         builder = Multi30k(config=config_name(cfg.source, cfg.target), data_dir=cfg.data_dir)
         _prepare(builder, cfg)  # a download failure names the mirror locations (MIRROR_HINT)
         return builder
     if cfg.dataset == FOLDER:
-        if not cfg.folder:
-            raise DataError("data.dataset: folder needs data.folder, a folder of <lang>.<split>.txt files")
-        folder = Path(cfg.folder).expanduser()
-        _check_folder(folder)
-        try:
-            return tfds.folder_dataset.TranslateFolder(root_dir=os.fspath(folder))
-        except ValueError as err:
-            raise DataError(f"data.folder={folder}: {err}") from err
+        raise ValueError("a folder corpus has no TFDS builder: read it with data.folder")
     try:
         builder = tfds.builder(cfg.dataset, data_dir=cfg.data_dir)
     except tfds.core.registered.DatasetNotFoundError as err:
@@ -149,7 +120,18 @@ def load_batches(cfg: DataConfig, split: str, batch_size: int = 4096) -> tf.data
 
     Faster than `load_split` for a whole pass: the renaming runs once per batch, not once per sentence.
     """
-    builder = _builder(cfg)
+    if cfg.dataset == FOLDER:
+        from data import folder
+
+        folder.split_files(cfg, split)  # errors now, not at the first read
+        signature = {key: tf.TensorSpec([None], tf.string) for key in ("source", "target")}
+
+        def batches():
+            for sources, targets in folder.stream(cfg, split, batch_size):
+                yield {"source": sources, "target": targets}
+
+        return tf.data.Dataset.from_generator(batches, output_signature=signature)
+    builder = tfds_builder(cfg)
     _check_languages(builder, cfg)
     _check_split(builder, cfg, split)
     ds = builder.as_dataset(split=split, shuffle_files=False).batch(batch_size)
@@ -170,7 +152,22 @@ def load_split(cfg: DataConfig, split: str) -> tf.data.Dataset:
 
 
 def load_text_pairs(cfg: DataConfig, split: str) -> tuple[list[str], list[str]]:
-    """The raw (untokenized) sources and targets of a split, in corpus order, as Python strings."""
+    """The raw (untokenized) sources and targets of a split, in corpus order, as Python strings.
+
+    For a folder corpus, the pairs `data.cleaning` drops (as preparation does) are left out, with a warning.
+    """
+    if cfg.dataset == FOLDER:
+        from data import folder
+        from data.cleaning import DropCounts, clean
+
+        sources, targets, counts = [], [], DropCounts()
+        for raw_sources, raw_targets in folder.stream(cfg, split, 4096):
+            kept_sources, kept_targets = clean(raw_sources, raw_targets, counts)
+            sources += kept_sources
+            targets += kept_targets
+        if counts.dropped:
+            log.warning("split %s of data.folder=%s: %s", split, cfg.folder, counts.summary())
+        return sources, targets
     sources, targets = [], []
     for batch in load_batches(cfg, split).as_numpy_iterator():
         sources.extend(s.decode("utf-8") for s in batch["source"])
@@ -180,7 +177,11 @@ def load_text_pairs(cfg: DataConfig, split: str) -> tuple[list[str], list[str]]:
 
 def split_sizes(cfg: DataConfig) -> dict[str, int]:
     """Split name -> number of pairs, for every split of the dataset (counted if TFDS does not know them)."""
-    builder = _builder(cfg)
+    if cfg.dataset == FOLDER:
+        from data import folder
+
+        return folder.sizes(cfg)
+    builder = tfds_builder(cfg)
     _check_languages(builder, cfg)
     sizes = {name: int(info.num_examples) for name, info in builder.info.splits.items()}
     if sizes:

@@ -14,10 +14,10 @@ edge >= max(len(source), len(target_in)) of every pair in the batch. Batch sizes
 batch_tokens // E, rounded down to a multiple of 8 when >= 8. So a run sees at most 2 x len(bucket_edges(cfg))
 batch shapes (a full and a last partial batch per bucket and epoch), which bounds XLA recompilations.
 
-Training drops pairs with more than `max_length` tokens (with EOS, resp. BOS) on either side and says how many;
-evaluation drops nothing and truncates instead, keeping the final EOS. The stages are composable transforms
-(`ds.apply(tokenize(tokenizer))`, `.apply(pad_with_special_tokens())`) around the in-memory corpus and batch
-sampler of `data.batching`.
+The splits are read from the cache of `data.prepare` (prepared first if missing): nothing is tokenized here.
+Training leaves out pairs with more than `max_length` tokens (with EOS, resp. BOS) on either side, at read time,
+and says how many; evaluation drops nothing and truncates instead, keeping the final EOS. Batches come from the
+sampler of `data.batching`, then `pad_with_special_tokens()` (a composable transform, `ds.apply(...)`).
 """
 
 from __future__ import annotations
@@ -27,12 +27,12 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
-from data.batching import PieceCorpus, bucketed_batches
-from data.corpus import load_batches
+from common.special_ids import BOS_ID, EOS_ID, PAD_ID
+from data.batching import bucketed_batches
+from data.config import DataConfig
 from data.errors import DataError
+from data.store import PreparedSplit
 from data.tokenizer import Tokenizer
-from nmt.config import DataConfig
-from transformer.vocab import BOS_ID, EOS_ID, PAD_ID
 
 log = logging.getLogger(__name__)
 
@@ -73,22 +73,6 @@ def batch_sizes(edges: list[int], batch_tokens: int) -> list[int]:
 # Composable transforms (`ds.apply(...)`)
 
 
-def tokenize(tokenizer: Tokenizer) -> Transform:
-    """{"source": tf.string, "target": tf.string} -> {"source": int32, "target": int32} pieces, no BOS/EOS.
-
-    Per example: () -> (S,) dense. Per batch (faster): (b,) -> (b, None) ragged.
-    """
-
-    @tf.autograph.experimental.do_not_convert
-    def encode(example: dict) -> dict:
-        return {
-            "source": tokenizer.tokenize_source(example["source"]),
-            "target": tokenizer.tokenize_target(example["target"]),
-        }
-
-    return lambda ds: ds.map(encode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-
-
 def pad_with_special_tokens() -> Transform:
     """Batched pieces -> model inputs, padded to the batch's bucket edge.
 
@@ -126,15 +110,13 @@ def pad_with_special_tokens() -> Transform:
 # Datasets
 
 
-def load_pieces(cfg: DataConfig, tokenizer: Tokenizer, split: str) -> PieceCorpus:
-    """A split tokenized into memory (the pipeline's cache): pieces without special tokens."""
-    return PieceCorpus.from_batches(load_batches(cfg, split).apply(tokenize(tokenizer)))
+def open_split(cfg: DataConfig, tokenizer: Tokenizer, split: str) -> PreparedSplit:
+    """A split tokenized with `tokenizer`, from the cache (prepared first if missing; see `data.prepare`)."""
+    from data.prepare import prepare_split
 
-
-def train_pieces(cfg: DataConfig, tokenizer: Tokenizer) -> tuple[PieceCorpus, int]:
-    """The tokenized train split without pairs over cfg.max_length tokens; returns (corpus, number dropped)."""
-    corpus = load_pieces(cfg, tokenizer, cfg.train_split)
-    return corpus.drop_longer_than(cfg.max_length - 1)  # + EOS (source, target_out) or BOS (target_in)
+    prepared = PreparedSplit.open(prepare_split(cfg, tokenizer, split))
+    log.info("split %s: %d pairs, read %s", split, len(prepared), prepared.origin)
+    return prepared
 
 
 def make_train_dataset(
@@ -143,35 +125,38 @@ def make_train_dataset(
     """Bucketed, token-budget training batches; deterministic for a given seed, reshuffled every epoch.
 
     Args:
-      cfg: data config (dataset, splits, max_length, batch_tokens, bucket_boundaries).
-      tokenizer: the trained `Tokenizer`.
+      cfg: data config (dataset, splits, cache_dir, max_length, batch_tokens, bucket_boundaries).
+      tokenizer: the trained `Tokenizer` (the prepared split is the one tokenized with it).
       seed: fixes the order of pairs and batches in every epoch.
       repeat: endless epochs (training) or exactly one (statistics, tests).
     Returns:
       `{"source", "target_in", "target_out"}`, each int32 (B, E). The iterator can be saved and restored with
       `tf.train.Checkpoint(iterator=iter(ds))`; a freshly built dataset resumes at the exact batch.
     """
-    corpus, dropped = train_pieces(cfg, tokenizer)
-    total = len(corpus) + dropped
-    if dropped:
+    return train_batches(cfg, open_split(cfg, tokenizer, cfg.train_split), seed=seed, repeat=repeat)
+
+
+def train_batches(
+    cfg: DataConfig, split: PreparedSplit, *, seed: int, repeat: bool = True
+) -> tf.data.Dataset:
+    """`make_train_dataset` from an opened split: pairs over cfg.max_length tokens are left out (and counted)."""
+    max_pieces = cfg.max_length - 1  # + EOS (source, target_out) or BOS (target_in)
+    long = int(((split.source_lengths > max_pieces) | (split.target_lengths > max_pieces)).sum())
+    if long:
         log.info(
             "dropped %d of %d training pairs longer than max_length=%d tokens (%.2f%%)",
-            dropped, total, cfg.max_length, 100.0 * dropped / total,
+            long, len(split), cfg.max_length, 100.0 * long / len(split),
         )  # fmt: skip
-    return train_batches(cfg, corpus, seed=seed, repeat=repeat)
-
-
-def train_batches(cfg: DataConfig, corpus: PieceCorpus, *, seed: int, repeat: bool = True) -> tf.data.Dataset:
-    """`make_train_dataset` from an already tokenized and length-filtered corpus (see `train_pieces`)."""
-    if not len(corpus):
+    if long == len(split):
         raise DataError(
             f"no training pairs of at most data.max_length={cfg.max_length} tokens in split {cfg.train_split!r}"
         )
     edges = bucket_edges(cfg)
     batches = bucketed_batches(
-        corpus,
+        split,
         edges=edges,
         batch_sizes=batch_sizes(edges, cfg.batch_tokens),
+        max_pieces=max_pieces,
         seed=seed,
         shuffle=True,
         repeat=repeat,
@@ -182,15 +167,22 @@ def train_batches(cfg: DataConfig, corpus: PieceCorpus, *, seed: int, repeat: bo
 def make_eval_dataset(cfg: DataConfig, tokenizer: Tokenizer, split: str) -> tf.data.Dataset:
     """Every pair of `split` once, in batches of cfg.eval_batch_tokens, for validation loss.
 
-    Nothing is dropped: sides longer than cfg.max_length are cut to max_length - 1 pieces, then get their EOS
-    (BOS). No shuffling: buckets in order, corpus order within a bucket. Same dict of int32 (B, E) as training.
+    Nothing is dropped (beyond what preparation drops: empty or unreadable lines): sides longer than
+    cfg.max_length are cut to max_length - 1 pieces, then get their EOS (BOS). No shuffling: buckets in order,
+    corpus order within a bucket. Same dict of int32 (B, E) as training.
     """
-    corpus = load_pieces(cfg, tokenizer, split).truncate(cfg.max_length - 1)
+    return eval_batches(cfg, open_split(cfg, tokenizer, split))
+
+
+def eval_batches(cfg: DataConfig, split: PreparedSplit) -> tf.data.Dataset:
+    """`make_eval_dataset` from an opened split."""
     edges = bucket_edges(cfg)
     batches = bucketed_batches(
-        corpus,
+        split,
         edges=edges,
         batch_sizes=batch_sizes(edges, cfg.eval_batch_tokens),
+        max_pieces=cfg.max_length - 1,
+        truncate=True,
         shuffle=False,
         repeat=False,
     )

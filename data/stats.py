@@ -9,8 +9,10 @@ all slots of source and target_out over one training epoch), `num_shapes` (disti
 `num_buckets`, `bucket_edges`, `num_batches`, `dropped_long` (training pairs over max_length), `tokens_per_sec`
 (target tokens per second of the pipeline alone over a second epoch, cache warm) and `seconds` (wall time).
 
-The tokenizer is loaded from `--tokenizer-dir` if it holds one, else trained (into that directory, or a temporary
-one). stdout carries only the JSON line; logs go to stderr. A config error exits 2, a data error 1.
+The tokenizer is loaded from `--tokenizer-dir` if it holds one, else trained into it; without `--tokenizer-dir`,
+the cached tokenizer of `data.prepare` is used. The splits are read from the cache (prepared first if missing).
+The seed of the batch order is `train.seed`. stdout carries only the JSON line; logs go to stderr. A config error
+exits 2, a data error 1.
 """
 
 from __future__ import annotations
@@ -21,19 +23,21 @@ import json
 import logging
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
+DEFAULT_SEED = 1234  # nmt.config.TrainConfig.seed
+
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    from common.config_tree import add_set_argument
+
     parser = argparse.ArgumentParser(prog="python -m data.stats", description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", required=True, help="YAML config (a bare name is looked up in configs/)")
+    add_set_argument(parser)
     parser.add_argument(
-        "--set", action="append", default=[], metavar="KEY=VALUE", help="override, e.g. data.vocab_size=4000"
-    )
-    parser.add_argument(
-        "--tokenizer-dir", help="load the tokenizer from here, or train it into here if absent"
+        "--tokenizer-dir",
+        help="load the tokenizer from here, or train it into here if absent (default: the cached tokenizer)",
     )
     return parser.parse_args(argv)
 
@@ -50,7 +54,7 @@ def _roundtrip(strings: list[str], tokenize, detokenize) -> float:
 
 def _epoch_stats(dataset) -> dict:
     """Shapes, padding and token counts of one pass over a batched dataset."""
-    from transformer.vocab import PAD_ID
+    from common.special_ids import PAD_ID
 
     shapes, slots, pads, target_tokens, batches = set(), 0, 0, 0, 0
     for batch in dataset.as_numpy_iterator():
@@ -68,28 +72,39 @@ def _epoch_stats(dataset) -> dict:
     }
 
 
-def compute_stats(config, tokenizer_dir: Path) -> dict:
-    """All statistics for a loaded `nmt.config.Config`; trains a tokenizer into `tokenizer_dir` if none there."""
+def compute_stats(cfg, seed: int, tokenizer_dir: Path | None) -> dict:
+    """All statistics for a `DataConfig`; trains a tokenizer into `tokenizer_dir` if none is there.
+
+    Args:
+      cfg: the data config.
+      seed: the seed of the batch order.
+      tokenizer_dir: where the tokenizer is (or is trained into); None: the cached tokenizer of `data.prepare`.
+    """
     from data.corpus import load_text_pairs, split_sizes
-    from data.pipeline import bucket_edges, train_batches, train_pieces
+    from data.pipeline import bucket_edges, open_split, train_batches
+    from data.prepare import cached_tokenizer
     from data.tokenizer import Tokenizer, train_tokenizer
 
-    cfg, seed = config.data, config.train.seed
     log = logging.getLogger("data.stats")
     splits = split_sizes(cfg)
-    if any(tokenizer_dir.glob("*.model")):
+    if tokenizer_dir is None:
+        tokenizer = cached_tokenizer(cfg)
+    elif any(tokenizer_dir.glob("*.model")):
         log.info("loading the tokenizer from %s", tokenizer_dir)
         tokenizer = Tokenizer.load(tokenizer_dir)
     else:
         log.info("training the tokenizer into %s", tokenizer_dir)
+        tokenizer_dir.mkdir(parents=True, exist_ok=True)
         tokenizer = train_tokenizer(cfg, tokenizer_dir, seed=seed)
     sources, targets = load_text_pairs(cfg, cfg.validation_split)
     exact_source = _roundtrip(sources, tokenizer.tokenize_source, tokenizer.detokenize_source)
     exact_target = _roundtrip(targets, tokenizer.tokenize_target, tokenizer.detokenize_target)
     exact = (exact_source * len(sources) + exact_target * len(targets)) / max(len(sources) + len(targets), 1)
 
-    corpus, dropped = train_pieces(cfg, tokenizer)
-    dataset = train_batches(cfg, corpus, seed=seed, repeat=False)
+    train = open_split(cfg, tokenizer, cfg.train_split)
+    max_pieces = cfg.max_length - 1
+    dropped = int(((train.source_lengths > max_pieces) | (train.target_lengths > max_pieces)).sum())
+    dataset = train_batches(cfg, train, seed=seed, repeat=False)
     first = _epoch_stats(dataset)  # also warms the pipeline (tracing, tokenized corpus)
     start = time.perf_counter()
     second = _epoch_stats(dataset)
@@ -114,23 +129,27 @@ def compute_stats(config, tokenizer_dir: Path) -> dict:
     }
 
 
-def _run(config, tokenizer_dir: str | None) -> dict:
-    if tokenizer_dir:
-        path = Path(tokenizer_dir)
-        path.mkdir(parents=True, exist_ok=True)
-        return compute_stats(config, path)
-    with tempfile.TemporaryDirectory(prefix="spm-") as tmp:
-        return compute_stats(config, Path(tmp))
+def _seed(tree: dict) -> int:
+    """train.seed of the config tree (the `train:` section belongs to `nmt`; only this key is read here)."""
+    seed = (tree.get("train") or {}).get("seed", DEFAULT_SEED)
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        from common.config_tree import ConfigError
+
+        raise ConfigError(f"train.seed: expected int, got {type(seed).__name__} {seed!r}")
+    return seed
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    from nmt.config import ConfigError, load_config
+    logging.getLogger("absl").setLevel(logging.WARNING)
+    from common.config_tree import ConfigError
+    from data.config import load_data_config
 
     try:
-        config = load_config(args.config, args.set)
+        cfg, tree = load_data_config(args.config, args.overrides)
+        seed = _seed(tree)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -139,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     try:
         with contextlib.redirect_stdout(sys.stderr):  # TFDS prints its progress to stdout
-            stats = _run(config, args.tokenizer_dir)
+            stats = compute_stats(cfg, seed, Path(args.tokenizer_dir) if args.tokenizer_dir else None)
     except DataError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

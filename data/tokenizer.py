@@ -11,7 +11,7 @@ training text in the vocabulary (`character_coverage=1.0`) and, when the vocabul
 byte fallback for characters never seen in training. One known loss: TF Text's bundled SentencePiece drops
 whitespace at the very start of a line when detokenizing.
 
-Special ids are the project's (`transformer.vocab`): <pad>=0, <unk>=1, <s>=2 (BOS), </s>=3 (EOS). A model file
+Special ids are the project's (`common.special_ids`): <pad>=0, <unk>=1, <s>=2 (BOS), </s>=3 (EOS). A model file
 that reserves other ids is refused. Vocabulary sizes are padded up to a multiple of 8 for the embedding tables;
 ids in the padding (never produced by the tokenizer, maybe by a model) are dropped when detokenizing.
 """
@@ -29,9 +29,9 @@ import tensorflow as tf
 import tensorflow_text as tf_text
 from tensorflow_text.python.ops.sentencepiece_tokenizer import gen_sentencepiece_tokenizer
 
+from common.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from data.config import DataConfig
 from data.errors import DataError
-from nmt.config import DataConfig
-from transformer.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 log = logging.getLogger(__name__)
 
@@ -146,6 +146,17 @@ class Tokenizer(tf.Module):
             (directory / TARGET_MODEL).write_bytes(target)
 
     @property
+    def models(self) -> tuple[bytes, bytes | None]:
+        """The serialized SentencePiece models: (source or joint, target or None if joint)."""
+        return self._models
+
+    @property
+    def fingerprint(self) -> str:
+        """sha256 of the model(s): equal fingerprints tokenize every text identically."""
+        source, target = self._models
+        return hashlib.sha256(source + b"\0" + (target or b"")).hexdigest()
+
+    @property
     def source_vocab_size(self) -> int:
         """Source embedding rows: SentencePiece pieces padded up to a multiple of 8."""
         return padded_size(self._source_pieces)
@@ -200,13 +211,13 @@ def _sample_sentences(cfg: DataConfig, seed: int) -> tuple[list[str], list[str]]
     """At most cfg.tokenizer_max_sentences sentences from the train split, drawn without replacement, seeded.
 
     Joint: one pool of 2N sentences (both sides), returned as (pool sample, []). Separate: the same sampled
-    pairs for both sides, each side at most the limit. Streams the split, keeping only the drawn lines.
+    pairs for both sides, each side at most the limit. Streams the split, keeping only the drawn lines; pairs
+    that `data.cleaning` drops are skipped (so the sample may be a little smaller).
     """
-    from data.corpus import load_batches, split_sizes  # here: loading a tokenizer needs no TFDS
+    from data.cleaning import DropCounts, clean
+    from data.stream import count_pairs, stream_pairs  # here: loading a tokenizer needs no TFDS
 
-    size = split_sizes(cfg).get(cfg.train_split)
-    if size is None:  # e.g. a sliced split name: count it
-        size = sum(len(b["source"]) for b in load_batches(cfg, cfg.train_split).as_numpy_iterator())
+    size = count_pairs(cfg, cfg.train_split)
     rng = np.random.default_rng(seed)
     pool = 2 * size if cfg.joint_vocab else size
     take = min(cfg.tokenizer_max_sentences, pool)
@@ -216,23 +227,26 @@ def _sample_sentences(cfg: DataConfig, seed: int) -> tuple[list[str], list[str]]
         chosen[:] = False
         chosen[rng.choice(pool, size=take, replace=False)] = True
     first, second = [], []
-    index = 0
-    for batch in load_batches(cfg, cfg.train_split).as_numpy_iterator():
-        for source, target in zip(batch["source"], batch["target"]):
-            if cfg.joint_vocab:
-                if chosen[2 * index]:
-                    first.append(source.decode("utf-8"))
-                if chosen[2 * index + 1]:
-                    first.append(target.decode("utf-8"))
-            elif chosen[index]:
-                first.append(source.decode("utf-8"))
-                second.append(target.decode("utf-8"))
+    index, counts = 0, DropCounts()
+    for raw_sources, raw_targets in stream_pairs(cfg, cfg.train_split):
+        for raw_source, raw_target in zip(raw_sources, raw_targets):
+            picked = chosen[2 * index : 2 * index + 2] if cfg.joint_vocab else chosen[index : index + 1]
             index += 1
+            if not picked.any():
+                continue
+            sources, targets = clean([raw_source], [raw_target], counts)
+            if not sources:
+                continue
+            if cfg.joint_vocab:
+                first.extend(text for text, keep in zip((sources[0], targets[0]), picked) if keep)
+            else:
+                first.append(sources[0])
+                second.append(targets[0])
     return first, second
 
 
-def _train_model(sentences: list[str], cfg: DataConfig, seed: int, side: str) -> bytes:
-    """Trains one SentencePiece model in memory; deterministic for a given seed (one thread)."""
+def _train_model(sentences: list[str], cfg: DataConfig, seed: int, side: str, num_threads: int = 1) -> bytes:
+    """Trains one SentencePiece model in memory; deterministic for a given seed with one thread."""
     if not sentences:
         raise DataError(f"no {side} sentences to train the tokenizer on (split {cfg.train_split!r} is empty)")
     model = io.BytesIO()
@@ -247,7 +261,7 @@ def _train_model(sentences: list[str], cfg: DataConfig, seed: int, side: str) ->
             byte_fallback=cfg.vocab_size >= BYTE_FALLBACK_MIN_VOCAB,
             normalization_rule_name="identity",
             remove_extra_whitespaces=False,
-            num_threads=1,
+            num_threads=num_threads,
             minloglevel=2,
             **_SPECIAL_IDS,
         )
@@ -260,7 +274,9 @@ def _train_model(sentences: list[str], cfg: DataConfig, seed: int, side: str) ->
     return model.getvalue()
 
 
-def train_tokenizer(cfg: DataConfig, out_dir: str | Path, *, seed: int = 1234) -> Tokenizer:
+def train_tokenizer(
+    cfg: DataConfig, out_dir: str | Path, *, seed: int = 1234, num_threads: int = 1
+) -> Tokenizer:
     """Trains SentencePiece on the train split only and writes the model file(s) into `out_dir`.
 
     Args:
@@ -268,6 +284,7 @@ def train_tokenizer(cfg: DataConfig, out_dir: str | Path, *, seed: int = 1234) -
         `tokenizer_max_sentences` (sentences sampled, seeded by `seed`).
       out_dir: created if needed; receives `spm.model` (joint) or `spm.source.model` and `spm.target.model`.
       seed: seeds the sentence sample and SentencePiece's own random generator.
+      num_threads: SentencePiece training threads (1 = bit-reproducible).
     Raises:
       DataError: e.g. a vocabulary too large for the corpus (the message names data.vocab_size and the limit).
     """
@@ -280,7 +297,7 @@ def train_tokenizer(cfg: DataConfig, out_dir: str | Path, *, seed: int = 1234) -
             cfg.vocab_size,
             len(first),
         )
-        tokenizer = Tokenizer(_train_model(first, cfg, seed, "source and target"))
+        tokenizer = Tokenizer(_train_model(first, cfg, seed, "source and target", num_threads))
     else:
         log.info(
             "training source and target %s SentencePiece models (%d pieces each) on %d pairs",
@@ -289,7 +306,8 @@ def train_tokenizer(cfg: DataConfig, out_dir: str | Path, *, seed: int = 1234) -
             len(first),
         )
         tokenizer = Tokenizer(
-            _train_model(first, cfg, seed, "source"), _train_model(second, cfg, seed, "target")
+            _train_model(first, cfg, seed, "source", num_threads),
+            _train_model(second, cfg, seed, "target", num_threads),
         )
     tokenizer.save(out_dir)
     return Tokenizer.load(out_dir)

@@ -12,6 +12,8 @@ import os
 import sys
 from collections.abc import Callable
 
+from common.config_tree import add_set_argument  # noqa: F401  (the entry points import it from here)
+
 log = logging.getLogger("nmt")
 
 
@@ -72,19 +74,6 @@ def run(main: Callable[[], int | None]) -> None:
         print(f"error: {err}", file=sys.stderr)
         code = 1
     sys.exit(code)
-
-
-def add_set_argument(parser) -> None:
-    """`--set section.key=value [section.key=value ...]`, repeatable; collected in `args.overrides`."""
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        nargs="+",
-        action="extend",
-        default=[],
-        metavar="SECTION.KEY=VALUE",
-        help="override config values, e.g. --set train.max_steps=100 data.batch_tokens=2048 (repeatable)",
-    )
 
 
 def check_input_file(path: str | None) -> None:

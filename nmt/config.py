@@ -1,4 +1,4 @@
-"""The typed configuration: every default lives here, with a one-line comment.
+"""The typed configuration: every default lives here (the `data:` section in `data.config`), with a one-line comment.
 
 A YAML file may inherit from another with `base: other.yaml` (resolved next to the file, then in `configs/`);
 `--set section.key=value` overrides are parsed as YAML scalars. An unknown key, a wrong type or a value outside
@@ -9,51 +9,35 @@ is written.
 from __future__ import annotations
 
 import dataclasses
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import yaml
 
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+from common.config_tree import (  # noqa: F401 - re-exported: callers import them from here
+    CONFIG_DIR,
+    ConfigError,
+    build,
+    load_tree,
+    parse_override,
+    resolve_config_path,
+)
+from common.config_tree import choices as _choices
+from data.config import DataConfig, validate_data_config
 
-
-class ConfigError(ValueError):
-    """A configuration problem; its message names the dotted path (or file) at fault."""
-
-
-def _choices(*values: Any) -> dict:
-    return {"choices": values}
-
-
-@dataclass
-class DataConfig:
-    dataset: str = "multi30k"  # "multi30k", a TFDS catalog name ("ted_hrlr_translate/pt_to_en"), or "folder"
-    source: str = "en"  # source language code
-    target: str = "de"  # target language code
-    data_dir: str | None = (
-        None  # TFDS data_dir for prepared datasets; None = $TFDS_DATA_DIR or ~/tensorflow_datasets
-    )
-    manual_dir: str | None = (
-        None  # local mirror of the raw files; None = $NMT_DATA_MIRROR, then ../shared/data/<name>
-    )
-    folder: str | None = (
-        None  # with dataset: folder, a folder of parallel text files (TranslateFolder layout)
-    )
-    train_split: str = "train"  # split used for training and for the tokenizer
-    validation_split: str = "validation"  # split for validation loss / BLEU during training
-    test_split: str = "test"  # split for the final test score (Multi30k: test2016 flickr)
-    tokenizer: str = field(default="unigram", metadata=_choices("unigram", "bpe"))  # SentencePiece model type
-    vocab_size: int = 8000  # SentencePiece vocabulary size (padded up to a multiple of 8 in the model)
-    joint_vocab: bool = True  # one vocabulary for source and target (needed for shared embeddings)
-    tokenizer_max_sentences: int = 2_000_000  # sentences sampled to train SentencePiece
-    max_length: int = 128  # drop training pairs longer than this many subwords (with BOS/EOS) on either side
-    batch_tokens: int = 4096  # tokens per training batch (padded source or target, whichever is longer)
-    bucket_boundaries: list[int] = field(default_factory=list)  # bucket edges; empty = automatic
-    shuffle_buffer: int = 30000  # examples in the shuffle buffer
-    eval_batch_tokens: int = 8192  # tokens per validation-loss batch
+__all__ = [
+    "CONFIG_DIR",
+    "Config",
+    "ConfigError",
+    "DataConfig",
+    "EvalConfig",
+    "ModelConfig",
+    "TrainConfig",
+    "config_from_dict",
+    "load_config",
+    "parse_override",
+    "resolve_config_path",
+]
 
 
 @dataclass
@@ -136,138 +120,6 @@ class Config:
 # Loading
 
 
-def resolve_config_path(name: str | Path, relative_to: Path | None = None) -> Path:
-    """A path as given, else next to `relative_to`, else in configs/ (with or without `.yaml`)."""
-    name = Path(name)
-    candidates = [name]
-    if relative_to is not None:
-        candidates.append(relative_to / name)
-    candidates += [CONFIG_DIR / name, CONFIG_DIR / f"{name}.yaml"]
-    for candidate in candidates:
-        if candidate.is_file():
-            return candidate
-    raise ConfigError(f"config file not found: {name} (looked in {', '.join(str(c) for c in candidates)})")
-
-
-def _read_yaml(path: Path) -> dict:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise ConfigError(f"cannot read config file {path}: {err}") from err
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        raise ConfigError(f"invalid YAML in {path}: {err}") from err
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: the top level must be a mapping, got {type(data).__name__}")
-    return data
-
-
-def _merge(base: dict, override: dict) -> dict:
-    merged = dict(base)
-    for key, value in override.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = _merge(merged[key], value)
-        else:
-            merged[key] = value
-    return merged
-
-
-def _load_tree(path: Path, seen: tuple[Path, ...] = ()) -> dict:
-    path = path.resolve()
-    if path in seen:
-        raise ConfigError(f"config inheritance loop: {' -> '.join(str(p) for p in (*seen, path))}")
-    tree = _read_yaml(path)
-    base = tree.pop("base", None)
-    if base is None:
-        return tree
-    if not isinstance(base, str):
-        raise ConfigError(f"{path}: base: expected a file name, got {type(base).__name__}")
-    parent = _load_tree(resolve_config_path(base, relative_to=path.parent), (*seen, path))
-    return _merge(parent, tree)
-
-
-def parse_override(text: str) -> tuple[list[str], Any]:
-    """`section.key=value` -> (["section", "key"], value parsed as a YAML scalar)."""
-    if "=" not in text:
-        raise ConfigError(f"--set expects section.key=value, got {text!r}")
-    dotted, raw = text.split("=", 1)
-    keys = dotted.strip().split(".")
-    if not all(keys):
-        raise ConfigError(f"--set expects section.key=value, got {text!r}")
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError as err:
-        raise ConfigError(f"--set {dotted}: cannot parse value {raw!r}: {err}") from err
-    return keys, value
-
-
-def _type_ok(value: Any, annotation: Any) -> tuple[bool, Any]:
-    """Checks `value` against a field annotation; returns (ok, converted value)."""
-    origin = typing.get_origin(annotation)
-    if origin in (typing.Union, types.UnionType):
-        for option in typing.get_args(annotation):
-            ok, converted = _type_ok(value, option)
-            if ok:
-                return True, converted
-        return False, value
-    if annotation is type(None):
-        return value is None, value
-    if origin is list:
-        (item_type,) = typing.get_args(annotation)
-        if not isinstance(value, list):
-            return False, value
-        items = [_type_ok(v, item_type) for v in value]
-        return all(ok for ok, _ in items), [v for _, v in items]
-    if annotation is bool:
-        return isinstance(value, bool), value
-    if annotation is int:
-        return isinstance(value, int) and not isinstance(value, bool), value
-    if annotation is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return True, float(value)
-        return False, value
-    if annotation is str:
-        return isinstance(value, str), value
-    raise TypeError(f"unsupported annotation {annotation!r}")
-
-
-def _describe(annotation: Any) -> str:
-    return str(annotation).replace("typing.", "").replace("<class '", "").replace("'>", "")
-
-
-def _build(cls: type, tree: Any, path: str):
-    if not isinstance(tree, dict):
-        raise ConfigError(f"{path.rstrip('.') or 'config'}: expected a mapping, got {type(tree).__name__}")
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(tree) - set(fields))
-    if unknown:
-        known = ", ".join(sorted(fields))
-        raise ConfigError(
-            f"unknown config key {path}{unknown[0]} (known keys of {path[:-1] or 'top level'}: {known})"
-        )
-    kwargs = {}
-    for name, value in tree.items():
-        dotted = f"{path}{name}"
-        annotation = hints[name]
-        if dataclasses.is_dataclass(annotation):
-            kwargs[name] = _build(annotation, value, f"{dotted}.")
-            continue
-        ok, converted = _type_ok(value, annotation)
-        if not ok:
-            raise ConfigError(
-                f"{dotted}: expected {_describe(annotation)}, got {type(value).__name__} {value!r}"
-            )
-        choices = fields[name].metadata.get("choices")
-        if choices and converted not in choices:
-            raise ConfigError(f"{dotted}: {converted!r} is not one of {', '.join(map(str, choices))}")
-        kwargs[name] = converted
-    return cls(**kwargs)
-
-
 def _validate(config: Config) -> None:
     if config.train.xla not in (True, False, "auto"):
         raise ConfigError(f"train.xla: expected true, false or auto, got {config.train.xla!r}")
@@ -282,9 +134,7 @@ def _validate(config: Config) -> None:
     for name in ("num_layers", "num_heads", "d_model", "d_ff"):
         if getattr(config.model, name) <= 0:
             raise ConfigError(f"model.{name}: must be positive")
-    for name in ("vocab_size", "max_length", "batch_tokens", "eval_batch_tokens"):
-        if getattr(config.data, name) <= 0:
-            raise ConfigError(f"data.{name}: must be positive")
+    validate_data_config(config.data)
     if config.data.max_length > config.model.max_length:
         raise ConfigError(
             f"data.max_length: {config.data.max_length} exceeds model.max_length={config.model.max_length}"
@@ -296,21 +146,11 @@ def _validate(config: Config) -> None:
 
 
 def config_from_dict(tree: dict) -> Config:
-    config = _build(Config, tree, "")
+    config = build(Config, tree, "")
     _validate(config)
     return config
 
 
 def load_config(name: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
     """Loads a YAML config (with inheritance), applies `--set` overrides, validates everything."""
-    tree = _load_tree(resolve_config_path(name)) if name is not None else {}
-    for text in overrides:
-        keys, value = parse_override(text)
-        node = tree
-        for key in keys[:-1]:
-            child = node.setdefault(key, {})
-            if not isinstance(child, dict):
-                raise ConfigError(f"--set {'.'.join(keys)}: {key} is not a section")
-            node = child
-        node[keys[-1]] = value
-    return config_from_dict(tree)
+    return config_from_dict(load_tree(name, overrides))

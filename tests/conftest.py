@@ -1,9 +1,17 @@
-"""Shared test set-up: quiet TensorFlow, fixed seeds, CPU only."""
+"""Shared test set-up: quiet TensorFlow, fixed seeds, CPU only, a private prepared-data cache."""
 
+import atexit
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
+# Prepared data goes to a cache of this session (inherited by the train.py subprocesses of the tests), never to
+# the user's ~/.cache/nmt/prepared: every temporary corpus has its own cache key and would pile up there.
+_DATA_CACHE = tempfile.mkdtemp(prefix="nmt-test-cache-")
+os.environ["NMT_DATA_CACHE"] = _DATA_CACHE
+atexit.register(shutil.rmtree, _DATA_CACHE, ignore_errors=True)
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402

@@ -1,10 +1,5 @@
-"""Special token ids, defined once for the whole project.
+"""Special token ids (defined in `common.special_ids`, re-exported here for the model and its users)."""
 
-The SentencePiece models trained by `data.tokenizer` reserve exactly these ids, and the model and the decoders use
-them for padding masks and for starting and stopping a translation.
-"""
+from common.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
-PAD_ID = 0  # padding; never attended to, never in the loss
-UNK_ID = 1  # unknown piece
-BOS_ID = 2  # start of a target sentence (decoder input only)
-EOS_ID = 3  # end of a sentence (source and target)
+__all__ = ["BOS_ID", "EOS_ID", "PAD_ID", "UNK_ID"]

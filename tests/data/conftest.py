@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from nmt.config import DataConfig
+from data.config import DataConfig
 
 SIZES = {"train": 60, "val": 12, "test_2016_flickr": 10}  # file stem -> lines
 _WORDS = {
@@ -56,7 +56,13 @@ def prepared_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def data_cfg(mirror, prepared_dir) -> DataConfig:
+def cache_dir(tmp_path_factory) -> Path:
+    """A data cache (`data.cache_dir`) shared by the session."""
+    return tmp_path_factory.mktemp("cache")
+
+
+@pytest.fixture(scope="session")
+def data_cfg(mirror, prepared_dir, cache_dir) -> DataConfig:
     """Multi30k en->de from the fake mirror, with sizes that fit it (change copies: `dataclasses.replace`)."""
     return DataConfig(
         dataset="multi30k",
@@ -64,6 +70,7 @@ def data_cfg(mirror, prepared_dir) -> DataConfig:
         target="de",
         manual_dir=str(mirror),
         data_dir=str(prepared_dir),
+        cache_dir=str(cache_dir),
         vocab_size=96,
         max_length=24,
         batch_tokens=256,

@@ -9,9 +9,9 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from data import corpus
+from data.config import DataConfig
 from data.corpus import find_mirror, load_split, load_text_pairs, split_sizes
 from data.errors import DataError
-from nmt.config import DataConfig
 from tests.data.conftest import SIZES, mirror_lines, sentences
 
 
@@ -69,15 +69,37 @@ def test_translate_folder(tmp_path):
     ("name", "content", "message"),
     [
         ("README.md", "hi\n", r"README\.md: data\.folder must hold only files named <lang>\.<split>\.txt"),
-        ("de.train.txt", "a\n", r"Num examples for split train do not match"),
-        ("de.dev.txt", "a\u2028b\n" * 5, r"de\.dev\.txt contains Unicode line separators"),
+        ("fr.train.txt", "a\n", r"en\.train\.txt has 20 lines but .*fr\.train\.txt has 1: .* line-aligned"),
+        ("de.dev.txt", "a\n", None),  # a third language need not align: only source and target are read
     ],
 )
 def test_translate_folder_errors(tmp_path, name, content, message):
     folder = write_folder(tmp_path / "corpus")
     (folder / name).write_text(content)
+    cfg = DataConfig(dataset="folder", folder=str(folder), source="fr", target="en")
+    if message is None:
+        assert split_sizes(cfg) == {"train": 20, "dev": 5}
+        return
     with pytest.raises(DataError, match=message):
-        split_sizes(DataConfig(dataset="folder", folder=str(folder), source="fr", target="en"))
+        split_sizes(cfg)
+
+
+def test_translate_folder_lines_split_on_newline_only_and_bad_pairs_dropped(tmp_path, caplog):
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    (folder / "en.dev.txt").write_bytes("\ufeffOne\u2028line\r\nTwo\n\n".encode() + b"\xff\n")
+    (folder / "fr.dev.txt").write_bytes(b"Une ligne\nDeux\n\nTrois\n")
+    cfg = DataConfig(dataset="folder", folder=str(folder), source="en", target="fr")
+    assert split_sizes(cfg) == {"dev": 4}
+    assert load_text_pairs(cfg, "dev") == (["One\u2028line", "Two"], ["Une ligne", "Deux"])
+    assert "kept 2 of 4 pairs; dropped 1 empty, 1 invalid UTF-8" in caplog.text
+    assert [ex["source"] for ex in load_split(cfg, "dev").as_numpy_iterator()] == [
+        "One\u2028line".encode(), b"Two", b"", b"\xff",
+    ]  # fmt: skip
+    with pytest.raises(DataError, match=r"data.target='de': language not in data.folder"):
+        load_split(dataclasses.replace(cfg, target="de"), "dev")
+    with pytest.raises(DataError, match=r"en\.test\.txt: no such file for split 'test'"):
+        load_split(cfg, "test")
 
 
 def test_translate_folder_needs_a_folder(tmp_path):

@@ -1,4 +1,5 @@
-"""Training and evaluation batches: special tokens, padding, buckets, length limits, determinism, resumption."""
+"""Training and evaluation batches from prepared splits: special tokens, padding, buckets, length limits at read
+time, determinism, resumption. The reference tokens come from the in-graph tokenizer on the raw text."""
 
 from __future__ import annotations
 
@@ -9,17 +10,18 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from data.batching import PieceCorpus, bucketed_batches
+from common.special_ids import BOS_ID, EOS_ID, PAD_ID
+from data.batching import bucketed_batches
+from data.config import DataConfig
+from data.corpus import load_text_pairs
 from data.pipeline import (
     batch_sizes,
     bucket_edges,
-    load_pieces,
     make_eval_dataset,
     make_train_dataset,
     pad_with_special_tokens,
 )
-from nmt.config import DataConfig
-from transformer.vocab import BOS_ID, EOS_ID, PAD_ID
+from data.store import PreparedSplit
 
 
 def batches(ds, count=None) -> list[dict]:
@@ -32,6 +34,15 @@ def rows(batch_list: list[dict], key: str) -> Counter:
     return Counter(tuple(int(t) for t in row if t != PAD_ID) for b in batch_list for row in b[key])
 
 
+def reference_pieces(cfg, tokenizer, split) -> tuple[list, list]:
+    """The split's raw text tokenized in-graph (TF Text), independently of data.prepare (SentencePiece in Python)."""
+    sources, targets = load_text_pairs(cfg, split)
+    return (
+        tokenizer.tokenize_source(tf.constant(sources)).to_list(),
+        tokenizer.tokenize_target(tf.constant(targets)).to_list(),
+    )
+
+
 def test_bucket_edges_and_batch_sizes():
     assert bucket_edges(DataConfig(max_length=100)) == [
         8, 10, 12, 14, 16, 18, 20, 22, 26, 30, 34, 38, 42, 48, 54, 60, 66, 74, 82, 92, 100,
@@ -42,9 +53,11 @@ def test_bucket_edges_and_batch_sizes():
 
 
 def test_special_tokens_and_padding_match_a_hand_built_batch():
-    source = tf.ragged.constant([[5, 6, 7, 14], [15], [8]])
-    target = tf.ragged.constant([[9], [16, 17], [10, 11, 12, 13]])
-    ds = bucketed_batches(PieceCorpus(source, target), edges=[4, 6], batch_sizes=[8, 8], shuffle=False)
+    source = [[5, 6, 7, 14], [15], [8]]
+    target = [[9], [16, 17], [10, 11, 12, 13]]
+    ds = bucketed_batches(
+        PreparedSplit.from_pieces(source, target), edges=[4, 6], batch_sizes=[8, 8], shuffle=False
+    )
     short, long = batches(ds.apply(pad_with_special_tokens()))
     # max(len) + 1: 5, 3, 5 -> edges 6, 4, 6; without shuffling, buckets in order and corpus order inside
     np.testing.assert_array_equal(short["source"], [[15, EOS_ID, PAD_ID, PAD_ID]])
@@ -62,16 +75,16 @@ def test_train_epoch_covers_every_short_pair_once_in_bucket_shapes(data_cfg, tok
     epoch = batches(make_train_dataset(cfg, tokenizer, seed=1, repeat=False))
     edges, sizes = bucket_edges(cfg), batch_sizes(bucket_edges(cfg), cfg.batch_tokens)
 
-    pieces = load_pieces(cfg, tokenizer, "train")
+    sources, targets = reference_pieces(cfg, tokenizer, "train")
     expected = Counter(
         tuple(s) + (EOS_ID,)
-        for s, t in zip(pieces.source.to_list(), pieces.target.to_list())
+        for s, t in zip(sources, targets)
         if len(s) < cfg.max_length and len(t) < cfg.max_length
     )
-    dropped = len(pieces) - sum(expected.values())
-    assert 0 < dropped < len(pieces), "the test needs some pairs over max_length"
+    dropped = len(sources) - sum(expected.values())
+    assert 0 < dropped < len(sources), "the test needs some pairs over max_length"
     assert rows(epoch, "source") == expected
-    assert caplog.text.count(f"dropped {dropped} of {len(pieces)} training pairs") == 1
+    assert caplog.text.count(f"dropped {dropped} of {len(sources)} training pairs") == 1
 
     for batch in epoch:
         size, edge = batch["source"].shape
@@ -124,15 +137,15 @@ def test_iterator_checkpoint_resumes_at_the_exact_batch(data_cfg, tokenizer, per
 
 def test_eval_keeps_every_pair_truncated_with_final_eos(data_cfg, tokenizer):
     cfg = dataclasses.replace(data_cfg, max_length=10)
-    pieces = load_pieces(cfg, tokenizer, "validation")
+    _, targets = reference_pieces(cfg, tokenizer, "validation")
     evaluation = batches(make_eval_dataset(cfg, tokenizer, "validation"))
     again = batches(make_eval_dataset(cfg, tokenizer, "validation"))
     assert [{k: v.tolist() for k, v in b.items()} for b in evaluation] == [
         {k: v.tolist() for k, v in b.items()} for b in again
     ]
-    expected = Counter(tuple(t[: cfg.max_length - 1]) + (EOS_ID,) for t in pieces.target.to_list())
+    expected = Counter(tuple(t[: cfg.max_length - 1]) + (EOS_ID,) for t in targets)
     assert rows(evaluation, "target_out") == expected
-    assert any(len(t) >= cfg.max_length for t in pieces.target.to_list()), "the test needs over-long pairs"
+    assert any(len(t) >= cfg.max_length for t in targets), "the test needs over-long pairs"
     for batch in evaluation:
         assert batch["source"].shape[1] <= cfg.max_length
         assert batch["source"].shape[0] * batch["source"].shape[1] <= cfg.eval_batch_tokens

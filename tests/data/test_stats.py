@@ -14,6 +14,7 @@ def write_config(tmp_path, mirror, prepared_dir, extra: str = "") -> str:
     path = tmp_path / "stats.yaml"
     path.write_text(
         "data:\n"
+        f"  cache_dir: {tmp_path / 'cache'}\n"
         f"  manual_dir: {mirror}\n"
         f"  data_dir: {prepared_dir}\n"
         "  vocab_size: 96\n"

@@ -1,0 +1,146 @@
+"""Where prepared data lives, under which key, and how writers and readers of the cache meet.
+
+    <cache_dir>/tokenizer-<key>/               spm.model (or spm.source/target.model), trained once
+    <cache_dir>/<dataset>.<src>-<tgt>.<split>-<key>/   one prepared split (see data.store)
+
+The keys are hashes of what changes the tokens, never of what is applied when reading (max_length, batch sizes,
+buckets) nor of where things are stored (data_dir, manual_dir, cache_dir):
+- tokenizer: the train split's identity (data.stream.split_identity), direction, tokenizer type, vocab_size,
+  joint_vocab, tokenizer_max_sentences, the sampling seed and the preparation format;
+- split: the split's identity, direction, the tokenizer's fingerprint (its model bytes) and the format.
+
+Everything is written into `<final>.partial` and renamed when complete, so a killed preparation leaves nothing
+that is taken as complete; the next preparation removes the leftover and starts that item again. An exclusive
+`fcntl` lock per key keeps two preparations on one machine from writing the same item. On a multi-worker run only
+the chief prepares; the others `wait_for` the final directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from data.config import DataConfig
+from data.errors import DataError
+
+log = logging.getLogger(__name__)
+
+CACHE_ENV = "NMT_DATA_CACHE"
+WAIT_ENV = "NMT_DATA_WAIT_SECONDS"
+DEFAULT_WAIT_SECONDS = 24 * 3600
+PREPARE_FORMAT = 1  # bump when the preparation changes the tokens or the layout
+TOKENIZER_SEED = 1234
+
+
+def cache_root(cfg: DataConfig) -> Path:
+    """data.cache_dir, else $NMT_DATA_CACHE, else ~/.cache/nmt/prepared."""
+    root = cfg.cache_dir or os.environ.get(CACHE_ENV) or "~/.cache/nmt/prepared"
+    return Path(root).expanduser()
+
+
+def digest(payload: dict) -> str:
+    """A short stable hash of a JSON-able dict."""
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def tokenizer_key_inputs(cfg: DataConfig, train_identity: dict) -> dict:
+    return {
+        "format": PREPARE_FORMAT,
+        "train": train_identity,
+        "source": cfg.source,
+        "target": cfg.target,
+        "tokenizer": cfg.tokenizer,
+        "vocab_size": cfg.vocab_size,
+        "joint_vocab": cfg.joint_vocab,
+        "max_sentences": cfg.tokenizer_max_sentences,
+        "seed": TOKENIZER_SEED,
+    }
+
+
+def split_key_inputs(cfg: DataConfig, identity: dict, fingerprint: str) -> dict:
+    return {
+        "format": PREPARE_FORMAT,
+        "split": identity,
+        "source": cfg.source,
+        "target": cfg.target,
+        "tokenizer": fingerprint,
+    }
+
+
+def tokenizer_dir(cfg: DataConfig, inputs: dict) -> Path:
+    return cache_root(cfg) / f"tokenizer-{digest(inputs)}"
+
+
+def split_dir(cfg: DataConfig, split: str, inputs: dict) -> Path:
+    name = re.sub(r"[^A-Za-z0-9_-]+", "_", f"{cfg.dataset}.{cfg.source}-{cfg.target}.{split}")
+    return cache_root(cfg) / f"{name}-{digest(inputs)}"
+
+
+def staging(final: Path) -> Path:
+    return final.with_name(final.name + ".partial")
+
+
+@contextlib.contextmanager
+def exclusive(final: Path) -> Iterator[None]:
+    """Holds an exclusive lock for preparing `final` (waits while another process holds it)."""
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(final.with_name(final.name + ".lock"), "a")  # noqa: SIM115 - closed below
+    except OSError as err:
+        raise DataError(
+            f"cannot write into the data cache {final.parent} ({err}): set data.cache_dir (or ${CACHE_ENV}) "
+            "to a writable directory"
+        ) from err
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.info("another process is preparing %s: waiting for it", final)
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def fresh_staging(final: Path) -> Path:
+    """An empty `<final>.partial` (removing what a killed preparation left)."""
+    partial = staging(final)
+    if partial.exists():
+        log.info("removing %s, left by an interrupted preparation", partial)
+        shutil.rmtree(partial)
+    partial.mkdir(parents=True)
+    return partial
+
+
+def publish(partial: Path, final: Path) -> None:
+    """Renames a completed staging directory to its final name (atomic on one filesystem)."""
+    os.replace(partial, final)
+
+
+def wait_for(path: Path, what: str, complete=Path.exists, poll: float = 2.0) -> None:
+    """Blocks until `complete(path)` (a non-chief worker waiting for the chief's preparation)."""
+    timeout = float(os.environ.get(WAIT_ENV, DEFAULT_WAIT_SECONDS))
+    start = time.monotonic()
+    logged = False
+    while not complete(path):
+        waited = time.monotonic() - start
+        if waited > timeout:
+            raise DataError(
+                f"waited {waited:.0f} s for the chief worker to prepare {what} at {path}; it never appeared. "
+                f"Is data.cache_dir ({path.parent}) shared by all workers? Is the chief running? "
+                f"(${WAIT_ENV} sets the timeout)"
+            )
+        if not logged:
+            log.info("waiting for the chief worker to prepare %s at %s", what, path)
+            logged = True
+        time.sleep(poll)

@@ -1,0 +1,74 @@
+"""Pairs that cannot be training data, counted and dropped: empty, invalid UTF-8, over-long, one side empty.
+
+    counts = DropCounts()
+    sources, targets = clean(raw_sources, raw_targets, counts)   # lists of str, bad pairs left out
+    counts.summary()   # "kept 998 of 1000 pairs; dropped 1 empty, 1 invalid UTF-8"
+
+A pair is dropped (and counted once, under the first reason that applies) when either side is longer than
+MAX_LINE_BYTES bytes, is not valid UTF-8, or both sides, or one side, are empty (whitespace only counts as empty).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+MAX_LINE_BYTES = 1 << 20  # 1 MiB: longer lines are not sentences (a binary file, a whole document)
+
+
+@dataclasses.dataclass
+class DropCounts:
+    total: int = 0
+    too_long: int = 0
+    invalid_utf8: int = 0
+    empty: int = 0
+    one_side_empty: int = 0
+
+    @property
+    def dropped(self) -> int:
+        return self.too_long + self.invalid_utf8 + self.empty + self.one_side_empty
+
+    @property
+    def kept(self) -> int:
+        return self.total - self.dropped
+
+    def as_dict(self) -> dict:
+        return {**dataclasses.asdict(self), "kept": self.kept}
+
+    def summary(self) -> str:
+        reasons = [
+            f"{count} {name}"
+            for name, count in (
+                ("empty", self.empty),
+                ("with one side empty", self.one_side_empty),
+                ("invalid UTF-8", self.invalid_utf8),
+                (f"over {MAX_LINE_BYTES} bytes", self.too_long),
+            )
+            if count
+        ]
+        return f"kept {self.kept} of {self.total} pairs" + (
+            f"; dropped {', '.join(reasons)}" if reasons else ""
+        )
+
+
+def clean(sources: list[bytes], targets: list[bytes], counts: DropCounts) -> tuple[list[str], list[str]]:
+    """The usable pairs of a chunk, decoded; `counts` is updated with every pair seen and dropped."""
+    kept_sources, kept_targets = [], []
+    counts.total += len(sources)
+    for source, target in zip(sources, targets):
+        if len(source) > MAX_LINE_BYTES or len(target) > MAX_LINE_BYTES:
+            counts.too_long += 1
+            continue
+        try:
+            source_text, target_text = source.decode("utf-8"), target.decode("utf-8")
+        except UnicodeDecodeError:
+            counts.invalid_utf8 += 1
+            continue
+        source_empty, target_empty = not source_text.strip(), not target_text.strip()
+        if source_empty and target_empty:
+            counts.empty += 1
+        elif source_empty or target_empty:
+            counts.one_side_empty += 1
+        else:
+            kept_sources.append(source_text)
+            kept_targets.append(target_text)
+    return kept_sources, kept_targets

@@ -1,0 +1,205 @@
+"""Prepare once, stream always: train the tokenizer and tokenize the corpus into the cache.
+
+    python -m data.prepare --config base.yaml [--set data.folder=DIR ...] [--no-progress]
+
+Trains SentencePiece once on a bounded random sample of the train split (data.tokenizer_max_sentences) and
+tokenizes the train, validation and test splits in one streaming pass each into `data.store` arrays under
+`data.cache_dir` (see `data.cache` for the keys). Memory stays bounded by one chunk of pairs whatever the corpus
+size; a progress bar shows pairs/s. Rerunning with a complete cache does nothing and says so. `train.py` calls the
+same functions when the cache is missing. Exit codes: 0 done, 1 data error, 2 config error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+from data import cache
+from data.cleaning import DropCounts, clean
+from data.config import DataConfig
+from data.errors import DataError
+from data.store import MANIFEST, SplitWriter, read_manifest, values_dtype
+from data.stream import CHUNK_PAIRS, count_pairs, split_exists, split_identity, stream_pairs
+
+log = logging.getLogger(__name__)
+
+
+def _threads() -> int:
+    return max(1, min(os.cpu_count() or 1, 16))
+
+
+def cached_tokenizer(cfg: DataConfig, *, chief: bool = True):
+    """The tokenizer of this corpus and these settings: loaded from the cache, else trained into it.
+
+    A non-chief worker waits for the chief's instead of training it.
+    """
+    from data.tokenizer import Tokenizer, train_tokenizer
+
+    inputs = cache.tokenizer_key_inputs(cfg, split_identity(cfg, cfg.train_split))
+    final = cache.tokenizer_dir(cfg, inputs)
+    if not final.exists() and not chief:
+        cache.wait_for(final, "the tokenizer")
+    if not final.exists():
+        with cache.exclusive(final):
+            if not final.exists():
+                partial = cache.fresh_staging(final)
+                log.info(
+                    "training the SentencePiece tokenizer on the %s split into %s", cfg.train_split, final
+                )
+                train_tokenizer(cfg, partial, seed=cache.TOKENIZER_SEED, num_threads=_threads())
+                cache.publish(partial, final)
+    else:
+        log.info("tokenizer from the cache: %s", final)
+    return Tokenizer.load(final)
+
+
+def run_tokenizer(cfg: DataConfig, directory: Path, *, chief: bool = True):
+    """The tokenizer of a run, kept in `directory` (a run directory's own copy, so the run stays self-describing).
+
+    `directory` already holding a model (a resumed run, or one from before the cache) wins. Else the cached
+    tokenizer is used (trained first if missing) and the chief copies it into `directory` atomically; other
+    workers only read.
+    """
+    import shutil
+
+    from data.tokenizer import Tokenizer
+
+    directory = Path(directory)
+    if directory.is_dir() and any(directory.glob("*.model")):
+        return Tokenizer.load(directory)
+    tokenizer = cached_tokenizer(cfg, chief=chief)
+    if not chief:
+        return tokenizer
+    partial = directory.with_name(directory.name + ".partial")
+    if partial.exists():
+        shutil.rmtree(partial)
+    tokenizer.save(partial)
+    os.replace(partial, directory)  # atomic: a crash leaves no half-written tokenizer behind
+    return Tokenizer.load(directory)
+
+
+def _tokenize_into(
+    cfg: DataConfig, tokenizer, split: str, directory: Path, info: dict, progress: bool
+) -> None:
+    import sentencepiece as spm
+    from tqdm import tqdm
+
+    source_model, target_model = tokenizer.models
+    source_sp = spm.SentencePieceProcessor(model_proto=source_model)
+    target_sp = source_sp if target_model is None else spm.SentencePieceProcessor(model_proto=target_model)
+    vocab = max(source_sp.get_piece_size(), target_sp.get_piece_size())
+    writer = SplitWriter(directory, values_dtype(vocab))
+    counts, threads, start = DropCounts(), _threads(), time.perf_counter()
+    total = count_pairs(cfg, split)
+    bar = tqdm(
+        total=total, unit="pairs", unit_scale=True, desc=f"preparing {split}", disable=not progress,
+        file=sys.stderr, mininterval=1.0,
+    )  # fmt: skip
+    try:
+        for raw_sources, raw_targets in stream_pairs(cfg, split, CHUNK_PAIRS):
+            sources, targets = clean(raw_sources, raw_targets, counts)
+            if sources:
+                writer.append(
+                    source_sp.encode(sources, out_type=int, num_threads=threads),
+                    target_sp.encode(targets, out_type=int, num_threads=threads),
+                )
+            bar.update(len(raw_sources))
+    except BaseException:
+        writer.close()
+        raise
+    finally:
+        bar.close()
+    seconds = time.perf_counter() - start
+    writer.finish({**info, "drops": counts.as_dict(), "seconds": round(seconds, 2)})
+    log.info(
+        "prepared split %s: %s (%.0f pairs/s)", split, counts.summary(), counts.total / max(seconds, 1e-9),
+    )  # fmt: skip
+    if counts.dropped:
+        log.warning("split %s: %s", split, counts.summary())
+
+
+def prepare_split(
+    cfg: DataConfig, tokenizer, split: str, *, chief: bool = True, progress: bool = True
+) -> Path:
+    """The directory of `split` tokenized with `tokenizer`, preparing it first if it is not in the cache.
+
+    A non-chief worker waits for the chief to prepare it. Returns the complete split directory.
+    """
+    inputs = cache.split_key_inputs(cfg, split_identity(cfg, split), tokenizer.fingerprint)
+    final = cache.split_dir(cfg, split, inputs)
+    if read_manifest(final) is not None:
+        log.info("split %s already prepared: %s", split, final)
+        return final
+    if not chief:
+        cache.wait_for(final, f"split {split!r}", complete=lambda path: (path / MANIFEST).is_file())
+        return final
+    with cache.exclusive(final):
+        if read_manifest(final) is None:
+            partial = cache.fresh_staging(final)
+            try:
+                _tokenize_into(cfg, tokenizer, split, partial, {"split": split, "key": inputs}, progress)
+            except OSError as err:  # e.g. a full disk; the partial directory is removed by the next run
+                raise DataError(f"cannot write the prepared split {split!r} into {partial}: {err}") from err
+            cache.publish(partial, final)
+    return final
+
+
+def splits_to_prepare(cfg: DataConfig) -> list[str]:
+    """train and validation, and test if the corpus has it (each once)."""
+    splits = [cfg.train_split, cfg.validation_split]
+    if split_exists(cfg, cfg.test_split):
+        splits.append(cfg.test_split)
+    return list(dict.fromkeys(splits))
+
+
+def prepare(cfg: DataConfig, *, tokenizer=None, chief: bool = True, progress: bool = True) -> tuple:
+    """Tokenizer (the cached one unless given) and every split prepared: (tokenizer, {split: directory})."""
+    tokenizer = tokenizer or cached_tokenizer(cfg, chief=chief)
+    done = {
+        split: prepare_split(cfg, tokenizer, split, chief=chief, progress=progress)
+        for split in splits_to_prepare(cfg)
+    }
+    return tokenizer, done
+
+
+def main(argv: list[str] | None = None) -> int:
+    from common.config_tree import add_set_argument
+
+    parser = argparse.ArgumentParser(prog="python -m data.prepare", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", required=True, help="YAML config (a bare name is looked up in configs/)")
+    add_set_argument(parser)
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
+    logging.getLogger("absl").setLevel(logging.WARNING)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from common.config_tree import ConfigError
+    from data.config import load_data_config
+
+    try:
+        cfg, _ = load_data_config(args.config, args.overrides)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    start, started = time.perf_counter(), time.time()
+    try:
+        _, splits = prepare(cfg, progress=not args.no_progress)
+    except DataError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    fresh = [split for split, path in splits.items() if (path / MANIFEST).stat().st_mtime >= started]
+    verdict = f"prepared {', '.join(fresh)}" if fresh else "nothing to do: everything was already prepared"
+    print(
+        f"{verdict} ({time.perf_counter() - start:.1f} s) in {cache.cache_root(cfg)}: "
+        + ", ".join(f"{split}: {path.name}" for split, path in splits.items()),
+        file=sys.stderr,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -16,9 +16,10 @@ import tensorflow as tf
 _BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
 
 
-def cpu_flags() -> set[str]:
+def cpu_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> set[str]:
+    """The CPU feature flags of the first processor listed in `cpuinfo` (empty if unreadable, e.g. not Linux)."""
     try:
-        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+        text = Path(cpuinfo).read_text(encoding="utf-8", errors="replace")
     except OSError:
         return set()
     for line in text.splitlines():
@@ -27,23 +28,32 @@ def cpu_flags() -> set[str]:
     return set()
 
 
-def device_kind(strategy: tf.distribute.Strategy | None = None) -> str:
-    """'tpu', 'gpu' or 'cpu': the device the strategy (or the default placement) computes on."""
+def device_kind(strategy: tf.distribute.Strategy | None = None, *, gpus: list | None = None) -> str:
+    """'tpu', 'gpu' or 'cpu': the device the strategy (or the default placement) computes on.
+
+    `gpus`: the logical GPU devices (default: `tf.config.list_logical_devices("GPU")`).
+    """
     if strategy is not None and isinstance(strategy, tf.distribute.TPUStrategy):
         return "tpu"
-    if tf.config.list_logical_devices("GPU"):
-        return "gpu"
-    return "cpu"
+    if gpus is None:
+        gpus = tf.config.list_logical_devices("GPU")
+    return "gpu" if gpus else "cpu"
 
 
-def resolve_precision(precision: str, device: str) -> str:
+def resolve_precision(precision: str, device: str, *, flags: set[str] | None = None) -> str:
+    """The Keras policy for `precision` on `device` ('cpu', 'gpu' or 'tpu').
+
+    `flags`: the CPU's feature flags (default: this machine's, `cpu_flags()`).
+    """
     if precision != "auto":
         return precision
     if device == "gpu":
         return "mixed_float16"
     if device == "tpu":
         return "mixed_bfloat16"
-    if any(flag in cpu_flags() for flag in _BF16_CPU_FLAGS):
+    if flags is None:
+        flags = cpu_flags()
+    if any(flag in flags for flag in _BF16_CPU_FLAGS):
         return "mixed_bfloat16"
     return "float32"
 

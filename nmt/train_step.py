@@ -10,6 +10,13 @@ The step is split in two compiled functions:
   the norm of the real, unscaled, global gradient, as in fairseq), then apply Adam, or skip the step when a
   gradient or the loss is not finite (lowering the loss scale under float16).
 
+Dynamic loss scaling (float16): the scale starts at 2^15, halves (never below 1) on every skipped step, and doubles
+after `loss_scale_growth_steps` finite steps in a row; a skipped step or a doubling restarts that count.
+
+Metrics of `apply()`: `grad_norm` is the global norm of the unclipped gradient, and `layer_grad_norms` the norms
+of the same unclipped gradient per layer (`source_embedding`, `encoder_layer_0`, ...), so the root of the sum of
+their squares is `grad_norm`; the update itself uses the clipped gradient.
+
 Why not Keras' `LossScaleOptimizer` and `global_clipnorm`: under a distribution strategy Keras clips each
 replica's gradient before the all-reduce and checks finiteness per replica, and the wrapper refuses `clipnorm`
 on itself. Doing both after the all-reduce gives one global norm and one decision for all replicas.
@@ -27,10 +34,16 @@ INITIAL_LOSS_SCALE = 2.0**15
 LOSS_SCALE_GROWTH_STEPS = 2000  # finite steps before the loss scale doubles
 
 
-def _layer_group(path: str) -> str:
-    """Groups variables by layer for per-layer gradient norms: 'transformer/encoder_layer_1/...' -> that layer."""
+def _layer_group(path: str, model_name: str) -> str:
+    """A variable's layer, for per-layer gradient norms: 'transformer/encoder_layer_1/...' -> 'encoder_layer_1'.
+
+    The model's own name is dropped: Keras numbers it by how many models the process built before
+    ('transformer_1', ...), and the TensorBoard tags must not depend on that.
+    """
     parts = path.split("/")
-    return "/".join(parts[:2]) if len(parts) > 2 else parts[0]
+    if len(parts) > 1 and parts[0] == model_name:
+        parts = parts[1:]
+    return parts[0]
 
 
 class TrainStep:
@@ -47,6 +60,7 @@ class TrainStep:
         loss_scaling: bool,
         jit_compile: bool,
         loss_normaliser: float,
+        loss_scale_growth_steps: int = LOSS_SCALE_GROWTH_STEPS,
     ):
         self.model = model
         self.optimizer = optimizer
@@ -57,11 +71,14 @@ class TrainStep:
         # Sum losses are divided by this constant (the batch token budget) to keep float16 in range; the true
         # token count is applied exactly in apply().
         self.loss_normaliser = float(loss_normaliser)
+        if loss_scale_growth_steps < 1:
+            raise ValueError(f"loss_scale_growth_steps must be at least 1, got {loss_scale_growth_steps}")
+        self.loss_scale_growth_steps = int(loss_scale_growth_steps)
         self.num_traces = 0
         self.variables = list(model.trainable_variables)
         groups = collections.defaultdict(list)
         for index, variable in enumerate(self.variables):
-            groups[_layer_group(variable.path)].append(index)
+            groups[_layer_group(variable.path, model.name)].append(index)
         self.layer_groups = dict(groups)
         with strategy.scope():
             self.accumulators = [
@@ -130,20 +147,20 @@ class TrainStep:
         factor = self.loss_normaliser / (tf.maximum(tokens, 1.0) * self.loss_scale)
         grads = [a.read_value() * factor for a in self.accumulators]
         grad_norm = tf.linalg.global_norm(grads)
+        layer_norms = {  # of the unclipped gradient, like grad_norm
+            name: tf.linalg.global_norm([grads[i] for i in indices])
+            for name, indices in self.layer_groups.items()
+        }
         finite = tf.logical_and(tf.math.is_finite(grad_norm), tf.math.is_finite(loss_sum))
         if self.clipnorm > 0:
             safe_norm = tf.where(finite, grad_norm, 1.0)
             grads, _ = tf.clip_by_global_norm(grads, self.clipnorm, use_norm=safe_norm)
-        layer_norms = {
-            name: tf.linalg.global_norm([grads[i] for i in indices])
-            for name, indices in self.layer_groups.items()
-        }
 
         def apply_update():
             self.optimizer.apply(grads, self.variables)
             self.bad_steps.assign(0)
             if self.loss_scaling:
-                grow = tf.equal(self.good_steps + 1, LOSS_SCALE_GROWTH_STEPS)
+                grow = tf.equal(self.good_steps + 1, self.loss_scale_growth_steps)
                 self.loss_scale.assign(tf.where(grow, self.loss_scale * 2.0, self.loss_scale))
                 self.good_steps.assign(tf.where(grow, tf.zeros_like(self.good_steps), self.good_steps + 1))
             return tf.constant(True)

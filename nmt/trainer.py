@@ -10,22 +10,23 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import resource
 import signal
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import keras
-import numpy as np
 import tensorflow as tf
 from tqdm import tqdm
 
 from nmt.config import Config
 from nmt.distribute import is_chief, make_strategy
+from nmt.final_weights import average_if_better
 from nmt.precision import device_kind, resolve_precision, resolve_xla, set_policy
 from nmt.run_dir import RunDir, RunDirError, save_model_weights
 from nmt.schedule import WarmupInverseSqrt
+from nmt.summaries import write_train_summaries, write_validation_summaries
 from nmt.train_step import TrainStep
 
 log = logging.getLogger("nmt.train")
@@ -44,16 +45,27 @@ class TrainResult:
 
 
 class Trainer:
-    def __init__(self, config: Config, run_dir: RunDir):
+    """Trains `config` into `run_dir`: `setup()`, then `train()`.
+
+    `scorer(hypotheses, references) -> {"bleu", "chrf", "signature"}` scores the validation translations
+    (default: sacreBLEU, `nmt.evaluation.score_corpus`, for the target language); the best-weights and
+    early-stopping bookkeeping follow its "bleu".
+    """
+
+    def __init__(
+        self, config: Config, run_dir: RunDir, *, scorer: Callable[[list, list], dict] | None = None
+    ):
         self.config = config
         self.run_dir = run_dir
+        self.scorer = scorer
         self._stop_signal: int | None = None
+        self._validation_writer = None  # one TensorBoard event file for every evaluation of this process
 
     # ------------------------------------------------------------------------------------------------------------
     # Set-up
     def setup(self) -> None:
         from data.pipeline import make_eval_dataset, make_train_dataset
-        from data.tokenizer import Tokenizer, train_tokenizer
+        from data.prepare import prepare, run_tokenizer
         from transformer.model import build_model
 
         cfg = self.config
@@ -72,20 +84,13 @@ class Trainer:
             "on" if self.xla else "off",
         )
 
-        # Non-chief workers of a multi-worker run write nothing into the run directory: they train the same
-        # (deterministic) tokenizer and keep their throw-away checkpoints in a private temporary directory.
+        # The tokenizer and the tokenized splits come from the data cache (data.prepare: trained and tokenized once,
+        # by the chief; other workers wait for them). The run directory keeps its own copy of the tokenizer.
+        # Non-chief workers of a multi-worker run write nothing into the run directory: they keep their
+        # throw-away checkpoints in a private temporary directory.
         self.private_dir = None if self.chief else Path(tempfile.mkdtemp(prefix="nmt-worker-"))
-        tokenizer_dir = self.run_dir.tokenizer_dir if self.chief else self.private_dir / "tokenizer"
-        if tokenizer_dir.is_dir() and any(tokenizer_dir.glob("*.model")):
-            self.tokenizer = Tokenizer.load(tokenizer_dir)
-        else:
-            log.info("training the SentencePiece tokenizer on the %s split", cfg.data.train_split)
-            staging = tokenizer_dir.with_name(tokenizer_dir.name + ".partial")
-            if staging.exists():
-                _remove_tree(staging)
-            train_tokenizer(cfg.data, staging)
-            staging.rename(tokenizer_dir)  # atomic: a crash leaves no half-written tokenizer behind
-            self.tokenizer = Tokenizer.load(tokenizer_dir)
+        self.tokenizer = run_tokenizer(cfg.data, self.run_dir.tokenizer_dir, chief=self.chief)
+        prepare(cfg.data, tokenizer=self.tokenizer, chief=self.chief)
 
         self.train_dataset = make_train_dataset(cfg.data, self.tokenizer, seed=cfg.train.seed, repeat=True)
         self.eval_dataset = make_eval_dataset(cfg.data, self.tokenizer, cfg.data.validation_split)
@@ -240,7 +245,9 @@ class Trainer:
                     loss = float(metrics["loss"].numpy())
                     bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_sec:,.0f}")
                     if writer is not None:
-                        self._write_train_summaries(writer, step, metrics, lr, tokens_per_sec)
+                        write_train_summaries(
+                            writer, step, metrics, lr, tokens_per_sec, self.step_fn.skipped_steps
+                        )
                 if step % cfg.checkpoint_every == 0:
                     self.save_checkpoint()
                 eval_due = cfg.eval_every and step % cfg.eval_every == 0
@@ -252,6 +259,8 @@ class Trainer:
                         break
         finally:
             bar.close()
+            if writer is not None:
+                writer.flush()
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
         self.save_checkpoint()
@@ -313,7 +322,6 @@ class Trainer:
         }
         if with_bleu:
             from data.corpus import load_text_pairs
-            from nmt.evaluation import score_corpus
 
             sources, references = load_text_pairs(self.config.data, self.config.data.validation_split)
             limit = self.config.train.bleu_max_sentences
@@ -323,7 +331,7 @@ class Trainer:
                 self.model, self.tokenizer, self.config.eval, max_source_length=self.config.data.max_length
             )
             hypotheses = translator.translate(sources, beam_size=1)
-            scores = score_corpus(hypotheses, references, self.config.data.target)
+            scores = self._score(hypotheses, references)
             record["bleu"] = scores["bleu"]
             record["chrf"] = scores["chrf"]
             record["bleu_signature"] = scores["signature"]
@@ -336,45 +344,29 @@ class Trainer:
                 self.evals_since_best.assign_add(1)
         if self.chief:
             self.run_dir.append_metrics(record)
-            writer = tf.summary.create_file_writer(str(self.run_dir.tensorboard_dir / "validation"))
-            with writer.as_default(step=self.step):
-                tf.summary.scalar("loss", loss)
-                tf.summary.scalar("perplexity", record["perplexity"])
-                if "bleu" in record:
-                    tf.summary.scalar("bleu", record["bleu"])
-                self._attention_image()
-            writer.flush()
+            if self._validation_writer is None:
+                self._validation_writer = tf.summary.create_file_writer(
+                    str(self.run_dir.tensorboard_dir / "validation")
+                )
+            write_validation_summaries(
+                self._validation_writer, self.step, record, self.model, self.eval_dataset
+            )
         shown = f"step {self.step}: validation loss {loss:.4f} (ppl {record['perplexity']:.2f})"
         if "bleu" in record:
             shown += f", BLEU {record['bleu']:.2f}"
         tqdm.write(shown)
         return record
 
+    def _score(self, hypotheses: list[str], references: list[str]) -> dict:
+        if self.scorer is not None:
+            return self.scorer(hypotheses, references)
+        from nmt.evaluation import score_corpus
+
+        return score_corpus(hypotheses, references, self.config.data.target)
+
     def _early_stop(self, record: dict) -> bool:
         patience = self.config.train.early_stopping
         return bool(patience and "bleu" in record and self.evals_since_best.numpy() >= patience)
-
-    def _attention_image(self) -> None:
-        """Cross-attention heat maps (one per head, last decoder layer) of the first validation batch row."""
-        batch = next(iter(self.eval_dataset.take(1)))
-        source, target_in = batch["source"][:1], batch["target_in"][:1]
-        weights = self.model.cross_attention(source, target_in)[-1][0]  # (heads, T, S)
-        weights = tf.cast(weights, tf.float32)
-        weights = weights / (tf.reduce_max(weights, axis=[1, 2], keepdims=True) + 1e-9)
-        tf.summary.image("cross_attention_last_layer", weights[..., tf.newaxis], max_outputs=8)
-
-    def _write_train_summaries(self, writer, step, metrics, lr, tokens_per_sec) -> None:
-        with writer.as_default(step=step):
-            tf.summary.scalar("loss", metrics["loss"])
-            tf.summary.scalar("nll", metrics["nll"])
-            tf.summary.scalar("learning_rate", lr)
-            tf.summary.scalar("grad_norm", metrics["grad_norm"])
-            tf.summary.scalar("loss_scale", metrics["loss_scale"])
-            tf.summary.scalar("tokens_per_sec", tokens_per_sec)
-            tf.summary.scalar("skipped_steps", self.step_fn.skipped_steps)
-            tf.summary.scalar("peak_memory_mb", peak_memory_mb())
-            for name, value in metrics["layer_grad_norms"].items():
-                tf.summary.scalar(f"grad_norm/{name}", value)
 
     def _finalize(self) -> None:
         """Writes DIR/final: EMA weights, or the average of the last K checkpoints, or the last weights."""
@@ -388,47 +380,8 @@ class Trainer:
             from nmt.translator import validation_loss
 
             paths = self.manager.checkpoints[-cfg.average_last :]
-            last_weights = [w.numpy() for w in self.model.weights]
-            last_loss, _ = validation_loss(self.model, self.eval_dataset)
-            average_checkpoints(self.model, paths)
-            average_loss, _ = validation_loss(self.model, self.eval_dataset)
-            if average_loss <= last_loss:
-                log.info(
-                    "final weights: average of %d checkpoints (%s ... %s), validation loss %.4f (last %.4f)",
-                    len(paths),
-                    paths[0],
-                    paths[-1],
-                    average_loss,
-                    last_loss,
-                )
-            else:
-                for weight, value in zip(self.model.weights, last_weights):
-                    weight.assign(value)
-                log.info(
-                    "final weights: last weights; the average of %d checkpoints had a higher validation loss "
-                    "(%.4f > %.4f)",
-                    len(paths),
-                    average_loss,
-                    last_loss,
-                )
+            average_if_better(self.model, paths, lambda: validation_loss(self.model, self.eval_dataset)[0])
         save_model_weights(self.model, self.run_dir.final_dir, self.step)
-
-
-def average_checkpoints(model, paths: list[str]) -> None:
-    """Sets the model's weights to their mean over the checkpoints in `paths` (each holding `model`)."""
-    total = None
-    for path in paths:
-        tf.train.Checkpoint(model=model).restore(path).expect_partial().assert_existing_objects_matched()
-        values = [np.asarray(w.numpy(), dtype=np.float64) for w in model.weights]
-        total = values if total is None else [t + v for t, v in zip(total, values)]
-    for weight, summed in zip(model.weights, total):
-        weight.assign((summed / len(paths)).astype(weight.dtype))
-
-
-def peak_memory_mb() -> float:
-    if tf.config.list_logical_devices("GPU"):
-        return tf.config.experimental.get_memory_info("GPU:0")["peak"] / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
 def _remove_tree(path: Path) -> None:
@@ -437,4 +390,4 @@ def _remove_tree(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
-__all__ = ["Trainer", "TrainResult", "TrainingError", "RunDirError", "average_checkpoints"]
+__all__ = ["Trainer", "TrainResult", "TrainingError", "RunDirError"]

@@ -7,15 +7,17 @@ import tensorflow as tf
 
 from nmt.config import ModelConfig
 from nmt.losses import smoothed_cross_entropy
-from nmt.train_step import INITIAL_LOSS_SCALE, TrainStep
+from nmt.train_step import INITIAL_LOSS_SCALE, LOSS_SCALE_GROWTH_STEPS, TrainStep
 from transformer.model import build_model
-from transformer.vocab import PAD_ID
+from transformer.vocab import PAD_ID, UNK_ID
 
 VOCAB = 40
 
 
-def tiny_model():
-    config = ModelConfig(d_model=16, num_heads=2, d_ff=32, num_layers=1, dropout=0.0, max_length=32)
+def tiny_model(**overrides):
+    config = ModelConfig(
+        d_model=16, num_heads=2, d_ff=32, num_layers=1, dropout=0.0, max_length=32, **overrides
+    )
     return build_model(config, VOCAB, VOCAB)
 
 
@@ -28,8 +30,17 @@ def batch(seed, batch_size=3, length=7, pad_tail=2):
     return {"source": tf.constant(ids), "target_in": tf.constant(target), "target_out": tf.constant(target)}
 
 
-def make_step(model, *, clipnorm=0.0, loss_scaling=False, learning_rate=1e-3, jit_compile=False):
-    optimizer = keras.optimizers.SGD(learning_rate=learning_rate)
+def make_step(
+    model,
+    *,
+    clipnorm=0.0,
+    loss_scaling=False,
+    learning_rate=1e-3,
+    jit_compile=False,
+    optimizer=None,
+    **kwargs,
+):
+    optimizer = optimizer or keras.optimizers.SGD(learning_rate=learning_rate)
     optimizer.build(model.trainable_variables)
     return TrainStep(
         model=model,
@@ -40,6 +51,7 @@ def make_step(model, *, clipnorm=0.0, loss_scaling=False, learning_rate=1e-3, ji
         loss_scaling=loss_scaling,
         jit_compile=jit_compile,
         loss_normaliser=64.0,
+        **kwargs,
     )
 
 
@@ -107,21 +119,110 @@ def test_float16_overflow_skips_the_step_and_lowers_the_loss_scale():
     assert all(np.isfinite(w).all() for w in weights(model))
 
 
-def test_nan_loss_is_skipped_and_counted():
-    model = tiny_model()
-    step = make_step(model)
-    b = batch(5)
-    poisoned = dict(b, target_out=b["target_out"])
-    before = weights(model)
-    # Inject a NaN gradient through the accumulator, as a corrupted batch would produce.
-    step.accumulate(poisoned)
-    step.accumulators[0].assign(tf.fill(step.accumulators[0].shape, np.nan))
-    metrics = step.apply()
+def poisonable_model():
+    """A model whose source embedding of UNK_ID overflows float32 in the forward pass (x * sqrt(d_model)).
+
+    The tiny batches never contain UNK_ID; `poisoned(batch)` puts one in, so that batch, and only it, yields a real
+    non-finite loss and gradient. Source and target embeddings are separate (and the output projection untied), so
+    the huge row is read only through the source of a poisoned batch; it stays finite itself.
+    """
+    model = tiny_model(share_embeddings=False, tie_output=False)
+    table = model.source_embedding.token_embedding.embeddings
+    table.assign(tf.tensor_scatter_nd_update(table, [[UNK_ID]], tf.fill([1, table.shape[1]], 3e38)))
+    return model
+
+
+def poisoned(b):
+    source = b["source"].numpy().copy()
+    source[0, 0] = UNK_ID
+    return dict(b, source=tf.constant(source))
+
+
+def state(step):
+    """Every variable an update may change: weights, optimizer state (Adam moments, iterations), as arrays."""
+    return [v.numpy().copy() for v in step.variables] + [v.numpy().copy() for v in step.optimizer.variables]
+
+
+def test_nonfinite_loss_from_a_poisoned_batch_skips_the_update_exactly():
+    model = poisonable_model()
+    adam = keras.optimizers.Adam(learning_rate=1e-2)
+    step = make_step(model, optimizer=adam, clipnorm=1.0)
+    assert bool(step.step([batch(5)])["applied"])  # Adam moments are non-zero from here on
+    before = state(step)
+    metrics = step.step([poisoned(batch(6))])
+    assert not np.isfinite(float(metrics["loss"])) and not np.isfinite(float(metrics["grad_norm"]))
     assert not bool(metrics["applied"])
-    assert int(step.skipped_steps.numpy()) == 1
-    for old, new in zip(before, weights(model)):
-        np.testing.assert_array_equal(old, new)
-    assert float(tf.reduce_sum(tf.abs(step.accumulators[0]))) == 0.0  # accumulators reset for the next step
+    assert int(step.skipped_steps.numpy()) == 1 and int(step.bad_steps.numpy()) == 1
+    assert int(adam.iterations.numpy()) == 1
+    after = state(step)
+    assert len(after) == len(before) > 2 * len(step.variables)  # the moments are compared too
+    for old, new in zip(before, after):
+        np.testing.assert_array_equal(old, new)  # bit for bit: weights, m, v, iterations
+    assert not any(np.any(a.numpy()) for a in step.accumulators)  # nothing leaks into the next step
+    assert not np.any(step.sums.numpy())
+
+    metrics = step.step([batch(6)])  # the same batch, clean: applies
+    assert bool(metrics["applied"]) and np.isfinite(float(metrics["loss"]))
+    assert int(step.bad_steps.numpy()) == 0 and int(step.skipped_steps.numpy()) == 1
+    assert int(adam.iterations.numpy()) == 2
+    assert all(np.isfinite(v).all() for v in state(step))
+    assert all(not np.array_equal(old, new) for old, new in zip(before, state(step)[: len(step.variables)]))
+    table = model.source_embedding.token_embedding.embeddings.numpy()
+    assert np.all(table[UNK_ID] == np.float32(3e38))  # unused by clean batches: zero gradient, no Adam update
+
+
+def test_loss_scale_doubles_after_exactly_n_finite_steps_and_halves_on_a_bad_one():
+    model = poisonable_model()
+    step = make_step(model, loss_scaling=True, loss_scale_growth_steps=3)
+
+    def run(b):
+        applied = bool(step.step([b])["applied"])
+        return applied, float(step.loss_scale.numpy()), int(step.good_steps.numpy())
+
+    s = INITIAL_LOSS_SCALE
+    assert [run(batch(i)) for i in range(7)] == [
+        (True, s, 1), (True, s, 2), (True, 2 * s, 0),  # the 3rd finite step doubles and restarts the count
+        (True, 2 * s, 1), (True, 2 * s, 2), (True, 4 * s, 0),
+        (True, 4 * s, 1),
+    ]  # fmt: skip
+    assert run(poisoned(batch(7))) == (False, 2 * s, 0)  # halved, count restarted
+    assert [run(batch(i)) for i in range(8, 11)] == [(True, 2 * s, 1), (True, 2 * s, 2), (True, 4 * s, 0)]
+
+    step.loss_scale.assign(3.0)
+    assert run(poisoned(batch(11))) == (False, 1.5, 0)
+    assert run(poisoned(batch(12))) == (False, 1.0, 0)  # floor: max(0.75, 1)
+    assert run(poisoned(batch(13))) == (False, 1.0, 0)
+    assert int(step.skipped_steps.numpy()) == 4 and int(step.bad_steps.numpy()) == 3
+    assert run(batch(14)) == (True, 1.0, 1)
+
+
+def test_loss_scale_growth_interval_defaults_to_2000():
+    assert LOSS_SCALE_GROWTH_STEPS == 2000
+    model = tiny_model()
+    assert make_step(model, loss_scaling=True).loss_scale_growth_steps == 2000
+    with pytest.raises(ValueError, match="loss_scale_growth_steps"):
+        make_step(model, loss_scaling=True, loss_scale_growth_steps=0)
+
+
+def test_layer_gradient_norms_are_of_the_same_unclipped_gradient_as_grad_norm():
+    model = tiny_model()
+    b = batch(15)
+    grads, _ = reference_gradients(model, [b])
+    groups = {}
+    for variable, grad in zip(model.trainable_variables, grads):
+        name = variable.path.split("/")[
+            1
+        ]  # below the model's name (transformer, transformer_1...): the layer
+        groups.setdefault(name, []).append(np.asarray(tf.convert_to_tensor(grad), np.float64).ravel())
+    want = {name: float(np.linalg.norm(np.concatenate(parts))) for name, parts in groups.items()}
+    assert want.keys() == {"source_embedding", "encoder_layer_0", "decoder_layer_0"}
+    total = float(np.sqrt(sum(v**2 for v in want.values())))
+    metrics = make_step(model, clipnorm=total / 4).step([b])  # clipping is active
+    got = {name: float(value) for name, value in metrics["layer_grad_norms"].items()}
+    assert got.keys() == want.keys()
+    for name in want:
+        assert got[name] == pytest.approx(want[name], rel=1e-4), name
+    assert float(metrics["grad_norm"]) == pytest.approx(total, rel=1e-4)
 
 
 def test_xla_step_matches_eager_reference_and_counts_compilations():

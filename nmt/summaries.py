@@ -1,0 +1,52 @@
+"""TensorBoard summaries of a training run (train/ and validation/ scalars, cross-attention images)."""
+
+from __future__ import annotations
+
+import resource
+
+import tensorflow as tf
+
+
+def peak_memory_mb() -> float:
+    """Peak device memory on a GPU, else the process's peak resident set size, in MiB."""
+    if tf.config.list_logical_devices("GPU"):
+        return tf.config.experimental.get_memory_info("GPU:0")["peak"] / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def write_train_summaries(
+    writer, step: int, metrics: dict, lr: float, tokens_per_sec: float, skipped
+) -> None:
+    """train/ scalars; `grad_norm` and `grad_norm/<layer>` are norms of the unclipped gradient."""
+    with writer.as_default(step=step):
+        tf.summary.scalar("loss", metrics["loss"])
+        tf.summary.scalar("nll", metrics["nll"])
+        tf.summary.scalar("learning_rate", lr)
+        tf.summary.scalar("grad_norm", metrics["grad_norm"])
+        tf.summary.scalar("loss_scale", metrics["loss_scale"])
+        tf.summary.scalar("tokens_per_sec", tokens_per_sec)
+        tf.summary.scalar("skipped_steps", skipped)
+        tf.summary.scalar("peak_memory_mb", peak_memory_mb())
+        for name, value in metrics["layer_grad_norms"].items():
+            tf.summary.scalar(f"grad_norm/{name}", value)
+
+
+def write_validation_summaries(writer, step: int, record: dict, model, eval_dataset) -> None:
+    """validation/ scalars of one evaluation record, and the cross-attention image of the first batch row."""
+    with writer.as_default(step=step):
+        tf.summary.scalar("loss", record["loss"])
+        tf.summary.scalar("perplexity", record["perplexity"])
+        if "bleu" in record:
+            tf.summary.scalar("bleu", record["bleu"])
+        attention_image(model, eval_dataset)
+    writer.flush()
+
+
+def attention_image(model, eval_dataset) -> None:
+    """Cross-attention heat maps (one per head, last decoder layer) of the first validation batch row."""
+    batch = next(iter(eval_dataset.take(1)))
+    source, target_in = batch["source"][:1], batch["target_in"][:1]
+    weights = model.cross_attention(source, target_in)[-1][0]  # (heads, T, S)
+    weights = tf.cast(weights, tf.float32)
+    weights = weights / (tf.reduce_max(weights, axis=[1, 2], keepdims=True) + 1e-9)
+    tf.summary.image("cross_attention_last_layer", weights[..., tf.newaxis], max_outputs=8)

@@ -1,0 +1,70 @@
+"""Label-smoothed cross-entropy against a NumPy reference, with padding excluded by weight."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from nmt.losses import smoothed_cross_entropy
+from transformer.vocab import PAD_ID
+
+VOCAB = 11
+
+
+def reference(logits: np.ndarray, labels: np.ndarray, eps: float) -> tuple[float, float, float]:
+    """Sum over non-pad tokens of -sum_k q_k log p_k with q = (1 - eps) one_hot + eps / V; and of -log p_label."""
+    logits = logits.astype(np.float64)
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    log_p = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+    one_hot = np.eye(VOCAB)[labels]
+    q = (1.0 - eps) * one_hot + eps / VOCAB
+    weights = (labels != PAD_ID).astype(np.float64)
+    loss = -(q * log_p).sum(axis=-1)
+    nll = -(one_hot * log_p).sum(axis=-1)
+    return float((loss * weights).sum()), float((nll * weights).sum()), float(weights.sum())
+
+
+def example(seed: int):
+    rng = np.random.default_rng(seed)
+    logits = rng.normal(0.0, 3.0, size=(3, 6, VOCAB)).astype(np.float32)
+    labels = rng.integers(1, VOCAB, size=(3, 6)).astype(np.int32)
+    labels[0, 4:] = PAD_ID
+    labels[2, 1:] = PAD_ID
+    logits[0, 4:] = 1e4  # huge logits at padded positions must not leak into the sums
+    return logits, labels
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1, 0.3])
+def test_matches_numpy_reference(eps):
+    logits, labels = example(0)
+    got = smoothed_cross_entropy(tf.constant(logits), tf.constant(labels), label_smoothing=eps)
+    want = reference(logits, labels, eps)
+    np.testing.assert_allclose([float(x) for x in got], want, rtol=1e-5)
+    assert float(got[2]) == 3 * 6 - 2 - 5
+
+
+def test_padding_positions_do_not_count():
+    logits, labels = example(1)
+    base = [float(x) for x in smoothed_cross_entropy(logits, labels, label_smoothing=0.1)]
+    changed = logits.copy()
+    changed[labels == PAD_ID] = np.random.default_rng(2).normal(size=changed[labels == PAD_ID].shape)
+    again = [float(x) for x in smoothed_cross_entropy(changed, labels, label_smoothing=0.1)]
+    assert again == base
+
+
+def test_smoothing_is_the_uniform_convention():
+    """eps = 1 leaves only the uniform part: the mean of -log p over the vocabulary, per token."""
+    logits, labels = example(3)
+    loss, _, tokens = smoothed_cross_entropy(logits, labels, label_smoothing=1.0)
+    shifted = logits.astype(np.float64) - logits.max(axis=-1, keepdims=True)
+    log_p = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+    np.testing.assert_allclose(float(loss), -(log_p.mean(-1) * (labels != PAD_ID)).sum(), rtol=1e-5)
+    assert float(tokens) == (labels != PAD_ID).sum()
+
+
+def test_bfloat16_logits_are_computed_in_float32():
+    logits, labels = example(4)
+    low = tf.cast(tf.constant(logits), tf.bfloat16)
+    got = smoothed_cross_entropy(low, tf.constant(labels), label_smoothing=0.1)
+    assert all(x.dtype == tf.float32 for x in got)
+    want = reference(tf.cast(low, tf.float32).numpy(), labels, 0.1)  # same inputs, float64 reference
+    np.testing.assert_allclose([float(x) for x in got], want, rtol=1e-5)

@@ -1,0 +1,69 @@
+"""`precision: auto` and `xla: auto` on every kind of device, with the device facts injected."""
+
+import pytest
+
+from nmt.precision import cpu_flags, device_kind, resolve_precision, resolve_xla
+
+AVX2 = {"fpu", "sse4_2", "avx", "avx2", "fma"}
+AVX512 = AVX2 | {"avx512f", "avx512bw", "avx512_vnni"}  # AVX-512 without bf16: bf16 is emulated, float32 wins
+
+
+@pytest.mark.parametrize(
+    ("device", "flags", "policy"),
+    [
+        ("cpu", AVX2, "float32"),
+        ("cpu", AVX512, "float32"),
+        ("cpu", AVX512 | {"avx512_bf16"}, "mixed_bfloat16"),
+        ("cpu", AVX512 | {"amx_bf16", "amx_tile"}, "mixed_bfloat16"),
+        ("cpu", set(), "float32"),  # flags unknown (no /proc/cpuinfo): the safe choice
+        ("gpu", AVX2, "mixed_float16"),
+        ("gpu", AVX512 | {"amx_bf16"}, "mixed_float16"),  # the host CPU does not matter on a GPU
+        ("tpu", AVX2, "mixed_bfloat16"),
+    ],
+)
+def test_auto_precision_per_device(device, flags, policy):
+    assert resolve_precision("auto", device, flags=flags) == policy
+
+
+@pytest.mark.parametrize("policy", ["float32", "mixed_float16", "mixed_bfloat16"])
+@pytest.mark.parametrize("device", ["cpu", "gpu", "tpu"])
+def test_explicit_precision_is_kept_on_every_device(policy, device):
+    assert resolve_precision(policy, device, flags=AVX512 | {"amx_bf16"}) == policy
+    assert resolve_precision(policy, device, flags=AVX2) == policy
+
+
+def test_auto_precision_reads_this_cpus_flags_by_default():
+    expected = "mixed_bfloat16" if {"avx512_bf16", "amx_bf16"} & cpu_flags() else "float32"
+    assert resolve_precision("auto", "cpu") == expected
+
+
+@pytest.mark.parametrize(("device", "xla"), [("cpu", False), ("gpu", True), ("tpu", True)])
+def test_auto_xla_per_device(device, xla):
+    assert resolve_xla("auto", device) is xla
+    assert resolve_xla(True, device) is True and resolve_xla(False, device) is False
+
+
+def test_device_kind_from_the_visible_devices():
+    assert device_kind(gpus=[]) == "cpu"
+    assert device_kind(gpus=["/device:GPU:0"]) == "gpu"
+    assert device_kind() == "cpu"  # tests/conftest.py hides every GPU (CUDA_VISIBLE_DEVICES="")
+
+
+def test_cpu_flags_are_parsed_from_cpuinfo(tmp_path):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(
+        "processor\t: 0\nmodel name\t: Some Xeon\nflags\t\t: fpu avx2 avx512f avx512_bf16 amx_bf16\n"
+        "bugs\t\t: spectre_v1\n\nprocessor\t: 1\nflags\t\t: fpu\n",
+        encoding="utf-8",
+    )
+    assert cpu_flags(cpuinfo) == {
+        "fpu",
+        "avx2",
+        "avx512f",
+        "avx512_bf16",
+        "amx_bf16",
+    }  # the first processor's
+    assert resolve_precision("auto", "cpu", flags=cpu_flags(cpuinfo)) == "mixed_bfloat16"
+    assert cpu_flags(tmp_path / "missing") == set()
+    (tmp_path / "noflags").write_text("processor\t: 0\n", encoding="utf-8")
+    assert cpu_flags(tmp_path / "noflags") == set()

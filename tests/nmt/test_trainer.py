@@ -1,0 +1,217 @@
+"""The Trainer's claims, read back from one tiny in-process run: EMA, early stopping, best/, TensorBoard.
+
+The validation BLEU is scripted (the Trainer's `scorer` hook): the real trainer translates the validation
+sentences, and the scorer returns the next score of SCRIPTED_BLEU instead of what a tiny model happens to reach,
+so when the run stops and which step best/ holds do not depend on the CPU's floating-point behaviour.
+Every weight after every step is in a checkpoint (`checkpoint_every: 1`): the EMA is recomputed from those.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from nmt.config import config_from_dict
+from nmt.run_dir import RunDir, write_atomic
+from nmt.trainer import Trainer
+from tests.run_fixture import tiny_config_tree, write_corpus
+
+EVAL_EVERY = 2
+PATIENCE = 2  # train.early_stopping
+# Validation BLEU at steps 2, 4, 6, 8, 10: best at step 6; step 4 does not improve, step 6 resets the count, the
+# tie at step 8 is no improvement, step 10 is the 2nd evaluation in a row without one: the run stops at step 10.
+SCRIPTED_BLEU = [10.0, 5.0, 30.0, 30.0, 25.0]
+BEST_STEP, STOP_STEP = 6, 10
+FINAL_BLEU = 1.0  # the evaluation of the final weights (never a candidate for best/)
+EMA_DECAY = 0.8
+WARMUP, PEAK = 4, 0.01
+CLIPNORM = 0.05  # below every gradient norm of this run: clipping is active at each step
+NUM_HEADS = 2
+LAYERS = ("source_embedding", "encoder_layer_0", "decoder_layer_0")  # grad_norm/<layer>
+TRAIN_SCALARS = {"loss", "nll", "learning_rate", "grad_norm", "loss_scale", "tokens_per_sec", "skipped_steps",
+                 "peak_memory_mb"} | {f"grad_norm/{layer}" for layer in LAYERS}  # fmt: skip
+VALIDATION_SCALARS = {"loss", "perplexity", "bleu"}
+IMAGE = "cross_attention_last_layer"
+
+
+class ScriptedScorer:
+    """Returns the scripted BLEU scores in order (0 once they run out), recording what it was asked to score."""
+
+    def __init__(self, scores):
+        self.scores, self.calls = list(scores), []
+
+    def __call__(self, hypotheses, references):
+        self.calls.append((list(hypotheses), list(references)))
+        bleu = self.scores[len(self.calls) - 1] if len(self.calls) <= len(self.scores) else 0.0
+        return {"bleu": bleu, "chrf": 0.0, "signature": "scripted"}
+
+
+@dataclasses.dataclass
+class Run:
+    path: Path
+    result: object
+    scorer: ScriptedScorer
+    records: list[dict]
+    model: object  # the trained model object; the tests restore checkpoints into it to read them
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> Run:
+    tmp = tmp_path_factory.mktemp("trainer")
+    tree = tiny_config_tree(write_corpus(tmp / "corpus"))
+    tree["data"].update(bucket_boundaries=[32], batch_tokens=256)  # one bucket: one compiled batch shape
+    tree["model"].update(d_model=16, d_ff=32, num_heads=NUM_HEADS)
+    tree["train"] = {
+        "max_steps": 30,  # never reached: early stopping ends the run at STOP_STEP
+        "precision": "float32",
+        "xla": False,
+        "learning_rate": PEAK,
+        "warmup_steps": WARMUP,
+        "clipnorm": CLIPNORM,
+        "checkpoint_every": 1,
+        "keep_checkpoints": 50,
+        "log_every": 1,
+        "eval_every": EVAL_EVERY,
+        "bleu_every": EVAL_EVERY,
+        "bleu_max_sentences": 3,
+        "early_stopping": PATIENCE,
+        "ema_decay": EMA_DECAY,
+    }
+    config = config_from_dict(tree)
+    run_dir = RunDir(tmp / "run")
+    run_dir.path.mkdir()
+    write_atomic(run_dir.config_path, config.to_yaml())
+    scorer = ScriptedScorer([*SCRIPTED_BLEU, FINAL_BLEU])
+    trainer = Trainer(config, run_dir, scorer=scorer)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("NMT_DATA_CACHE", str(tmp / "data_cache"))  # prepared data: not in the user's ~/.cache
+        trainer.setup()
+        result = trainer.train()
+    records = [json.loads(line) for line in run_dir.metrics_path.read_text(encoding="utf-8").splitlines()]
+    return Run(run_dir.path, result, scorer, records, trainer.model)
+
+
+def model_weights(run: Run, prefix: str) -> dict[str, np.ndarray]:
+    """{variable path: value} of the model weights in a checkpoint (training or weights-only), by object graph.
+
+    (A training checkpoint stores the weights under optimizer/_trainable_variables/..., not model/...: they are
+    restored into the run's model rather than looked up by key.)
+    """
+    status = tf.train.Checkpoint(model=run.model).restore(prefix)
+    status.expect_partial().assert_existing_objects_matched()
+    return {w.path: w.numpy().copy() for w in run.model.weights}
+
+
+def weights_at(run: Run, step: int) -> dict[str, np.ndarray]:
+    return model_weights(run, str(run.path / "checkpoints" / f"ckpt-{step}"))
+
+
+def saved_weights(run: Run, name: str) -> tuple[str, dict[str, np.ndarray]]:
+    prefix = tf.train.latest_checkpoint(str(run.path / name))
+    assert prefix, f"no weights in {name}/"
+    return Path(prefix).name, model_weights(run, prefix)
+
+
+def test_early_stopping_after_patience_evaluations_without_improvement(run):
+    assert run.result.status == "early_stopped" and run.result.step == STOP_STEP, run.result
+    validation = [r for r in run.records if r["tag"] == "validation"]
+    assert [r["step"] for r in validation] == list(range(EVAL_EVERY, STOP_STEP + 1, EVAL_EVERY))
+    assert [r["bleu"] for r in validation] == SCRIPTED_BLEU
+    final = run.records[-1]
+    assert final["tag"] == "final" and final["step"] == STOP_STEP and final["bleu"] == FINAL_BLEU
+    assert len(run.records) == len(SCRIPTED_BLEU) + 1
+    # The trainer translated the validation sentences each time (bleu_max_sentences of them) and passed them on.
+    assert len(run.scorer.calls) == len(SCRIPTED_BLEU) + 1
+    assert all(len(h) == len(r) == 3 and all(isinstance(s, str) for s in h) for h, r in run.scorer.calls)
+    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(run.path / "checkpoints")))
+    assert float(reader.get_tensor("best_bleu/.ATTRIBUTES/VARIABLE_VALUE")) == max(SCRIPTED_BLEU)
+    assert int(reader.get_tensor("evals_since_best/.ATTRIBUTES/VARIABLE_VALUE")) == PATIENCE
+
+
+def test_best_holds_the_weights_of_the_best_validation_score(run):
+    name, best = saved_weights(run, "best")
+    assert name == f"ckpt-{BEST_STEP}"  # the first of the tied scores; one set of weights kept
+    at_best = weights_at(run, BEST_STEP)
+    assert best.keys() == at_best.keys() and len(best) > 10
+    for key in best:
+        np.testing.assert_array_equal(best[key], at_best[key], err_msg=key)
+    for step in (
+        BEST_STEP - EVAL_EVERY,
+        BEST_STEP + EVAL_EVERY,
+        STOP_STEP,
+    ):  # the weights do tell steps apart
+        other = weights_at(run, step)
+        assert any(not np.array_equal(best[k], other[k]) for k in best), step
+
+
+def test_final_weights_are_the_ema_of_the_weights_after_each_step(run):
+    _, final = saved_weights(run, "final")
+    ema = None
+    for step in range(1, STOP_STEP + 1):
+        weights = {k: v.astype(np.float64) for k, v in weights_at(run, step).items()}
+        ema = weights if ema is None else {k: EMA_DECAY * ema[k] + (1 - EMA_DECAY) * weights[k] for k in ema}
+    assert final.keys() == ema.keys()
+    last = weights_at(run, STOP_STEP)
+    for key in final:
+        np.testing.assert_allclose(final[key], ema[key], rtol=1e-5, atol=1e-6, err_msg=key)
+    assert any(np.max(np.abs(final[k] - last[k])) > 1e-4 for k in final)  # not merely the last weights
+
+
+def read_events(directory: Path) -> dict[str, list[tuple[int, np.ndarray]]]:
+    """{tag: [(step, value), ...]} of every TF2 summary in the event files under `directory`, with its plugin."""
+    files = sorted(directory.glob("events.out.tfevents.*"))
+    assert files, f"no event files in {directory}"
+    events, plugins = {}, {}
+    for path in files:
+        for record in tf.data.TFRecordDataset(str(path)):
+            event = tf.compat.v1.Event.FromString(record.numpy())
+            for value in event.summary.value:
+                events.setdefault(value.tag, []).append((event.step, tf.make_ndarray(value.tensor)))
+                if value.metadata.plugin_data.plugin_name:
+                    plugins[value.tag] = value.metadata.plugin_data.plugin_name
+    return events, plugins
+
+
+def test_tensorboard_train_scalars_read_back(run):
+    events, plugins = read_events(run.path / "tensorboard" / "train")
+    assert set(events) == TRAIN_SCALARS
+    assert all(plugins[tag] == "scalars" for tag in TRAIN_SCALARS)
+    series = {tag: dict((step, float(value)) for step, value in values) for tag, values in events.items()}
+    steps = np.arange(1, STOP_STEP + 1)
+    assert all(sorted(values) == list(steps) for values in series.values())  # log_every: 1
+    want_lr = PEAK * np.minimum(steps / WARMUP, np.sqrt(WARMUP / steps))
+    np.testing.assert_allclose([series["learning_rate"][s] for s in steps], want_lr, rtol=1e-6)
+    for step in steps:
+        layers = [series[f"grad_norm/{layer}"][step] for layer in LAYERS]
+        norm = series["grad_norm"][step]
+        assert norm > CLIPNORM  # the update was clipped, the logged norms are both of the unclipped gradient:
+        assert np.sqrt(np.sum(np.square(layers))) == pytest.approx(norm, rel=1e-4)
+        assert series["loss_scale"][step] == 1.0 and series["skipped_steps"][step] == 0
+        assert series["tokens_per_sec"][step] > 0 and series["peak_memory_mb"][step] > 0
+        assert 0 < series["loss"][step] < 10 and 0 < series["nll"][step] < 10  # ln(64) = 4.2 at the start
+
+
+def test_tensorboard_validation_scalars_and_attention_images_read_back(run):
+    events, plugins = read_events(run.path / "tensorboard" / "validation")
+    assert set(events) == VALIDATION_SCALARS | {IMAGE}
+    assert plugins[IMAGE] == "images" and all(plugins[tag] == "scalars" for tag in VALIDATION_SCALARS)
+    evaluated = [(r["step"], r) for r in run.records]  # validation evaluations and the final one, in order
+    for tag, key in (("loss", "loss"), ("perplexity", "perplexity"), ("bleu", "bleu")):
+        got = [(step, float(value)) for step, value in events[tag]]
+        assert [s for s, _ in got] == [s for s, _ in evaluated], tag
+        np.testing.assert_allclose(
+            [v for _, v in got], [r[key] for _, r in evaluated], rtol=1e-6, err_msg=tag
+        )
+    assert [s for s, _ in events[IMAGE]] == [s for s, _ in evaluated]
+    for _, image in events[IMAGE]:
+        width, height, *pngs = image  # TF2 image summaries: width, height, then one PNG per image
+        assert len(pngs) == NUM_HEADS  # one heat map per head of the last decoder layer
+        for png in pngs:
+            pixels = tf.io.decode_png(png).numpy()
+            assert pixels.shape == (int(height), int(width), 1)
+            assert pixels.max() == 255  # normalised per head: the largest weight is white

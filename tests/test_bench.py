@@ -47,7 +47,11 @@ def test_reference_model_has_our_parameter_count(changes):
 
 
 def test_reference_model_masks_padding_and_future():
-    """Logits at a position do not depend on padded source tokens or on later target tokens."""
+    """Logits do not depend on how much source padding follows the sentence, nor on later target tokens.
+
+    Controls: the same extra source positions holding real tokens (unmasked), and the changed target tokens at
+    their own positions, do change the logits, so the two equalities are not vacuous.
+    """
     import numpy as np
     import tensorflow as tf
 
@@ -56,14 +60,21 @@ def test_reference_model_masks_padding_and_future():
 
     config = ModelConfig(d_model=16, num_heads=2, d_ff=32, num_layers=1, dropout=0.0, max_length=32)
     model = build_reference_model(config, 40, 40)
-    source = tf.constant([[5, 6, 7, 3, 0, 0]])
     target = tf.constant([[2, 8, 9, 10, 11, 0]])
-    base = model({"source": source, "target_in": target}).numpy()
-    changed_padding = model({"source": tf.constant([[5, 6, 7, 3, 0, 0]]), "target_in": target}).numpy()
-    changed_future = model({"source": source, "target_in": tf.constant([[2, 8, 9, 30, 31, 0]])}).numpy()
-    np.testing.assert_allclose(base, changed_padding, atol=1e-6)
-    np.testing.assert_allclose(base[:, :3], changed_future[:, :3], atol=1e-5)
+
+    def logits(source, target_in=target):
+        return model({"source": tf.constant(source), "target_in": target_in}).numpy()
+
+    base = logits([[5, 6, 7, 3, 0, 0]])
     assert base.dtype == np.float32 and base.shape == (1, 6, 40)
+    more_padding = logits([[5, 6, 7, 3, 0, 0, 0, 0, 0, 0, 0]])  # 5 more PAD positions for attention to see
+    np.testing.assert_allclose(more_padding, base, atol=1e-5)
+    unmasked = logits([[5, 6, 7, 3, 12, 13, 14, 15, 16, 17, 18]])  # the same positions, not padding
+    assert np.max(np.abs(unmasked - base)) > 1e-3
+
+    changed_future = logits([[5, 6, 7, 3, 0, 0]], tf.constant([[2, 8, 9, 30, 31, 0]]))
+    np.testing.assert_allclose(changed_future[:, :3], base[:, :3], atol=1e-5)
+    assert np.max(np.abs(changed_future[:, 3:5] - base[:, 3:5])) > 1e-3
 
 
 def test_quick_benchmarks_emit_json_lines_with_the_required_fields(tiny):
@@ -124,6 +135,12 @@ def test_quick_benchmarks_emit_json_lines_with_the_required_fields(tiny):
     assert pipeline["tokens_per_sec"] > 0 and pipeline["target_tokens"] > 0
     assert pipeline["train_tokens_per_sec"] == train["tokens_per_sec"]
     assert pipeline["ratio"] == pytest.approx(pipeline["tokens_per_sec"] / train["tokens_per_sec"], rel=0.01)
+
+    (refusal,) = [
+        r for r in lines if r["bench"] == "refusal"
+    ]  # train.py on a run directory this process locked
+    assert refusal["refused"] is True and refusal["exit_code"] == 3 and refusal["repeats"] == 3
+    assert 0 < refusal["min_seconds"] <= refusal["seconds"] <= refusal["max_seconds"]
 
 
 def test_flops_count_attention_on_real_lengths():

@@ -16,7 +16,7 @@ from nmt.bench.common import BenchContext, JsonLines
 
 log = logging.getLogger("nmt.bench")
 
-BENCHES = ("train", "decode", "attention", "input")
+BENCHES = ("train", "decode", "attention", "input", "input_scale", "refusal")
 TOKENIZER_FIELDS = ("dataset", "source", "target", "folder", "train_split", "tokenizer", "vocab_size",
                     "joint_vocab", "tokenizer_max_sentences")  # fmt: skip
 
@@ -50,6 +50,9 @@ class BenchOptions:
     chunk_size: int = 256
     window: int = 64
     attention_repeats: int = 3
+    # input_scale: synthetic folder corpora of these sizes, prepared and read (nmt.bench.input_scale)
+    input_scale_pairs: tuple[int, ...] = (500_000, 5_000_000)
+    input_scale_dir: str = "runs/bench-input-scale"  # corpora (reused) and caches
 
     @classmethod
     def quick(cls, **changes) -> BenchOptions:
@@ -70,6 +73,8 @@ class BenchOptions:
             chunk_size=64,
             window=16,
             attention_repeats=2,
+            input_scale_pairs=(2000,),
+            only=tuple(name for name in BENCHES if name != "input_scale"),  # unless asked: subprocesses
         )
         settings.update(changes)
         return cls(**settings)
@@ -162,6 +167,20 @@ def run_benchmarks(options: BenchOptions, emit=None, config=None) -> list[dict]:
                 from nmt.bench.input_speed import bench_input
 
                 records.append(bench_input(context, emit))
+            if "input_scale" in options.only:
+                from nmt.bench.input_scale import bench_input_scale
+
+                records += bench_input_scale(
+                    emit,
+                    config=options.config,
+                    overrides=options.overrides,
+                    pairs=options.input_scale_pairs,
+                    workdir=options.input_scale_dir,
+                )
+            if "refusal" in options.only:  # train.py refusing a run directory in use (README, Reliability)
+                from nmt.bench.refusal import bench_refusal
+
+                records.append(bench_refusal(emit, config=options.config, overrides=options.overrides))
     finally:
         context.close()
     return records

@@ -7,15 +7,15 @@ CPU, so the scenarios that need whole training processes start together in the b
 and are shared: `reference_run` (the uninterrupted run, which also hosts the concurrent-training attempt),
 `interrupted_run` (one directory SIGKILLed, SIGTERMed and SIGINTed, then finished) and `full_disk_run`. The tests
 that only read their results run last (`pytest_collection_modifyitems`).
+
+The config, CLI runners and checkpoint readers they use are in tests/faults/helpers.py. No test here asserts how
+long anything takes; deadlines only turn a hang into a failure.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import logging
-import os
-import re
 import resource
 import shutil
 import signal
@@ -25,44 +25,25 @@ import threading
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
-import yaml
 
-from tests.run_fixture import shared_tiny_run_dir, tiny_config_tree, write_corpus
-
-ROOT = Path(__file__).resolve().parents[2]
-MAX_STEPS = 60  # optimizer steps of every fault run (tens of milliseconds each once compiled)
-CHECKPOINT_EVERY = 5
-RUN_TIMEOUT = 300  # seconds; generous: the CPU is shared with other jobs
-
-
-def fault_tree(corpus: Path) -> dict:
-    """The tiny training config as a YAML tree (dropout > 0, so the RNG state matters for exact resumes)."""
-    tree = tiny_config_tree(corpus)
-    tree["data"].update(bucket_boundaries=[32], batch_tokens=256)  # one bucket: batches of 8 pairs, one trace
-    tree["model"].update(d_model=16, d_ff=32, dropout=0.1)
-    tree["train"] = {
-        "seed": 1234,
-        "max_steps": MAX_STEPS,
-        "checkpoint_every": CHECKPOINT_EVERY,
-        "keep_checkpoints": 3,
-        "log_every": 1000,
-        "eval_every": 0,
-        "bleu_every": 0,
-        "warmup_steps": 5,
-        "learning_rate": 0.01,
-        "precision": "float32",
-        "xla": False,
-        "max_bad_steps": 3,
-    }
-    return tree
-
-
-def write_config(path: Path, tree: dict) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(tree, sort_keys=False), encoding="utf-8")
-    return path
+from tests.faults.helpers import (
+    CHECKPOINT_EVERY,
+    MAX_STEPS,
+    ROOT,
+    RUN_TIMEOUT,
+    Background,
+    cli_env,
+    command,
+    fault_tree,
+    latest_step,
+    snapshot,
+    start_train,
+    train_args,
+    wait_for_checkpoint,
+    write_config,
+)
+from tests.run_fixture import shared_tiny_run_dir, write_corpus
 
 
 @pytest.fixture(scope="session")
@@ -74,181 +55,6 @@ def corpus(tmp_path_factory) -> Path:
 def fault_config(corpus, tmp_path_factory) -> Path:
     """The YAML file of the tiny training config (shared, read-only)."""
     return write_config(tmp_path_factory.mktemp("fault_config") / "tiny.yaml", fault_tree(corpus))
-
-
-# --------------------------------------------------------------------------------------------------------------
-# Running the CLIs
-
-
-def cli_env(**extra: str) -> dict:
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="", PYTHONUNBUFFERED="1")
-    env.pop("NMT_DATA_MIRROR", None)
-    env.update(extra)
-    return env
-
-
-def command(script: str, *args) -> list[str]:
-    return [sys.executable, str(ROOT / script), *map(str, args)]
-
-
-def run_cli(script: str, *args, timeout: float = RUN_TIMEOUT, stdin: bytes | None = None, env=None, **kwargs):
-    """Runs a CLI to completion; stdout as bytes, stderr decoded."""
-    done = subprocess.run(
-        command(script, *args),
-        input=stdin if stdin is not None else b"",
-        capture_output=True,
-        cwd=ROOT,
-        env=env or cli_env(),
-        timeout=timeout,
-        **kwargs,
-    )
-    done.stderr = done.stderr.decode("utf-8", errors="replace")
-    return done
-
-
-class Background:
-    """A CLI started in the background, stderr going to a file (so a chatty child never blocks on a full pipe)."""
-
-    live: set[Background] = set()  # started and not yet waited for: killed at the end of the session
-    closed = False  # set at the end of the session: no new process may start
-
-    def __init__(self, script: str, *args, log_path: Path, env=None, **kwargs):
-        assert not Background.closed, "the test session is over"
-        self.log_path = Path(log_path)
-        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in wait()
-        self.proc = subprocess.Popen(
-            command(script, *args),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=self._log,
-            cwd=ROOT,
-            env=env or cli_env(),
-            **kwargs,
-        )
-        Background.live.add(self)
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def running(self) -> bool:
-        return self.proc.poll() is None
-
-    def signal(self, signum: int) -> None:
-        self.proc.send_signal(signum)
-
-    def stderr(self) -> str:
-        return self.log_path.read_text(encoding="utf-8", errors="replace")
-
-    def wait(self, timeout: float = RUN_TIMEOUT) -> int:
-        try:
-            code = self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            raise
-        finally:
-            self._log.close()
-            Background.live.discard(self)
-        return code
-
-    def kill(self) -> None:
-        if self.running():
-            self.proc.send_signal(signal.SIGKILL)
-        self.wait()
-
-
-def train_args(config: Path, run_dir: Path, *overrides: str) -> list[str]:
-    args = ["--config", config, "--model-dir", run_dir]
-    for override in overrides:
-        args += ["--set", override]
-    return args
-
-
-def train(config: Path, run_dir: Path, *overrides: str, **kwargs):
-    return run_cli("train.py", *train_args(config, run_dir, *overrides), **kwargs)
-
-
-def start_train(config: Path, run_dir: Path, *overrides: str, log_path: Path, **kwargs) -> Background:
-    return Background("train.py", *train_args(config, run_dir, *overrides), log_path=log_path, **kwargs)
-
-
-# --------------------------------------------------------------------------------------------------------------
-# Checkpoints
-
-
-def latest_step(run_dir: Path) -> int:
-    """The step of DIR/checkpoints' latest checkpoint from the `checkpoint` state file (0 if none), without TF."""
-    state = Path(run_dir) / "checkpoints" / "checkpoint"
-    try:
-        text = state.read_text(encoding="utf-8")
-    except (FileNotFoundError, UnicodeDecodeError):
-        return 0
-    match = re.search(r'^model_checkpoint_path: "ckpt-(\d+)"', text, re.MULTILINE)
-    return int(match.group(1)) if match else 0
-
-
-def wait_for_checkpoint(run_dir: Path, at_least: int, proc: Background, timeout: float = RUN_TIMEOUT) -> int:
-    """Polls until the latest checkpoint of DIR is at step >= at_least; returns that step."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        step = latest_step(run_dir)
-        if step >= at_least:
-            return step
-        if not proc.running():
-            raise AssertionError(
-                f"train.py exited ({proc.proc.returncode}) before checkpoint {at_least}:\n{proc.stderr()[-3000:]}"
-            )
-        time.sleep(0.005)
-    raise AssertionError(f"no checkpoint >= {at_least} in {run_dir} after {timeout}s")
-
-
-def read_checkpoint(prefix: str, prefixes: tuple[str, ...] = ("model/",)) -> dict[str, np.ndarray]:
-    """The tensors of a checkpoint whose keys start with one of `prefixes`."""
-    import tensorflow as tf
-
-    reader = tf.train.load_checkpoint(prefix)
-    return {
-        key: reader.get_tensor(key) for key in reader.get_variable_to_shape_map() if key.startswith(prefixes)
-    }
-
-
-def final_weights(run_dir: Path) -> dict[str, np.ndarray]:
-    """The model weights in DIR/final (what evaluate/translate/export use)."""
-    import tensorflow as tf
-
-    prefix = tf.train.latest_checkpoint(str(Path(run_dir) / "final"))
-    assert prefix, f"no final weights in {run_dir}"
-    return read_checkpoint(prefix)
-
-
-def training_state(run_dir: Path) -> dict[str, np.ndarray]:
-    """Model weights, Adam moments and step of the latest training checkpoint (timings and counters excluded)."""
-    import tensorflow as tf
-
-    prefix = tf.train.latest_checkpoint(str(Path(run_dir) / "checkpoints"))
-    assert prefix, f"no checkpoint in {run_dir}"
-    return read_checkpoint(prefix, ("optimizer/",))
-
-
-def max_abs_diff(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> float:
-    assert a.keys() == b.keys(), sorted(set(a) ^ set(b))
-    assert a, "no tensors compared"
-    return max(float(np.max(np.abs(a[k].astype(np.float64) - b[k].astype(np.float64)))) for k in a)
-
-
-def snapshot(path: Path) -> dict[str, tuple[int, int, str]]:
-    """{relative path: (size, mtime_ns, sha256)} of every file under path: "was anything touched or added"."""
-    path = Path(path)
-    return {
-        str(p.relative_to(path)): (
-            p.stat().st_size,
-            p.stat().st_mtime_ns,
-            hashlib.sha256(p.read_bytes()).hexdigest(),
-        )
-        for p in sorted(path.rglob("*"))
-        if p.is_file()
-    }
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -286,7 +92,6 @@ class SecondRun:
 
     returncode: int
     stderr: str
-    seconds: float
     first_pid: int
     before: dict  # snapshot of the run directory before the attempt...
     after: dict  # ...and after it
@@ -315,29 +120,31 @@ class ReferenceRun:
             self.proc.signal(signal.SIGSTOP)
             try:
                 before = snapshot(self.run_dir)
-                started = time.monotonic()
-                done = subprocess.run(  # -X importtime: which modules the refused process loaded
-                    [
-                        sys.executable,
-                        "-X",
-                        "importtime",
-                        *command("train.py", *train_args(self.config, self.run_dir))[1:],
-                    ],
-                    capture_output=True,
-                    cwd=ROOT,
-                    env=cli_env(),
-                    timeout=120,
-                )
-                seconds = time.monotonic() - started
+                try:
+                    done = subprocess.run(  # -X importtime: which modules the refused process loaded
+                        [
+                            sys.executable,
+                            "-X",
+                            "importtime",
+                            *command("train.py", *train_args(self.config, self.run_dir))[1:],
+                        ],
+                        capture_output=True,
+                        cwd=ROOT,
+                        env=cli_env(),
+                        timeout=RUN_TIMEOUT,
+                    )
+                except subprocess.TimeoutExpired as err:
+                    raise AssertionError(
+                        f"hang: a second train.py on {self.run_dir} had not exited after {RUN_TIMEOUT} s "
+                        "(waiting for the lock instead of refusing?)"
+                    ) from err
                 after = snapshot(self.run_dir)
             finally:
                 self.proc.signal(signal.SIGCONT)
             lines = done.stderr.decode("utf-8", errors="replace").splitlines()
             imported = {line.rsplit("|", 1)[-1].strip() for line in lines if line.startswith("import time:")}
             messages = "\n".join(line for line in lines if not line.startswith("import time:"))
-            self.second = SecondRun(
-                done.returncode, messages, seconds, self.proc.pid, before, after, imported
-            )
+            self.second = SecondRun(done.returncode, messages, self.proc.pid, before, after, imported)
         finally:
             code = self.proc.wait()
         assert code == 0, self.proc.stderr()[-3000:]
@@ -372,9 +179,8 @@ class Stage:
     returncode: int
     stderr: str
     step: int  # latest checkpoint step once the process has exited
+    pid: int  # names the process' TensorBoard event files (events.out.tfevents.<time>.<host>.<pid>...)
     waited_for: int = 0  # the checkpoint step the signal waited for
-    stopped_seconds: float = 0.0  # from the signal to the final "stopped ... checkpoint saved" message
-    exit_seconds: float = 0.0  # from the signal to the process' exit (+ Python/TensorFlow teardown)
 
 
 def interrupt(config: Path, run_dir: Path, signum: int, rng, log_path: Path) -> Stage:
@@ -386,25 +192,11 @@ def interrupt(config: Path, run_dir: Path, signum: int, rng, log_path: Path) -> 
     proc = start_train(config, run_dir, log_path=log_path)
     wait_for_checkpoint(run_dir, target, proc)
     time.sleep(rng.uniform(0.0, 0.15))  # a few more steps: the signal lands at a random step
-    assert proc.running(), f"train.py finished before {signal.Signals(signum).name}:\n{proc.stderr()[-2000:]}"
-    sent, stopped_seconds = time.monotonic(), None
+    name = signal.Signals(signum).name
+    assert proc.running(), f"train.py finished before {name}:\n{proc.stderr()[-2000:]}"
     proc.signal(signum)
-    while (
-        proc.running() and time.monotonic() - sent < 120
-    ):  # when does it say "stopped ... checkpoint saved"?
-        if stopped_seconds is None and "train.py: stopped by" in proc.stderr():
-            stopped_seconds = time.monotonic() - sent
-        time.sleep(0.02)
-    code = proc.wait(timeout=10)
-    return Stage(
-        signal.Signals(signum).name,
-        code,
-        proc.stderr(),
-        latest_step(run_dir),
-        waited_for=target,
-        stopped_seconds=stopped_seconds if stopped_seconds is not None else time.monotonic() - sent,
-        exit_seconds=time.monotonic() - sent,
-    )
+    code = proc.wait(waiting_for=f"to exit after {name}")
+    return Stage(name, code, proc.stderr(), latest_step(run_dir), proc.pid, waited_for=target)
 
 
 def interrupted_chain(config: Path, base: Path) -> tuple[Path, dict[str, Stage]]:
@@ -420,7 +212,7 @@ def interrupted_chain(config: Path, base: Path) -> tuple[Path, dict[str, Stage]]
         config, run_dir, log_path=base / "finish.log"
     )  # tracked: killed if the session ends first
     code = proc.wait()
-    stages["finish"] = Stage("finish", code, proc.stderr(), latest_step(run_dir))
+    stages["finish"] = Stage("finish", code, proc.stderr(), latest_step(run_dir), proc.pid)
     return run_dir, stages
 
 
@@ -441,7 +233,10 @@ def ignore_sigxfsz() -> None:
 def disk_full_run(config: Path, base: Path) -> tuple[Path, str, int]:
     """train.py whose file-size limit drops below a checkpoint's size after its first checkpoint (test_disk_full)."""
     run_dir = base / "run"
-    proc = start_train(config, run_dir, log_path=base / "train.log", preexec_fn=ignore_sigxfsz)
+    # No per-step TensorBoard events here: only the checkpoint write may reach the file-size limit.
+    proc = start_train(
+        config, run_dir, "train.log_every=1000", log_path=base / "train.log", preexec_fn=ignore_sigxfsz
+    )
     wait_for_checkpoint(run_dir, 1, proc)
     resource.prlimit(proc.pid, resource.RLIMIT_FSIZE, (FILE_LIMIT, FILE_LIMIT))
     code = proc.wait()
@@ -511,12 +306,3 @@ def restore_logging():
     yield
     root.handlers[:] = handlers
     root.setLevel(level)
-
-
-def run_main(module, argv: list[str]) -> int:
-    """Runs a CLI's `main` in this process through `nmt.cli.run` (same error handling); returns the exit code."""
-    from nmt.cli import run
-
-    with pytest.raises(SystemExit) as exit_info:
-        run(lambda: module.main(argv))
-    return int(exit_info.value.code or 0)

@@ -10,7 +10,7 @@ import pytest
 import evaluate
 import train as train_cli
 import translate
-from tests.faults.conftest import MAX_STEPS, run_main, snapshot, train
+from tests.faults.helpers import MAX_STEPS, run_main, snapshot, train
 
 
 def truncate(path: Path) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from tests.faults.conftest import MAX_STEPS, latest_step
+from tests.faults.helpers import MAX_STEPS, latest_step
 
 
 def test_checkpoint_write_failure_is_reported_and_previous_checkpoint_survives(full_disk_run):

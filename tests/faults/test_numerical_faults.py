@@ -24,7 +24,7 @@ import tensorflow as tf
 
 import train as train_cli
 from nmt.trainer import Trainer
-from tests.faults.conftest import fault_tree, write_config
+from tests.faults.helpers import fault_tree, write_config
 
 ISOLATED = {3: "nan_gradient", 7: "inf_loss", 8: "nan_gradient"}
 PERSISTENT_FROM = 20

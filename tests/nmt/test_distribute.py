@@ -1,5 +1,6 @@
 """tf.distribute: MirroredStrategy over two logical CPU devices and MultiWorkerMirroredStrategy as two local
-worker processes train to the same weights as a single-device run (within float tolerance).
+worker processes train to the same weights as a single-device run (within float tolerance), and in a multi-worker
+run only the chief writes the run directory.
 
 Each run is a real `train.py` process (logical devices must be configured before TensorFlow starts).
 """
@@ -7,6 +8,7 @@ Each run is a real `train.py` process (logical devices must be configured before
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -124,7 +126,21 @@ def test_multi_worker_two_local_processes_match_single_device(single_device_run,
     for index in range(2):
         tf_config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
         processes.append(run_train(config, tmp_path / "run", TF_CONFIG=json.dumps(tf_config)))
-    errors = [finish(p) for p in processes]
-    assert "2 replica(s)" in errors[0]
-    assert "run directory" in errors[1]  # the worker trained too, writing nothing into the run directory
-    assert_same_training(tmp_path / "run", errors[0], single_device_run)
+    chief, worker = [finish(p) for p in processes]
+    run_dir = tmp_path / "run"
+    # Both processes trained, in one 2-replica group, to the same validation loss (same weights everywhere).
+    assert "2 replica(s)" in chief and "2 replica(s)" in worker
+    assert final_validation_loss(worker) == final_validation_loss(chief)
+    # Only the chief (worker 0) writes the run directory; worker 1 checkpoints into its private temporary dir.
+    chief_saves, worker_saves = saved_checkpoints(chief), saved_checkpoints(worker)
+    assert chief_saves == [run_dir / "checkpoints" / f"ckpt-{STEPS}"]
+    assert len(worker_saves) == 1 and worker_saves[0].name == f"ckpt-{STEPS}"
+    assert run_dir not in worker_saves[0].parents and worker_saves[0].parent.parent.name.startswith(
+        "nmt-worker-"
+    )
+    shutil.rmtree(worker_saves[0].parent.parent, ignore_errors=True)  # train.py leaves it behind
+    assert_same_training(run_dir, chief, single_device_run)
+
+
+def saved_checkpoints(stderr: str) -> list[Path]:
+    return [Path(path) for path in re.findall(r"saved checkpoint (\S+)", stderr)]

@@ -1,12 +1,13 @@
 """Benchmarks: training and decoding speed, attention memory, input pipeline; one JSON object per line on stdout.
 
-    python bench.py                         # everything (make bench): about 14 minutes on 2 CPU cores
+    python bench.py                         # everything (make bench); input_scale prepares 0.5M and 5M pairs
     python bench.py --quick                 # ~1-minute smoke on configs/tiny.yaml
     python bench.py --only train,input --precisions float32 --xla off
 
 Records: {"bench": "train"} per precision x XLA (our TrainStep vs a stock-Keras reference of the same size,
 tokens/s, ratio, MFU), {"bench": "decode"} per search x cache x XLA, {"bench": "attention"} per variant x length,
-{"bench": "input"}. Logs go to stderr. Exit codes: 0 ok, 2 bad arguments or config.
+{"bench": "input"}, {"bench": "input_scale"} per synthetic corpus size (preparation pairs/s, cache size, first
+batch cold/warm, peak RSS), {"bench": "refusal"} (train.py refusing a run directory in use). Logs go to stderr. Exit codes: 0 ok, 2 bad arguments or config.
 """
 
 from __future__ import annotations
@@ -39,7 +40,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--quick", action="store_true", help="smoke run (tiny.yaml, float32, no XLA, few items)"
     )
     parser.add_argument(
-        "--only", type=_list(str), help="comma-separated subset of train,decode,attention,input"
+        "--only",
+        type=_list(str),
+        help="comma-separated subset of train,decode,attention,input,input_scale,refusal",
     )
     parser.add_argument("--config", help="YAML config (default base.yaml; tiny.yaml with --quick)")
     add_set_argument(parser)

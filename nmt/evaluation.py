@@ -13,17 +13,27 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import math
 import time
-import weakref
 from collections.abc import Sequence
 from pathlib import Path
 
 from nmt.text_io import LineWriter, one_line
+from nmt.validation import pairs_loss_dataset, perplexity, validation_loss
 
 log = logging.getLogger(__name__)
 
-_LOSS_KEYS = ("source", "target_in", "target_out")
+__all__ = [
+    "EvaluationError",
+    "evaluate",
+    "evaluate_run_dir",
+    "format_report",
+    "pairs_loss_dataset",
+    "perplexity",
+    "read_text_file",
+    "score_corpus",
+    "validation_loss",
+    "write_hypotheses",
+]
 
 
 class EvaluationError(ValueError):
@@ -53,86 +63,6 @@ def score_corpus(hypotheses: Sequence[str], references: Sequence[str], target_la
         "bleu_lc_tok": lc.score,
         "bleu_lc_tok_signature": str(lc_metric.get_signature()),
     }
-
-
-_LOSS_FUNCTIONS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def validation_loss(model, dataset) -> tuple[float, int]:
-    """Mean cross-entropy per target token (no label smoothing, padding excluded) and the number of tokens.
-
-    `dataset` yields (or is a list of) `{"source", "target_in", "target_out"}` int32 batches padded with PAD, as
-    `data.pipeline.make_eval_dataset` and `pairs_loss_dataset` make them. The forward pass is traced once per model
-    (dynamic shapes) and reused by later calls, so the trainer can call this at every evaluation.
-    """
-    import tensorflow as tf
-
-    if model not in _LOSS_FUNCTIONS:
-        from nmt.losses import smoothed_cross_entropy
-
-        spec = {key: tf.TensorSpec([None, None], tf.int32) for key in _LOSS_KEYS}
-        model_ref = weakref.ref(model)  # a strong reference in the value would keep the key alive forever
-
-        @tf.function(input_signature=[spec], autograph=False)
-        def batch_nll(batch):
-            logits = model_ref()({"source": batch["source"], "target_in": batch["target_in"]}, training=False)
-            _, nll, tokens = smoothed_cross_entropy(logits, batch["target_out"], label_smoothing=0.0)
-            return nll, tokens
-
-        _LOSS_FUNCTIONS[model] = batch_nll
-    batch_nll = _LOSS_FUNCTIONS[model]
-    total, count = 0.0, 0.0
-    for batch in dataset:
-        nll, tokens = batch_nll({key: tf.convert_to_tensor(batch[key], tf.int32) for key in _LOSS_KEYS})
-        total += float(nll)
-        count += float(tokens)
-    return (total / count if count else float("nan")), int(count)
-
-
-def perplexity(loss: float) -> float:
-    return math.exp(min(loss, 50.0))
-
-
-def pairs_loss_dataset(data_config, tokenizer, sources: Sequence[str], targets: Sequence[str]) -> list[dict]:
-    """Validation-loss batches for in-memory pairs, with the conventions of `data.pipeline.make_eval_dataset`.
-
-    source = pieces + [EOS], target_in = [BOS] + pieces, target_out = pieces + [EOS], each side cut to
-    `max_length - 1` pieces first; pairs sorted by length, about `eval_batch_tokens` tokens per batch, PAD-padded
-    to the longest pair of the batch. Returns a list of `{"source", "target_in", "target_out"}` int32 arrays.
-    """
-    import numpy as np
-    import tensorflow as tf
-
-    from transformer.vocab import BOS_ID, EOS_ID, PAD_ID
-
-    keep = data_config.max_length - 1
-    source_pieces = tokenizer.tokenize_source(tf.constant(list(sources), tf.string)).to_list()
-    target_pieces = tokenizer.tokenize_target(tf.constant(list(targets), tf.string)).to_list()
-    pairs = sorted(
-        ((s[:keep], t[:keep]) for s, t in zip(source_pieces, target_pieces)), key=lambda p: max(map(len, p))
-    )
-
-    def padded(chunk: list) -> dict:
-        width = max(max(map(len, pair)) for pair in chunk) + 1  # + EOS (or BOS)
-        batch = {
-            key: np.full((len(chunk), width), PAD_ID, np.int32)
-            for key in ("source", "target_in", "target_out")
-        }
-        for row, (source, target) in enumerate(chunk):
-            batch["source"][row, : len(source) + 1] = [*source, EOS_ID]
-            batch["target_in"][row, : len(target) + 1] = [BOS_ID, *target]
-            batch["target_out"][row, : len(target) + 1] = [*target, EOS_ID]
-        return batch
-
-    batches, chunk = [], []
-    for pair in pairs:  # shortest first: the pair being added is the longest of its batch
-        if chunk and (len(chunk) + 1) * (max(map(len, pair)) + 1) > data_config.eval_batch_tokens:
-            batches.append(padded(chunk))
-            chunk = []
-        chunk.append(pair)
-    if chunk:
-        batches.append(padded(chunk))
-    return batches
 
 
 def write_hypotheses(path: str | Path, hypotheses: Sequence[str]) -> None:
@@ -219,7 +149,7 @@ def evaluate_run_dir(
     progress: bool = False,
     warn=None,
     alpha: float | None = None,
-    xla: bool = False,
+    xla: bool | str = "auto",
 ) -> dict:
     """Evaluates a run directory on a split of its dataset, or on a source file and its reference file.
 
@@ -230,7 +160,8 @@ def evaluate_run_dir(
       max_sentences: only the first N sentences (0 = all); the loss is then measured on those N pairs too.
       warn: `warn(line_number, kind, message, source=file name)` for undecodable bytes in the files.
       alpha: GNMT length-penalty exponent of the beam search (default: the run's eval.alpha).
-      xla: decode with XLA (`Translator(xla=True)`): the same translations, faster on large inputs once compiled.
+      xla: True, False or "auto": decode with XLA (`Translator(xla=...)`): the same translations, faster on large
+        inputs once compiled; "auto" decides from the number of sentences and the device (`Translator.uses_xla`).
     Returns:
       The record of `evaluate`, plus `split`, `model_dir`, `weights` and `hypotheses` (the file written).
     """
@@ -280,5 +211,5 @@ def evaluate_run_dir(
     write_hypotheses(output, hypotheses)
     record.update(split=label, model_dir=str(model_dir), weights=translator.weights, hypotheses=str(output))
     record["alpha"] = translator.eval_config.alpha
-    record["xla"] = xla
+    record["xla"] = translator.uses_xla(len(sources), record["beam"])
     return record

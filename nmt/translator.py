@@ -3,17 +3,20 @@
 `Translator` is cheap to build around a live model (the trainer uses it for validation BLEU without copying
 weights); `Translator.from_run_dir` loads everything a run directory holds.
 
-Shapes and traces: sentences are sorted by length and batched; source lengths are padded up to fixed edges
-(16, 32, 64, ... up to the position table) and the output buffer follows from the edge, so decoding is traced once
-per (search setting, length edge), not per batch. The batch dimension is dynamic, except with `xla=True`, where
-batch sizes are padded to edges too (1, 4, 16, ... batch_size) since XLA compiles one program per shape. The
+Batches and traces: sentences are sorted by length (longest first) and batched under a token budget: at most
+`batch_size` sentences and `batch_tokens` padded source tokens per batch, so batches of long sentences are smaller.
+Source lengths are padded up to fixed edges (16, 32, 64, ... up to the position table) and the output buffer follows
+from the edge, so decoding is traced once per (search setting, length edge), not per batch. The batch dimension is
+dynamic, except under XLA, where batch sizes are padded to edges too (1, 4, 16, ... batch_size) since XLA compiles
+one program per shape: at most (length edges x batch edges) programs per search setting. The
 traced functions are cached per model: a new `Translator` around the same model (the trainer makes one per
 evaluation) reuses them. `num_traces` counts the traces of this model's decoding functions.
 
 Maximum output length (subwords, EOS excluded) per sentence: `floor(a * source_length + b)` with `a, b =
-eval_config.max_length_a, max_length_b`, capped by the model's position table. It is enforced per sentence, by
-forcing EOS once a sentence reaches its limit, so a translation never depends on which other sentences share its
-batch or on the padded shape.
+eval_config.max_length_a, max_length_b`, capped by the model's position table, enforced per sentence
+(`nmt.batch_decoding`): a translation never depends on which other sentences share its batch or on the padded shape.
+`decode_batch`, `limit_lengths`, `output_limits` (from `nmt.batch_decoding`) and `validation_loss` (from
+`nmt.validation`) are re-exported here.
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from nmt.evaluation import validation_loss
+from nmt.batch_decoding import decode_batch, limit_lengths, output_limits
+from nmt.validation import validation_loss
 from transformer.vocab import BOS_ID, EOS_ID, PAD_ID
 
 log = logging.getLogger(__name__)
@@ -42,99 +46,6 @@ __all__ = [
     "validation_loss",
 ]
 
-_FORCED = -1e9  # logit of every non-EOS token once a sentence has reached its length limit
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Pure decoding (also used in the exported SavedModel)
-
-
-def limit_lengths(step_fn: Callable, eos_id: int = EOS_ID) -> Callable:
-    """Wraps a step function so that row `n` emits EOS at output position `state["limit"][n]`.
-
-    The wrapped function takes and returns the state `{"inner": <step_fn cache>, "limit": (N,) int32}`; every
-    tensor has the leading batch dimension, so beam search tiles and reorders the limits with the cache.
-    """
-
-    def step(ids, index, state):
-        logits, inner = step_fn(ids, index, state["inner"])  # (N, V)
-        logits = tf.cast(logits, tf.float32)
-        vocab = tf.shape(logits)[-1]
-        eos_only = tf.where(tf.equal(tf.range(vocab), eos_id), 0.0, _FORCED)  # (V,)
-        force = tf.greater_equal(index, state["limit"])[:, tf.newaxis]  # (N, 1)
-        logits = tf.where(force, eos_only[tf.newaxis, :], logits)
-        return logits, {"inner": inner, "limit": state["limit"]}
-
-    return step
-
-
-def decode_batch(
-    model,
-    source,
-    limits,
-    *,
-    max_length: int,
-    beam_size: int = 1,
-    alpha: float = 0.6,
-    use_cache: bool = True,
-    search: str = "auto",
-    static_shapes: bool = False,
-):
-    """Decodes one padded batch.
-
-    Args:
-      model: the Transformer (`encode`, `init_cache`, `decode_step`).
-      source: (B, S) int32 source ids ending with EOS, padded with PAD.
-      limits: (B,) int32, maximum output subwords (EOS excluded) per sentence; each < `max_length`.
-      max_length: static size of the output buffer.
-      beam_size, alpha: beam width and GNMT length penalty exponent.
-      use_cache: incremental decoding with the key/value cache, or a full decoder pass per step (same results).
-      search: "greedy", "beam", or "auto" (greedy for beam_size 1).
-      static_shapes: keep every shape static (needed under XLA); without the cache this re-runs the decoder over
-        the whole output buffer each step instead of over the prefix.
-
-    Returns:
-      (ids (B, K, max_length) int32 without BOS, PAD after EOS; scores (B, K) float32), K = 1 for greedy search
-      and `beam_size` for beam search, best first.
-    """
-    from transformer.decoding import beam_search, greedy_search
-    from transformer.step_fns import cached_step_fn, full_step_fn
-
-    batch_size = source.shape[0] if source.shape[0] is not None else tf.shape(source)[0]
-    if use_cache:
-        inner = model.init_cache(source, model.encode(source), max_length)
-        step_fn = cached_step_fn(model)
-    else:
-        inner = {}  # the full-recompute step encodes the source once and keeps no cache
-        step_fn = full_step_fn(model, source, prefix_only=not static_shapes)
-    state = {"inner": inner, "limit": tf.cast(limits, tf.int32)}
-    step_fn = limit_lengths(step_fn)
-    if search == "greedy" or (search == "auto" and beam_size == 1):
-        ids, scores = greedy_search(
-            step_fn, state, batch_size=batch_size, max_length=max_length, eos_id=EOS_ID, bos_id=BOS_ID
-        )
-        return ids[:, tf.newaxis, :], scores[:, tf.newaxis]
-    return beam_search(
-        step_fn,
-        state,
-        batch_size=batch_size,
-        beam_size=beam_size,
-        max_length=max_length,
-        alpha=alpha,
-        eos_id=EOS_ID,
-        bos_id=BOS_ID,
-    )
-
-
-def output_limits(source_lengths, a: float, b: int, cap: int):
-    """Per-sentence maximum output length floor(a * len + b), at most `cap - 1` (works on ints and tensors)."""
-    if isinstance(source_lengths, (int, np.integer)):
-        return max(0, min(int(math.floor(a * source_lengths + b)), cap - 1))
-    lengths = tf.cast(source_lengths, tf.float64)  # float64, like Python: the same floor as the int branch
-    limits = tf.cast(tf.floor(a * lengths + float(b)), tf.int32)
-    return tf.clip_by_value(limits, 0, cap - 1)
-
-
 # ----------------------------------------------------------------------------------------------------------------
 
 
@@ -147,6 +58,15 @@ class _Decoders:
 
 
 _DECODERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> _Decoders
+
+# Sentences of up to 31 subwords fill `batch_size` sentences per batch; longer ones make smaller batches.
+DEFAULT_BATCH_TOKENS_PER_SENTENCE = 32
+# xla="auto" on a CPU: XLA for greedy search from this many lines, never for beam search. Measured on the shared
+# 2-core Xeon, random base-size model (3+3 layers, d_model 256, vocab 8k), 32 sentences per batch, all variants
+# interleaved in one process: beam 4 took 1.6x longer under XLA (2.66 s vs 1.68 s per batch), greedy 1.6x less
+# (0.44 s vs 0.70 s); compiling costs ~3 s more per padded (batch, length) shape than tracing, and XLA compiles
+# each batch shape too (15-25 s a corpus), repaid by greedy's ~8 ms per sentence after a few thousand lines.
+XLA_AUTO_MIN_LINES = 4000
 
 
 def _edges(smallest: int, largest: int, factor: int) -> list[int]:
@@ -172,10 +92,12 @@ class Translator:
         `on_truncated` callback of `translate` reports them).
       max_target_length: cap on the output buffer (positions, BOS included); default and maximum: the model's
         position table (`model.max_length`).
-      batch_size: sentences per decoding batch; default `eval_config.batch_size`.
-      xla: compile the decoding function with XLA, one program per padded (batch, length) shape. Off by default:
-        compiling takes ~20-35 s per search setting for a base-size model, and once compiled cached decoding is
-        ~1.5-2x faster on a 2-core CPU (`make bench`), so it pays for large inputs, not for a few lines.
+      batch_size: at most this many sentences per decoding batch; default `eval_config.batch_size`.
+      batch_tokens: at most this many padded source tokens (sentences x padded length) per batch; default
+        `DEFAULT_BATCH_TOKENS_PER_SENTENCE * batch_size`.
+      xla: compile the decoding function with XLA, one program per padded (batch, length) shape: True, False or
+        "auto" (`uses_xla`: always on a GPU; on a CPU only for greedy search of at least `XLA_AUTO_MIN_LINES`
+        lines, where the speed-up repays the compile time).
 
     Example:
       >>> translator = Translator.from_run_dir("runs/base")
@@ -192,8 +114,11 @@ class Translator:
         max_source_length: int,
         max_target_length: int | None = None,
         batch_size: int | None = None,
-        xla: bool = False,
+        batch_tokens: int | None = None,
+        xla: bool | str = "auto",
     ):
+        if xla not in (True, False, "auto"):
+            raise ValueError(f"xla must be True, False or 'auto', got {xla!r}")
         if max_source_length < 2:
             raise ValueError(f"max_source_length must be at least 2, got {max_source_length}")
         self.model = model
@@ -204,6 +129,7 @@ class Translator:
         self.max_target_length = min(max_target_length or table, table)
         self.xla = xla
         self.batch_size = max(1, batch_size or eval_config.batch_size)
+        self.batch_tokens = batch_tokens  # None: DEFAULT_BATCH_TOKENS_PER_SENTENCE * batch_size, read at use
         self.length_edges = _edges(16, self.max_source_length, 2)  # padded source lengths
         self.batch_edges = _edges(1, self.batch_size, 4)  # padded batch sizes
         self.config = None  # the run's Config, when loaded by from_run_dir
@@ -278,17 +204,48 @@ class Translator:
                     on_truncated(index, len(ids))
                 ids = ids[:keep]
             sources[index] = ids
-        order = sorted(sources, key=lambda i: -len(sources[i]))  # longest first: memory problems show early
-        batches = [order[i : i + self.batch_size] for i in range(0, len(order), self.batch_size)]
+        keys = list(sources)
+        batches = [[keys[j] for j in batch] for batch in self.batches([len(sources[i]) for i in keys])]
+        xla = self.uses_xla(len(keys), beam_size)
         if progress:
             from tqdm import tqdm
 
             batches = tqdm(batches, desc="translating", unit="batch", leave=False)
         for batch in batches:
-            texts = self._translate_batch([sources[i] for i in batch], beam_size, use_cache, nbest)
+            texts = self._translate_batch([sources[i] for i in batch], beam_size, use_cache, nbest, xla)
             for index, text in zip(batch, texts):
                 results[index] = text
         return results
+
+    def batches(self, lengths: Sequence[int]) -> list[list[int]]:
+        """How `translate` groups sentences of these source lengths (subwords, EOS excluded): lists of indices.
+
+        Longest first (memory problems show early); a batch takes the next sentence while it holds fewer than
+        `batch_size` sentences and the padded batch stays within `batch_tokens` tokens.
+        """
+        budget = self.batch_tokens or DEFAULT_BATCH_TOKENS_PER_SENTENCE * self.batch_size
+        batches: list[list[int]] = []
+        for index in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+            if batches:
+                batch = batches[-1]
+                width = self.padded_length(lengths[batch[0]])  # the batch's first sentence is its longest
+                if len(batch) < self.batch_size and (len(batch) + 1) * width <= budget:
+                    batch.append(index)
+                    continue
+            batches.append([index])
+        return batches
+
+    def padded_length(self, length: int) -> int:
+        """The padded source length of a sentence of `length` subwords (EOS excluded)."""
+        return _round_up(length + 1, self.length_edges)
+
+    def uses_xla(self, num_lines: int, beam_size: int) -> bool:
+        """Whether `translate` of `num_lines` lines with this beam decodes under XLA (see the `xla` argument)."""
+        if self.xla != "auto":
+            return bool(self.xla)
+        if tf.config.list_physical_devices("GPU"):
+            return True
+        return beam_size == 1 and num_lines >= XLA_AUTO_MIN_LINES
 
     def translate_stream(
         self, lines: Iterable[str], *, chunk_size: int = 1000, on_truncated=None, **kwargs
@@ -311,9 +268,11 @@ class Translator:
             start += len(chunk)
 
     # ------------------------------------------------------------------------------------------------------------
-    def _translate_batch(self, sources: list[list[int]], beam_size: int, use_cache: bool, nbest: int) -> list:
+    def _translate_batch(
+        self, sources: list[list[int]], beam_size: int, use_cache: bool, nbest: int, xla: bool
+    ) -> list:
         count = len(sources)
-        ids, scores = self._decode(sources, beam_size, use_cache)  # (count, K, max_length), (count, K)
+        ids, scores = self._decode(sources, beam_size, use_cache, xla)  # (count, K, max_length), (count, K)
         texts = self.tokenizer.detokenize_target(tf.reshape(ids[:, :nbest], [count * nbest, -1])).numpy()
         texts = [text.decode("utf-8", errors="replace") for text in texts]
         if nbest == 1:
@@ -322,14 +281,14 @@ class Translator:
         return [list(zip(texts[i * nbest : (i + 1) * nbest], scores[i])) for i in range(count)]
 
     def _decode(
-        self, sources: list[list[int]], beam_size: int, use_cache: bool
+        self, sources: list[list[int]], beam_size: int, use_cache: bool, xla: bool
     ) -> tuple[np.ndarray, np.ndarray]:
         """Source pieces (truncated, without EOS) -> (ids (N, K, max_length), scores (N, K)) as NumPy arrays."""
         cfg = self.eval_config
         count = len(sources)
         # XLA compiles one program per shape: pad the batch too. Without XLA the batch dimension is dynamic.
-        padded_batch = _round_up(count, self.batch_edges) if self.xla else count
-        padded_length = _round_up(max(len(ids) for ids in sources) + 1, self.length_edges)
+        padded_batch = _round_up(count, self.batch_edges) if xla else count
+        padded_length = self.padded_length(max(len(ids) for ids in sources))
         max_length = min(
             int(math.floor(cfg.max_length_a * padded_length + cfg.max_length_b)) + 1, self.max_target_length
         )
@@ -340,7 +299,7 @@ class Translator:
             source[row, : len(ids)] = ids
             source[row, len(ids)] = EOS_ID
             limits[row] = output_limits(len(ids), cfg.max_length_a, cfg.max_length_b, max_length)
-        function = self._function(beam_size, use_cache, float(cfg.alpha), max_length)
+        function = self._function(beam_size, use_cache, float(cfg.alpha), max_length, xla)
         ids, scores = function(tf.constant(source), tf.constant(limits))
         return ids.numpy()[:count], scores.numpy()[:count]
 
@@ -354,7 +313,7 @@ class Translator:
         """
         beam_size = self.eval_config.beam_size if beam_size is None else beam_size
         pieces = self.encode([line])[0][: self.max_source_length - 1]
-        ids, _ = self._decode([pieces], beam_size, True)
+        ids, _ = self._decode([pieces], beam_size, True, self.uses_xla(1, beam_size))
         output = [int(i) for i in ids[0, 0]]
         output = output[: output.index(EOS_ID)] if EOS_ID in output else [i for i in output if i != PAD_ID]
         source = tf.constant([[*pieces, EOS_ID]], tf.int32)  # (1, S)
@@ -376,9 +335,11 @@ class Translator:
         texts = detokenize(tf.constant([[i] for i in ids], tf.int32)).numpy()
         return [text.decode("utf-8", errors="replace") or "\u2581" for text in texts]
 
-    def _function(self, beam_size: int, use_cache: bool, alpha: float, max_length: int) -> Callable:
+    def _function(
+        self, beam_size: int, use_cache: bool, alpha: float, max_length: int, xla: bool
+    ) -> Callable:
         """The decoding tf.function for one search setting and output buffer size (one per length edge)."""
-        key = (beam_size, use_cache, alpha, max_length, self.xla)
+        key = (beam_size, use_cache, alpha, max_length, xla)
         decoders = self._decoders
         if key not in decoders.functions:
             model_ref = weakref.ref(self.model)  # the cache must not keep the model (its key) alive
@@ -399,12 +360,12 @@ class Translator:
                     beam_size=beam_size,
                     alpha=alpha,
                     use_cache=use_cache,
-                    static_shapes=self.xla,
+                    static_shapes=xla,
                 )
 
             # autograph=False: the searches build their own tf.while_loop; converting the model's Python code
             # only makes every trace several times slower.
-            if self.xla:  # one trace per padded (batch, length) shape
+            if xla:  # one trace per padded (batch, length) shape
                 function = tf.function(decode, jit_compile=True, autograph=False)
             else:  # dynamic batch and length: one trace per output buffer size
                 spec = [tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([None], tf.int32)]

@@ -6,8 +6,14 @@ A step function has the signature ``step_fn(ids, index, cache) -> (logits, new_c
   filled, the rest is ``PAD``. ``N`` is ``batch_size`` (greedy) or ``batch_size * beam_size`` (beam), laid out
   batch-major: row ``b * beam_size + k`` is beam ``k`` of batch entry ``b``.
 - ``index``: scalar int32 tensor, the position whose next-token distribution is wanted.
-- ``cache``: any nested structure of tensors with leading dimension ``N`` (possibly empty). The searches tile it from
-  ``batch_size`` to ``N`` with ``tf.repeat`` and reorder it with ``tf.gather`` by beam origin after every step.
+- ``cache``: any nested structure of tensors with leading dimension ``N`` (possibly empty): the per-hypothesis
+  state. The searches tile it from ``batch_size`` to ``N`` with ``tf.repeat`` and reorder it with ``tf.gather`` by
+  beam origin after every step, so it should hold only what differs between the beams of a sentence (for a
+  Transformer: the self-attention keys/values).
+- Per-sentence state that is constant during the search (for a Transformer: the source mask and the
+  cross-attention keys/values) is not part of the cache: the step function holds it at batch size ``B`` (in its
+  closure) and lets row ``n`` read sentence ``n // (N // B)``, which the batch-major layout guarantees. The
+  searches then never copy it, neither to tile it nor to reorder it.
 - ``logits``: float ``(N, V)``, scores for the token at position ``index + 1``.
 
 Both searches run in one ``tf.while_loop`` with fixed shapes, so they can be wrapped in

@@ -251,7 +251,7 @@ class Transformer(keras.Model):
     # -- incremental decoding --------------------------------------------------------------------------------------
 
     def init_cache(self, source, memory, max_length):
-        """Decoding cache; every tensor has leading batch dimension ``B`` (so searches can tile and gather it).
+        """Decoding cache, in two parts: per-sentence ``"memory"`` (constant) and per-row ``"self"`` (grows).
 
         Args:
             source: int32 ``(B, S)``.
@@ -259,40 +259,47 @@ class Transformer(keras.Model):
             max_length: python int, number of decoder positions (``index`` runs over ``0 .. max_length - 1``).
 
         Returns:
-            ``{"source_mask": bool (B, 1, 1, S), "layers": [{"self": {"k", "v"}, "cross": {"k", "v"}}, ...]}``, one
-            entry per decoder layer: self K/V zeros ``(B, heads, max_length, depth)``, cross K/V of ``memory``
-            ``(B, heads, S, depth)``.
+            ``{"memory": {"source_mask": bool (B, 1, 1, S), "cross": [{"k", "v"}, ...]}, "self": [{"k", "v"}, ...]}``,
+            one list entry per decoder layer: cross K/V of ``memory`` projected once, ``(B, heads, S, depth)``;
+            self K/V zeros ``(B, heads, max_length, depth)``. A search tiles and reorders only ``"self"`` (its
+            rows become the ``N = B * beam`` hypotheses) and passes ``"memory"`` unchanged: `decode_step` lets
+            row ``n`` attend to sentence ``n // (N // B)`` (see `transformer.step_fns.cached_step_fn`).
         """
         if max_length > self.max_length:
             raise ValueError(
                 f"max_length={max_length} exceeds the position table (max_length={self.max_length})"
             )
+        layers = [layer.init_cache(memory, max_length) for layer in self.decoder_layers]
         return {
-            "source_mask": self.source_mask(source),
-            "layers": [layer.init_cache(memory, max_length) for layer in self.decoder_layers],
+            "memory": {"source_mask": self.source_mask(source), "cross": [c["cross"] for c in layers]},
+            "self": [c["self"] for c in layers],
         }
 
     def decode_step(self, tokens, cache, index):
         """One decoding step.
 
         Args:
-            tokens: int32 ``(B,)``, the decoder input at position ``index``.
-            cache: from `init_cache` or the previous step.
+            tokens: int32 ``(N,)``, the decoder input at position ``index``; ``N`` is a multiple of the memory's
+                ``B``, rows batch-major (row ``n`` belongs to sentence ``n // (N // B)``).
+            cache: from `init_cache` or the previous step, ``"self"`` with leading dimension ``N``.
             index: scalar int32 tensor (or python int).
 
         Returns:
-            ``(logits (B, V) float32, new_cache)``; the logits equal ``call()``'s at position ``index`` for the same
+            ``(logits (N, V) float32, new_cache)``; the logits equal ``call()``'s at position ``index`` for the same
             prefix.
         """
         index = tf.convert_to_tensor(index, tf.int32)
-        x = self.target_embedding(tokens[:, None], start_index=index)  # (batch, 1, d_model)
-        layers = []
-        for layer, layer_cache in zip(self.decoder_layers, cache["layers"]):
-            x, layer_cache = layer.decode_step(x, layer_cache, index, memory_mask=cache["source_mask"])
-            layers.append(layer_cache)
+        memory = cache["memory"]
+        x = self.target_embedding(tokens[:, None], start_index=index)  # (N, 1, d_model)
+        new_self = []
+        for layer, self_cache, cross in zip(self.decoder_layers, cache["self"], memory["cross"]):
+            x, layer_cache = layer.decode_step(
+                x, {"self": self_cache, "cross": cross}, index, memory_mask=memory["source_mask"]
+            )
+            new_self.append(layer_cache["self"])
         if self.norm == "pre":
             x = normalize(self.decoder_norm, x)
-        return self._logits(x[:, 0]), {"source_mask": cache["source_mask"], "layers": layers}
+        return self._logits(x[:, 0]), {"memory": memory, "self": new_self}
 
     def get_config(self):
         config = super().get_config()

@@ -144,12 +144,21 @@ class MultiHeadAttention(keras.layers.Layer):
         return {"k": self.project(self.wk, key), "v": self.project(self.wv, value)}
 
     def attend_key_value(self, query, key_value, mask=None, training=False):
-        """Attention of ``query (B, Lq, d_model)`` over precomputed `project_key_value` output.
+        """Attention of ``query (N, Lq, d_model)`` over `project_key_value` output ``(B, heads, Lk, depth)``.
 
-        Returns ``(output (B, Lq, d_model), weights (B, heads, Lq, Lk) or None)``.
+        ``N`` is a multiple of ``B``: rows ``b * (N // B) .. (b + 1) * (N // B) - 1`` (the beams of sentence ``b``)
+        all attend to entry ``b`` of ``key_value``, so a beam search shares one copy of each sentence's keys and
+        values instead of tiling them ``N // B`` times. ``mask`` is broadcastable to ``(B, heads, Lq, Lk)`` with
+        ``Lq = 1`` when ``N > B`` (the source padding mask ``(B, 1, 1, Lk)``).
+
+        Returns ``(output (N, Lq, d_model), weights (B, heads, (N // B) * Lq, Lk) or None)``.
         """
-        q = self.project(self.wq, query)  # (batch, heads, Lq, depth)
-        return self._attend(q, key_value["k"], key_value["v"], mask, training)
+        shape = tf.shape(query)
+        batch = tf.shape(key_value["k"])[0]
+        grouped = tf.reshape(query, [batch, -1, self.d_model])  # (B, N // B * Lq, d_model), a free reshape
+        q = self.project(self.wq, grouped)  # (B, heads, N // B * Lq, depth)
+        output, weights = self._attend(q, key_value["k"], key_value["v"], mask, training)
+        return tf.reshape(output, shape), weights  # (N, Lq, d_model)
 
     def init_cache(self, batch_size, max_length, dtype=None):
         """Zero self-attention cache ``{"k", "v"}``, each ``(batch_size, heads, max_length, depth)``."""
@@ -161,16 +170,25 @@ class MultiHeadAttention(keras.layers.Layer):
     def update_cache(cache, k, v, cache_index):
         """Write ``k``/``v`` ``(B, heads, n, depth)`` at positions ``cache_index .. cache_index + n - 1``.
 
-        A one-hot matmul write: fixed shapes, no concat, exact (multiplies by 0 and 1 only), XLA friendly.
+        A `tf.tensor_scatter_nd_update` of the ``B * heads * n`` new rows of ``depth`` values: fixed shapes, exact.
+        Measured against the former one-hot matmul (which rewrote the whole buffer) and a ``tf.where`` select on a
+        (256, 4, 59, 64) cache in a ``tf.while_loop``, 2-core CPU: under XLA the scatter is an in-place write, ~40x
+        faster than the matmul and independent of ``max_len``; without XLA TensorFlow still copies the buffer, and
+        the scatter is ~2-3x faster than the matmul. A ``(max_len, B, heads, depth)`` layout (a scatter along the
+        leading axis) made the attention einsums several times slower and was dropped.
         """
-        max_length = tf.shape(cache["k"])[2]
-        n = tf.shape(k)[2]
-        one_hot = tf.one_hot(cache_index + tf.range(n), max_length, dtype=k.dtype)  # (n, max_len)
-        keep = 1.0 - tf.reduce_sum(one_hot, axis=0)[:, None]  # (max_len, 1)
+        shape = tf.shape(cache["k"])  # (batch, heads, max_len, depth)
+        rows, n, depth = shape[0] * shape[1], tf.shape(k)[2], shape[3]
+        row = tf.repeat(tf.range(rows), n)  # (rows * n,) row-major: row r, then its n positions
+        position = tf.tile(cache_index + tf.range(n), [rows])  # (rows * n,)
+        indices = tf.stack([row, position], axis=1)  # (rows * n, 2)
         new = {}
         for name, x in (("k", k), ("v", v)):
-            old = tf.cast(cache[name], x.dtype)
-            new[name] = old * keep + tf.matmul(one_hot, x, transpose_a=True)  # (batch, heads, max_len, depth)
+            flat = tf.reshape(
+                tf.cast(cache[name], x.dtype), [rows, shape[2], depth]
+            )  # (B * heads, max_len, depth)
+            flat = tf.tensor_scatter_nd_update(flat, indices, tf.reshape(x, [rows * n, depth]))
+            new[name] = tf.reshape(flat, shape)  # (batch, heads, max_len, depth)
         return new
 
     @staticmethod

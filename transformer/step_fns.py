@@ -4,9 +4,8 @@ Both adapters forbid the ``PAD`` and ``BOS`` tokens (their logits are set to a l
 valid outputs, and a generated ``PAD`` would be masked as padding by the full pass but not by the cached step.
 
 Example:
-    >>> memory = model.encode(source)
-    >>> cache = model.init_cache(source, memory, max_length)
-    >>> ids, scores = beam_search(cached_step_fn(model), cache, batch_size=B, beam_size=4, max_length=max_length)
+    >>> step_fn, cache = cached_decoding(model, source, max_length)
+    >>> ids, scores = beam_search(step_fn, cache, batch_size=B, beam_size=4, max_length=max_length)
     >>> ids, scores = beam_search(full_step_fn(model, source), None, batch_size=B, beam_size=4, max_length=max_length)
 """
 
@@ -17,10 +16,26 @@ from transformer.vocab import BOS_ID, PAD_ID
 FORBIDDEN = (PAD_ID, BOS_ID)
 
 
-def cached_step_fn(model, forbid=FORBIDDEN):
+def cached_decoding(model, source, max_length, forbid=FORBIDDEN):
+    """``(step_fn, cache)`` for incremental decoding of ``source (B, S)`` with a ``max_length`` buffer.
+
+    The source is encoded once; the step function holds the per-sentence part of the cache (source mask, cross
+    K/V at ``B`` rows, shared by the beams of a sentence) and the search carries, tiles and reorders only the
+    self-attention K/V.
+    """
+    cache = model.init_cache(source, model.encode(source), max_length)
+    return cached_step_fn(model, cache["memory"], forbid), cache["self"]
+
+
+def cached_step_fn(model, memory=None, forbid=FORBIDDEN):
     """Incremental step: feeds ``ids[:, index]`` to ``model.decode_step`` with the KV cache.
 
-    The initial cache is ``model.init_cache(source, model.encode(source), max_length)``.
+    Args:
+        model: a `Transformer`.
+        memory: ``model.init_cache(...)["memory"]`` (batch ``B``): the step then takes and returns only the
+            ``"self"`` part as its cache, and row ``n`` of ``N`` reads sentence ``n // (N // B)`` of ``memory``.
+            None: the search's cache is the whole ``init_cache`` dict (its memory part then gets tiled and
+            reordered with the rest: same results, more work).
 
     Returns:
         ``step_fn(ids (N, max_length), index, cache) -> (logits (N, V) float32, new_cache)``.
@@ -28,7 +43,11 @@ def cached_step_fn(model, forbid=FORBIDDEN):
 
     def step_fn(ids, index, cache):
         tokens = tf.gather(ids, index, axis=1)  # (N,)
-        logits, cache = model.decode_step(tokens, cache, index)
+        if memory is None:
+            logits, cache = model.decode_step(tokens, cache, index)
+        else:
+            logits, full = model.decode_step(tokens, {"memory": memory, "self": cache}, index)
+            cache = full["self"]
         return _forbid(logits, forbid), cache
 
     return step_fn

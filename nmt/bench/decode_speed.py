@@ -8,17 +8,25 @@ settings, quadratic in the output length, use the first `no_cache_sentences` of 
 Every setting is warmed up first: one batch of each padded shape the timed run will use is translated, so the timed
 run compiles nothing (`traces_in_timed_run` reports it, it should be 0). Target tokens are the subwords of the
 hypotheses (re-tokenized, EOS not counted).
+
+Per row: throughput (`sentences_per_sec`, `tokens_per_sec`), `compile_seconds` (the warm-up minus a second, compiled
+run of the same batches: tracing, graph optimisation and XLA compilation), `peak_memory_mb` of the timed run
+(`nmt.bench.memory.measure_peak`: sampled RSS on a CPU) and, for streaming use (`translate.py` one line at a time),
+`latency_ms_p50` / `latency_ms_p95` over `latency_sentences` sentences translated one by one (after their shapes
+were warmed up too).
 """
 
 from __future__ import annotations
 
-import bisect
 import logging
+import time
 from pathlib import Path
 
 import keras
+import numpy as np
 
 from nmt.bench.common import BenchContext, rounded, timed
+from nmt.bench.memory import measure_peak
 
 log = logging.getLogger("nmt.bench")
 
@@ -43,42 +51,62 @@ def load_translator(context: BenchContext, run_dir: str | Path | None):
     return model, tokenizer, cfg, False
 
 
-def _round_up(value: int, edges: list[int]) -> int:
-    return edges[min(bisect.bisect_left(edges, value), len(edges) - 1)]
-
-
-def warmup_groups(translator, lines: list[str]) -> list[list[str]]:
+def warmup_groups(translator, lines: list[str], beam: int, num_lines: int | None = None) -> list[list[str]]:
     """One group of lines per padded batch shape that `translator.translate(lines)` will decode.
 
-    Mirrors the batching of `Translator.translate`: longest first, `batch_size` lines per batch, lengths (+ EOS)
-    rounded up to `length_edges`, and, with XLA, batch sizes rounded up to `batch_edges`. Without XLA the batch
-    dimension is dynamic, so a group is the batch's longest line alone: it traces the same function.
+    Uses `Translator.batches` (the batching of `translate`) and pads like `translate`: lengths (+ EOS) rounded up
+    to `length_edges` and, under XLA (`uses_xla(num_lines, beam)`, default `len(lines)`), batch sizes to `batch_edges`.
+    Without XLA the batch dimension is dynamic, so a group is the batch's longest line alone: it traces the same
+    function.
     """
     keep = translator.max_source_length - 1
     lengths = [min(len(ids), keep) for ids in translator.encode(lines)]
-    order = sorted(range(len(lines)), key=lambda i: -lengths[i])
-    size = translator.batch_size
+    xla = translator.uses_xla(len(lines) if num_lines is None else num_lines, beam)
     groups = {}
-    for start in range(0, len(order), size):
-        batch = order[start : start + size]
-        key = _round_up(lengths[batch[0]] + 1, translator.length_edges)
-        if translator.xla:
-            key = (key, _round_up(len(batch), translator.batch_edges))
-        groups.setdefault(key, [lines[i] for i in (batch if translator.xla else batch[:1])])
+    for batch in translator.batches(lengths):
+        key = translator.padded_length(lengths[batch[0]])
+        if xla:
+            edges = translator.batch_edges
+            key = (key, edges[min(sum(e < len(batch) for e in edges), len(edges) - 1)])
+        groups.setdefault(key, [lines[i] for i in (batch if xla else batch[:1])])
     return list(groups.values())
 
 
-def _time_setting(translator, lines: list[str], beam: int, use_cache: bool) -> tuple[float, float, int, int]:
-    """Warm up, then translate `lines` once: (seconds, warm-up seconds, traces in the timed run, target tokens)."""
+def _latencies(translator, lines: list[str], beam: int) -> list[float]:
+    """Seconds to translate each line alone (streaming use), after one line of each padded length was translated."""
+    for group in warmup_groups(translator, lines, beam, num_lines=1):
+        for line in group[:1]:
+            translator.translate([line], beam_size=beam)
+    return [timed(lambda line=line: translator.translate([line], beam_size=beam))[0] for line in lines]
+
+
+def _percentile(values: list[float], q: float) -> float | None:
+    return float(np.percentile(values, q)) if values else None
+
+
+def _time_setting(translator, lines: list[str], beam: int, use_cache: bool) -> dict:
+    """Warm up, then translate `lines` once: seconds, compile seconds, traces in the timed run, tokens, peak MB."""
 
     def translate(batch):
         return translator.translate(batch, beam_size=beam, use_cache=use_cache)
 
-    warmup, _ = timed(lambda: [translate(group) for group in warmup_groups(translator, lines)])
+    groups = warmup_groups(translator, lines, beam)
+    warmup, _ = timed(lambda: [translate(group) for group in groups])
+    rerun, _ = timed(lambda: [translate(group) for group in groups])
     traces = translator.num_traces
-    seconds, hypotheses = timed(lambda: translate(lines))
+    start = time.perf_counter()
+    peak_mb, method, hypotheses = measure_peak(lambda: translate(lines))
+    seconds = time.perf_counter() - start
     pieces = translator.tokenizer.tokenize_target(hypotheses).to_list() if hypotheses else []
-    return seconds, warmup, translator.num_traces - traces, sum(len(ids) for ids in pieces)
+    return {
+        "seconds": seconds,
+        "compile_seconds": max(0.0, warmup - rerun),
+        "warmup_seconds": warmup,
+        "traces": translator.num_traces - traces,
+        "tokens": sum(len(ids) for ids in pieces),
+        "peak_memory_mb": peak_mb,
+        "peak_memory_method": method,
+    }
 
 
 def bench_decode(
@@ -91,12 +119,14 @@ def bench_decode(
     beams=(1, 4),
     caches=(True, False),
     xla_settings=(False, True),
+    latency_sentences: int = 50,
 ) -> list[dict]:
     """Emits one `{"bench": "decode", ...}` record per (search, cache, XLA) setting; returns them.
 
     Args:
       sentences: test sentences for the cached settings (0 = all).
       no_cache_sentences: test sentences for the no-cache settings (0 = as many as the cached ones).
+      latency_sentences: sentences translated one by one for the latency percentiles (cached settings; 0 = none).
     """
     from data.corpus import load_text_pairs
     from nmt.translator import Translator
@@ -113,7 +143,9 @@ def bench_decode(
         for beam in beams:
             for use_cache in caches:
                 subset = lines if use_cache or not no_cache_sentences else lines[:no_cache_sentences]
-                seconds, warmup, traces, tokens = _time_setting(translator, subset, beam, use_cache)
+                timing = _time_setting(translator, subset, beam, use_cache)
+                seconds, tokens = timing["seconds"], timing["tokens"]
+                latencies = _latencies(translator, lines[:latency_sentences], beam) if use_cache else []
                 record = {
                     "bench": "decode",
                     "search": "greedy" if beam == 1 else "beam",
@@ -125,12 +157,19 @@ def bench_decode(
                     "tokens_per_sec": rounded(tokens / seconds),
                     "target_tokens": tokens,
                     "seconds": round(seconds, 2),
-                    "warmup_seconds": round(warmup, 2),
-                    "traces_in_timed_run": traces,
+                    "compile_seconds": round(timing["compile_seconds"], 2),
+                    "warmup_seconds": round(timing["warmup_seconds"], 2),
+                    "traces_in_timed_run": timing["traces"],
+                    "latency_ms_p50": rounded(1e3 * _percentile(latencies, 50)) if latencies else None,
+                    "latency_ms_p95": rounded(1e3 * _percentile(latencies, 95)) if latencies else None,
+                    "latency_sentences": len(latencies),
+                    "peak_memory_mb": rounded(timing["peak_memory_mb"]),
+                    "peak_memory_method": timing["peak_memory_method"],
                     "trained": trained,
                     "model": str(run_dir) if trained else f"untrained d_model={config.model.d_model}",
                     "precision": "float32",
                     "batch_size": translator.batch_size,
+                    "batch_tokens": translator.batch_tokens,
                 }
                 records.append(emit(record))
     return records

@@ -9,7 +9,7 @@ import tensorflow as tf
 
 from transformer.decoding import beam_search, greedy_search, length_penalty
 from transformer.model import build_model
-from transformer.step_fns import cached_step_fn, full_step_fn
+from transformer.step_fns import cached_decoding, cached_step_fn, full_step_fn
 from transformer.vocab import BOS_ID, EOS_ID, PAD_ID
 
 A, B = 4, 5  # two ordinary tokens
@@ -197,6 +197,33 @@ def test_beam_cache_is_reordered_with_the_beams():
     assert any(not np.array_equal(o, identity) for o in origins[2:]), "the table should make beams swap"
 
 
+def test_per_sentence_state_held_by_the_step_function():
+    """Constant per-sentence data kept out of the cache (read by row n // beam) == the same data tiled in the cache.
+
+    The contract of the module docstring: rows are batch-major, so a step function can hold (B, ...) tensors in its
+    closure and never have the search tile or reorder them.
+    """
+    table = random_table(7, rows=3, max_length=7, eos_at=[3, 5, 6])
+    inner = table_step(table)
+    beam = 3
+
+    def shared_step(ids, index, cache):
+        per_row = tf.shape(ids)[0] // 3
+        sentence = tf.range(tf.shape(ids)[0]) // per_row  # (N,)
+        logits, _ = inner(ids, index, {"row": sentence})
+        return logits, cache
+
+    expected = beam_search(table_step(table), rows_cache(3), batch_size=3, beam_size=beam, max_length=7)
+    got = beam_search(shared_step, None, batch_size=3, beam_size=beam, max_length=7)
+    np.testing.assert_array_equal(got[0].numpy(), expected[0].numpy())
+    np.testing.assert_allclose(got[1].numpy(), expected[1].numpy(), atol=1e-6)
+    greedy = greedy_search(shared_step, None, batch_size=3, max_length=7)
+    np.testing.assert_array_equal(
+        greedy[0].numpy(),
+        greedy_search(table_step(table), rows_cache(3), batch_size=3, max_length=7)[0].numpy(),
+    )
+
+
 def test_searches_compile_with_xla():
     table = random_table(6, rows=2, max_length=6, eos_at=[3, 5])
     eager_greedy = greedy_search(table_step(table), rows_cache(2), batch_size=2, max_length=6)
@@ -241,8 +268,13 @@ def test_real_model_cached_and_full_steps_agree(prefix_only):
     model = build_model(config, 32, 32)
     source = tf.constant([[5, 9, 12, 7, EOS_ID], [6, 8, EOS_ID, PAD_ID, PAD_ID]])
     max_length = 6
-    cache = model.init_cache(source, model.encode(source), max_length)
-    cached = beam_search(cached_step_fn(model), cache, batch_size=2, beam_size=3, max_length=max_length)
+    step_fn, cache = cached_decoding(model, source, max_length)
+    cached = beam_search(step_fn, cache, batch_size=2, beam_size=3, max_length=max_length)
+    # The whole cache tiled and reordered by the search (the memory part too): the same search, more work.
+    whole = model.init_cache(source, model.encode(source), max_length)
+    tiled = beam_search(cached_step_fn(model), whole, batch_size=2, beam_size=3, max_length=max_length)
+    np.testing.assert_array_equal(cached[0].numpy(), tiled[0].numpy())
+    np.testing.assert_allclose(cached[1].numpy(), tiled[1].numpy(), atol=1e-5)
     # In a graph, as the translator runs it (the prefix slice has a dynamic length there).
     full = tf.function(
         lambda: beam_search(

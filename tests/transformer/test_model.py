@@ -101,15 +101,38 @@ def test_cached_decoding_equals_full_forward(model, overrides):
     assert step.experimental_get_tracing_count() == 1  # one trace for every index
 
 
-def test_cache_has_leading_batch_dimension(model):
+def test_cache_parts_and_shapes(model):
     source, _ = batch()
     cache = model.init_cache(source, model.encode(source), 12)
     for tensor in tf.nest.flatten(cache):
-        assert tensor.shape[0] == 2
-    layer = cache["layers"][0]
-    assert layer["self"]["k"].shape == (2, 4, 12, 8) and layer["cross"]["v"].shape == (2, 4, 7, 8)
+        assert tensor.shape[0] == 2  # every part starts at the batch size; a search tiles only "self"
+    assert [c["k"].shape for c in cache["self"]] == [(2, 4, 12, 8)] * 2
+    assert [c["v"].shape for c in cache["memory"]["cross"]] == [(2, 4, 7, 8)] * 2
+    assert cache["memory"]["source_mask"].shape == (2, 1, 1, 7)
     with pytest.raises(ValueError):
         model.init_cache(source, model.encode(source), 33)
+
+
+def test_beam_rows_share_their_sentence_memory(model):
+    """Rows b * k .. b * k + k - 1 decoded against the untiled memory == the same rows against a tiled memory."""
+    source, target = batch(4, target_length=6)
+    target = tf.where(target == PAD_ID, 5, target)
+    k = 3
+    tokens = tf.repeat(target, k, axis=0)  # (B * k, T); make the rows of one sentence differ:
+    tokens = tf.tensor_scatter_nd_update(tokens, [[1, 2], [4, 3]], [7, 9])
+    cache = model.init_cache(source, model.encode(source), 6)
+    shared = {
+        "memory": cache["memory"],
+        "self": tf.nest.map_structure(lambda x: tf.repeat(x, k, 0), cache["self"]),
+    }
+    tiled = tf.nest.map_structure(lambda x: tf.repeat(x, k, 0), cache)
+    full = model({"source": tf.repeat(source, k, axis=0), "target_in": tokens}).numpy()
+    for i in range(6):
+        shared_logits, shared = model.decode_step(tokens[:, i], shared, i)
+        tiled_logits, tiled = model.decode_step(tokens[:, i], tiled, i)
+        assert shared["memory"]["cross"][0]["k"].shape[0] == 2
+        np.testing.assert_allclose(shared_logits.numpy(), tiled_logits.numpy(), atol=1e-5)
+        np.testing.assert_allclose(shared_logits.numpy(), full[:, i], atol=1e-5)
 
 
 @pytest.mark.parametrize(

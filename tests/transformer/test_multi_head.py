@@ -147,14 +147,16 @@ def test_kv_cache_incremental_equals_full_causal():
     np.testing.assert_allclose(output.numpy(), expected.numpy()[:, 4:], atol=1e-5)
 
 
-def test_cache_write_is_exact_and_compiles():
+@pytest.mark.parametrize("jit_compile", [False, True])
+@pytest.mark.parametrize(("n", "index"), [(1, 3), (1, 0), (2, 3)])
+def test_cache_write_is_exact(jit_compile, n, index):
     cache = {"k": tf.random.normal((2, HEADS, 5, DEPTH)), "v": tf.random.normal((2, HEADS, 5, DEPTH))}
-    new_k, new_v = tf.random.normal((2, HEADS, 1, DEPTH)), tf.random.normal((2, HEADS, 1, DEPTH))
-    write = tf.function(MultiHeadAttention.update_cache, jit_compile=True)
-    updated = write(cache, new_k, new_v, tf.constant(3))
+    new_k, new_v = tf.random.normal((2, HEADS, n, DEPTH)), tf.random.normal((2, HEADS, n, DEPTH))
+    write = tf.function(MultiHeadAttention.update_cache, jit_compile=jit_compile)
+    updated = write(cache, new_k, new_v, tf.constant(index))
     for name, new in (("k", new_k), ("v", new_v)):
         expected = cache[name].numpy().copy()
-        expected[:, :, 3:4] = new.numpy()
+        expected[:, :, index : index + n] = new.numpy()
         np.testing.assert_array_equal(updated[name].numpy(), expected)
 
 
@@ -168,6 +170,19 @@ def test_precomputed_cross_attention_equals_call():
     output, weights = layer.attend_key_value(query, key_value, mask=mask)
     np.testing.assert_allclose(output.numpy(), expected.numpy(), atol=1e-6)
     np.testing.assert_allclose(weights.numpy(), expected_weights.numpy(), atol=1e-6)
+
+
+def test_grouped_rows_attend_to_their_own_entry():
+    """3 query rows per memory entry (a beam of 3), one query each: == attention against a tiled memory."""
+    rng, _, memory = make_inputs(7)
+    query = rng.normal(size=(6, 1, D_MODEL)).astype(np.float32)
+    layer = MultiHeadAttention(d_model=D_MODEL, num_heads=HEADS)
+    mask = tf.constant(rng.random((2, 1, 1, 7)) > 0.3)
+    tiled_memory, tiled_mask = np.repeat(memory, 3, axis=0), tf.repeat(mask, 3, axis=0)
+    expected, _ = layer(query, tiled_memory, tiled_memory, mask=tiled_mask)
+    output, weights = layer.attend_key_value(query, layer.project_key_value(memory), mask=mask)
+    assert output.shape == (6, 1, D_MODEL) and weights.shape == (2, HEADS, 3, 7)
+    np.testing.assert_allclose(output.numpy(), expected.numpy(), atol=1e-5)
 
 
 def test_mixed_float16_fully_masked_row_is_finite():

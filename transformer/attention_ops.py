@@ -1,0 +1,139 @@
+"""Tensor helpers shared by the attention forms of `transformer.attention`: input checks, scaling, logit capping,
+the float32 masked softmax, and the chunk / band reshapes of the memory-efficient variants. Internal to the package."""
+
+import math
+
+import tensorflow as tf
+
+# Fill value for masked logits in the float32 softmax: finite, so differences never produce NaN.
+_NEG = float(tf.float32.min)
+
+
+def _is_auto(mask_fill):
+    return isinstance(mask_fill, str) and mask_fill == "auto"
+
+
+def _convert_and_check(q, k, v):
+    q = tf.convert_to_tensor(q)
+    k = tf.convert_to_tensor(k)
+    v = tf.convert_to_tensor(v)
+    if k.dtype != q.dtype:
+        k = tf.cast(k, q.dtype)
+    if v.dtype != q.dtype:
+        v = tf.cast(v, q.dtype)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.shape.rank is not None and t.shape.rank < 2:
+            raise ValueError(
+                f"{name} must have rank >= 2 (..., length, depth), got {name} shape {tuple(t.shape)}"
+            )
+    dq, dk = q.shape[-1], k.shape[-1]
+    if dq is not None and dk is not None and dq != dk:
+        raise ValueError(
+            f"q and k must have the same depth (last dimension): q shape {tuple(q.shape)}, k shape {tuple(k.shape)}"
+        )
+    lk, lv = k.shape[-2], v.shape[-2]
+    if lk is not None and lv is not None and lk != lv:
+        raise ValueError(
+            f"k and v must have the same length (dimension -2): k shape {tuple(k.shape)}, v shape {tuple(v.shape)}"
+        )
+    return q, k, v
+
+
+def _default_scale(q):
+    d = q.shape[-1]
+    if d is not None:
+        return 1.0 / math.sqrt(d)
+    return tf.math.rsqrt(tf.cast(tf.shape(q)[-1], tf.float32))
+
+
+def _scale(q, scale):
+    return _default_scale(q) if scale is None else float(scale)
+
+
+def _cap(logits, soft_cap):
+    if soft_cap is None:
+        return logits
+    return soft_cap * tf.tanh(logits / soft_cap)
+
+
+def _stat_dtype(x):
+    """Softmax statistics dtype: float32, or float64 for float64 inputs."""
+    return tf.float64 if x.dtype == tf.float64 else tf.float32
+
+
+def _scaled_query(q, scale):
+    scale = _scale(q, scale)
+    return q * (tf.cast(scale, q.dtype) if tf.is_tensor(scale) else tf.constant(scale, q.dtype))
+
+
+def _logits(q, k, scale, soft_cap, mask, mask_fill):
+    """float32 (float64) logits ``(..., Lq, Lk)``; on the legacy path (``mask`` given) the fill is added in the compute dtype."""
+    scores = tf.matmul(_scaled_query(q, scale), k, transpose_b=True)  # (..., Lq, Lk) in the compute dtype
+    if mask is None:
+        return _cap(tf.cast(scores, _stat_dtype(q)), soft_cap)
+    # Legacy additive fill, deliberately in the compute dtype (see `mask_fill`): may overflow in float16.
+    scores = _cap(scores, soft_cap)
+    keep = tf.cast(tf.cast(mask, tf.bool), scores.dtype)
+    scores = scores + (1.0 - keep) * tf.cast(mask_fill, scores.dtype)
+    return tf.cast(scores, _stat_dtype(q))
+
+
+def _masked_softmax(logits, mask):
+    """Softmax over the last axis in the logits' dtype; masked entries exactly 0, fully masked rows all 0."""
+    if mask is None:
+        return tf.nn.softmax(logits, axis=-1)
+    mask = tf.cast(mask, tf.bool)
+    weights = tf.nn.softmax(tf.where(mask, logits, _NEG), axis=-1)
+    return tf.where(mask, weights, 0.0)
+
+
+def _dim(x, axis):
+    """Static size of ``axis`` if known, else a scalar tensor."""
+    d = x.shape[axis]
+    return d if d is not None else tf.shape(x)[axis]
+
+
+def _ceil_div(a, b):
+    if isinstance(a, int):
+        return -(-a // b)
+    return (a + b - 1) // b
+
+
+def _expand_rank(x, rank):
+    """Prepend size-1 axes so that ``x`` has ``rank`` dimensions."""
+    missing = rank - x.shape.rank
+    if missing <= 0:
+        return x
+    return tf.reshape(x, tf.concat([tf.ones([missing], tf.int32), tf.shape(x)], 0))
+
+
+def _pad_axis(x, axis, amount):
+    """Pad ``x`` at the end of ``axis`` (negative) with ``amount`` zeros / False."""
+    if isinstance(amount, int) and amount == 0:
+        return x
+    rank = x.shape.rank
+    paddings = [[0, 0]] * rank
+    paddings[rank + axis] = [0, amount]
+    return tf.pad(x, paddings)
+
+
+def _split_chunks(x, axis, num, size):
+    """Reshape ``axis`` (negative) of length ``num * size`` into ``(num, size)``."""
+    shape = tf.shape(x)
+    rank = x.shape.rank
+    a = rank + axis
+    new_shape = tf.concat([shape[:a], [num, size], shape[a + 1 :]], 0)
+    out = tf.reshape(x, new_shape)
+    static = x.shape.as_list()
+    static[a : a + 1] = [num if isinstance(num, int) else None, size if isinstance(size, int) else None]
+    out.set_shape(static)
+    return out
+
+
+def _band_windows(x, b, n, length):
+    """``(..., L, d)`` -> ``(..., n, 3b, d)``: for block ``i``, positions ``(i - 1) * b`` to ``(i + 2) * b - 1``."""
+    rank = x.shape.rank
+    paddings = [[0, 0]] * (rank - 2) + [[b, n * b - length + b], [0, 0]]
+    blocks = _split_chunks(tf.pad(x, paddings), -2, n + 2, b)  # (..., n + 2, b, d)
+    windows = tf.concat([blocks[..., :-2, :, :], blocks[..., 1:-1, :, :], blocks[..., 2:, :, :]], axis=-2)
+    return windows  # (..., n, 3b, d)

@@ -43,9 +43,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--output", help="hypotheses file (default: DIR/hypotheses.<split>.txt)")
     parser.add_argument("--weights", default="auto", choices=["auto", "final", "best", "latest"])
     parser.add_argument("--max-sentences", type=int, default=0, help="only the first N sentences (0 = all)")
-    parser.add_argument(
-        "--xla", action="store_true", help="decode with XLA (pays on large inputs once compiled; make bench)"
-    )
+    cli.add_xla_argument(parser)
     parser.add_argument("--json", action="store_true", help="print the result as one JSON line on stdout")
     parser.add_argument("--verbose", action="store_true", help="debug logging")
     return parser.parse_args(argv)
@@ -91,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
             weights=args.weights,
             max_sentences=args.max_sentences,
             alpha=args.alpha,
-            xla=args.xla,
+            xla=cli.xla_setting(args.xla),
             progress=sys.stderr.isatty(),
             warn=warnings,
         )

@@ -43,7 +43,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--chunk-size", type=int, default=1000, help="lines read and translated at a time")
     parser.add_argument("--weights", default="auto", choices=["auto", "final", "best", "latest"])
-    parser.add_argument("--xla", action="store_true", help="compile decoding with XLA (useful on GPU/TPU)")
+    cli.add_xla_argument(parser)
     parser.add_argument(
         "--plot-attention", metavar="FILE.png", help="cross-attention heat maps of the first line"
     )
@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     from nmt.translator import Translator, plot_attention
 
     translator = Translator.from_run_dir(
-        args.model_dir, weights=args.weights, xla=args.xla, batch_size=args.batch_size
+        args.model_dir, weights=args.weights, xla=cli.xla_setting(args.xla), batch_size=args.batch_size
     )
     beam = translator.eval_config.beam_size if args.beam is None else args.beam
     if args.nbest > beam:

@@ -76,6 +76,23 @@ def run(main: Callable[[], int | None]) -> None:
     sys.exit(code)
 
 
+def add_xla_argument(parser) -> None:
+    """`--xla [auto|on|off]` for decoding (bare `--xla` = on); `xla_setting(args.xla)` gives Translator's value."""
+    parser.add_argument(
+        "--xla",
+        nargs="?",
+        const="on",
+        default="auto",
+        choices=["auto", "on", "off"],
+        help="decode with XLA: auto (default: on for GPUs; on CPUs for greedy search of many lines, where it "
+        "was measured to pay), on or off; the translations are the same",
+    )
+
+
+def xla_setting(value: str) -> bool | str:
+    return {"on": True, "off": False}.get(value, "auto")
+
+
 def check_input_file(path: str | None) -> None:
     """Raises a usage CliError if an `--input`/`--source` style file is given but cannot be read."""
     if path is None or path == "-":

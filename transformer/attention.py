@@ -27,6 +27,7 @@ from transformer.attention_ops import (
     _ceil_div,
     _convert_and_check,
     _dim,
+    _dropout,
     _expand_rank,
     _is_auto,
     _logits,
@@ -93,6 +94,7 @@ def scaled_dot_product_attention(
     soft_cap=None,
     dropout_rate=0.0,
     training=False,
+    seed=None,
 ):
     """``softmax(q k^T * scale) v`` with an explicit boolean mask.
 
@@ -111,6 +113,8 @@ def scaled_dot_product_attention(
         soft_cap: optional python float ``c``; logits become ``c * tanh(logits / c)`` (Gemma-2 style logit cap),
             applied before masking.
         dropout_rate: dropout on the attention weights, used only when ``training`` is true.
+        seed: optional ``keras.random.SeedGenerator`` for the dropout draws (checkpointable state, so resumed
+            training is exact); default: TensorFlow's global generator.
         training: python bool or bool tensor.
 
     Returns:
@@ -128,7 +132,7 @@ def scaled_dot_product_attention(
     else:
         weights = tf.nn.softmax(logits, axis=-1)
     if training and dropout_rate > 0.0:
-        weights = tf.nn.dropout(weights, rate=dropout_rate)
+        weights = _dropout(weights, dropout_rate, seed)
     weights = tf.cast(weights, q.dtype)
     output = tf.matmul(weights, v)  # (..., Lq, dv)
     return output, weights
@@ -146,6 +150,7 @@ def chunked_attention(
     soft_cap=None,
     dropout_rate=0.0,
     training=False,
+    seed=None,
 ):
     """Memory-efficient attention: equal to `scaled_dot_product_attention` but never builds the ``(Lq, Lk)`` scores.
 
@@ -165,7 +170,7 @@ def chunked_attention(
             either 1 or the full length.
         query_chunk, key_chunk: python ints, chunk sizes.
         scale, soft_cap: as in `scaled_dot_product_attention`.
-        dropout_rate, training: dropout on the (normalised) attention weights; applied to the accumulator only, so
+        dropout_rate, training, seed: dropout on the (normalised) attention weights; applied to the accumulator only, so
             the result has the same distribution as dropping out the full weights.
 
     Returns:
@@ -224,8 +229,7 @@ def chunked_attention(
             correction = tf.exp(m - m_new)
             total = total * correction + tf.reduce_sum(p, axis=-1, keepdims=True)
             if training and dropout_rate > 0.0:
-                keep = tf.random.uniform(tf.shape(p)) >= dropout_rate
-                p = tf.where(keep, p / (1.0 - dropout_rate), 0.0)
+                p = _dropout(p, dropout_rate, seed)
             acc = acc * correction + tf.cast(tf.matmul(tf.cast(p, v.dtype), vj), stat)
             return j + 1, m_new, total, acc
 
@@ -265,6 +269,7 @@ def local_attention(
     dropout_rate=0.0,
     training=False,
     block_size=None,
+    seed=None,
 ):
     """Local (banded) self-attention: query ``i`` attends only to keys ``j`` with ``|i - j| <= window``.
 
@@ -278,7 +283,7 @@ def local_attention(
         q, k, v: as in `scaled_dot_product_attention`, with ``Lq == Lk`` (self-attention).
         window: python int >= 0, half width of the band.
         mask: optional bool broadcastable to ``(..., L, L)``, True = may attend.
-        scale, soft_cap, dropout_rate, training: as in `scaled_dot_product_attention`.
+        scale, soft_cap, dropout_rate, training, seed: as in `scaled_dot_product_attention`.
         block_size: optional python int >= window.
 
     Returns:
@@ -307,6 +312,7 @@ def local_attention(
                 soft_cap=soft_cap,
                 dropout_rate=dropout_rate,
                 training=training,
+                seed=seed,
             )
             return output
     b = max(window, 1) if block_size is None else int(block_size)
@@ -337,7 +343,7 @@ def local_attention(
     logits = _cap(tf.cast(tf.matmul(qb, kw, transpose_b=True), _stat_dtype(q)), soft_cap)  # (..., n, b, 3b)
     weights = _masked_softmax(logits, valid)  # (..., n, b, 3b)
     if training and dropout_rate > 0.0:
-        weights = tf.nn.dropout(weights, rate=dropout_rate)
+        weights = _dropout(weights, dropout_rate, seed)
     out = tf.matmul(tf.cast(weights, q.dtype), vw)  # (..., n, b, dv)
     out = tf.reshape(out, tf.concat([batch, [n * b, tf.shape(v)[-1]]], 0))  # (..., n * b, dv)
     return out[..., :lk, :]

@@ -3,6 +3,7 @@ the float32 masked softmax, and the chunk / band reshapes of the memory-efficien
 
 import math
 
+import keras
 import tensorflow as tf
 
 # Fill value for masked logits in the float32 softmax: finite, so differences never produce NaN.
@@ -137,3 +138,12 @@ def _band_windows(x, b, n, length):
     blocks = _split_chunks(tf.pad(x, paddings), -2, n + 2, b)  # (..., n + 2, b, d)
     windows = tf.concat([blocks[..., :-2, :, :], blocks[..., 1:-1, :, :], blocks[..., 2:, :, :]], axis=-2)
     return windows  # (..., n, 3b, d)
+
+
+def _dropout(x, rate, seed):
+    """Inverted dropout of ``x``. With ``seed`` (a ``keras.random.SeedGenerator``) the draws come from its state,
+    a variable that checkpoints with the model, so a resumed run draws the masks an uninterrupted one would;
+    without it, from TensorFlow's process-global generator (stateless functions, tests)."""
+    if seed is None:
+        return tf.nn.dropout(x, rate=rate)
+    return keras.random.dropout(x, rate, seed=seed)

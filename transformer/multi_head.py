@@ -100,6 +100,10 @@ class MultiHeadAttention(keras.layers.Layer):
             self.wq if share_qkv == "all" else keras.layers.Dense(d_model, name="wv", dtype=self.dtype_policy)
         )
         self.wo = keras.layers.Dense(d_model, name="wo", dtype=self.dtype_policy)
+        # Attention-dropout draws from a checkpointable state (a model variable), so resumed training is exact.
+        self.seed_generator = (
+            keras.random.SeedGenerator(name="attention_dropout_seed") if dropout > 0 else None
+        )
         # `mask` is an explicit boolean attention mask, not Keras mask metadata: accept it without a warning and
         # attach no mask to the outputs.
         self.supports_masking = True
@@ -217,6 +221,7 @@ class MultiHeadAttention(keras.layers.Layer):
                 soft_cap=self.soft_cap,
                 dropout_rate=rate,
                 training=bool(training),
+                seed=self.seed_generator,
             )
         elif attention == "local":
             out = local_attention(
@@ -229,6 +234,7 @@ class MultiHeadAttention(keras.layers.Layer):
                 soft_cap=self.soft_cap,
                 dropout_rate=rate,
                 training=bool(training),
+                seed=self.seed_generator,
             )
         else:
             out, weights = scaled_dot_product_attention(
@@ -241,6 +247,7 @@ class MultiHeadAttention(keras.layers.Layer):
                 soft_cap=self.soft_cap,
                 dropout_rate=rate,
                 training=bool(training),
+                seed=self.seed_generator,
             )
         out = tf.transpose(out, [0, 2, 1, 3])  # (batch, Lq, heads, depth)
         out = tf.reshape(out, [tf.shape(out)[0], tf.shape(out)[1], self.d_model])  # (batch, Lq, d_model)

@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-stamp
 CONFIG ?= base.yaml
 MODEL_DIR ?= runs/base
 
-.PHONY: install train evaluate translate export test test-all bench ablate lint format clean
+.PHONY: install train evaluate translate export test test-all bench ablate robustness lint format clean
 
 install: $(STAMP)
 
@@ -48,6 +48,11 @@ test-all: lint
 
 bench: install
 	$(PY) bench.py
+
+# Once, not in CI: the tests on the tiny trained fixture under 5 seeds, oneDNN on/off, an ISA cap and 1/2 threads
+# (tests/robustness.py: 17 pytest processes, slow). ROBUSTNESS_ARGS="--output docs/robustness-DATE.jsonl".
+robustness: install
+	$(PY) -m tests.robustness $(ROBUSTNESS_ARGS)
 
 ablate: install
 	$(PY) ablate.py $(ABLATE_ARGS)

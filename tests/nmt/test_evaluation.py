@@ -1,10 +1,15 @@
-"""Evaluation: sacreBLEU scores as sacreBLEU computes them, loss datasets like the pipeline's, file evaluation."""
+"""Evaluation: sacreBLEU scores as sacreBLEU computes them, loss datasets like the pipeline's, file evaluation.
 
+The tiny fixture reproduces every sentence of its corpus (tests/run_fixture.py, on any CPU): hypotheses of those
+sentences are checked to be their references; the loss is checked against a sentence-by-sentence NumPy reference.
+"""
+
+import numpy as np
 import pytest
 import sacrebleu
 
 from nmt.evaluation import evaluate_run_dir, format_report, pairs_loss_dataset, score_corpus, validation_loss
-from tests.run_fixture import shared_tiny_run_dir, tiny_corpus
+from tests.run_fixture import MAX_SENTENCE_NLL, shared_tiny_run_dir, tiny_corpus
 
 
 @pytest.fixture(scope="session")
@@ -26,23 +31,59 @@ def test_scores_are_sacrebleu_scores():
         score_corpus(hyps[:2], refs)
 
 
-def test_loss_on_pairs_equals_loss_on_the_pipeline_split(tiny_run_dir):
-    from data.corpus import load_text_pairs
-    from data.pipeline import make_eval_dataset
+def load_run(run_dir):
+    """(config, tokenizer, model with the run's final weights)."""
     from data.tokenizer import Tokenizer
     from nmt.run_dir import RunDir, restore_model_weights
     from transformer.model import build_model
 
-    run_dir = RunDir(tiny_run_dir)
+    run_dir = RunDir(run_dir)
     config = run_dir.load_config()
     tokenizer = Tokenizer.load(run_dir.tokenizer_dir)
     model = build_model(config.model, tokenizer.source_vocab_size, tokenizer.target_vocab_size)
     restore_model_weights(model, run_dir.weights_prefix())
+    return config, tokenizer, model
+
+
+def reference_loss(model, tokenizer, sources, targets) -> tuple[float, int]:
+    """Mean NLL per target token (EOS included): one forward pass over the pairs in their given order, padded to
+    the longest, then log-softmax and masking in float64 NumPy (no bucketing, no sorting, no TensorFlow loss)."""
+    import tensorflow as tf
+
+    from transformer.vocab import BOS_ID, EOS_ID, PAD_ID
+
+    src = tokenizer.tokenize_source(tf.constant(sources)).to_list()
+    tgt = tokenizer.tokenize_target(tf.constant(targets)).to_list()
+
+    def padded(rows):
+        out = np.full((len(rows), max(map(len, rows))), PAD_ID, np.int32)
+        for i, row in enumerate(rows):
+            out[i, : len(row)] = row
+        return out
+
+    inputs = {"source": padded([[*s, EOS_ID] for s in src]), "target_in": padded([[BOS_ID, *t] for t in tgt])}
+    labels = padded([[*t, EOS_ID] for t in tgt])  # (N, T)
+    logits = model({k: tf.constant(v) for k, v in inputs.items()}, training=False).numpy().astype(np.float64)
+    log_probs = logits - logits.max(-1, keepdims=True)
+    log_probs -= np.log(np.exp(log_probs).sum(-1, keepdims=True))
+    nll = -np.take_along_axis(log_probs, labels[..., None], axis=-1)[..., 0]  # (N, T)
+    mask = labels != PAD_ID
+    return float(nll[mask].sum() / mask.sum()), int(mask.sum())
+
+
+def test_loss_on_pairs_equals_loss_on_the_pipeline_split(tiny_run_dir):
+    from data.corpus import load_text_pairs
+    from data.pipeline import make_eval_dataset
+
+    config, tokenizer, model = load_run(tiny_run_dir)
     sources, targets = load_text_pairs(config.data, "validation")
     ours = validation_loss(model, pairs_loss_dataset(config.data, tokenizer, sources, targets))
     pipeline = validation_loss(model, make_eval_dataset(config.data, tokenizer, "validation"))
-    assert ours[1] == pipeline[1]
+    expected = reference_loss(model, tokenizer, sources, targets)
+    assert ours[1] == pipeline[1] == expected[1]
     assert ours[0] == pytest.approx(pipeline[0], rel=1e-5)
+    assert ours[0] == pytest.approx(expected[0], rel=1e-4, abs=1e-6)
+    assert 0 < ours[0] < MAX_SENTENCE_NLL  # memorised pairs: < MAX_SENTENCE_NLL per sentence, so per token
 
 
 def test_evaluate_files_writes_what_it_scores(tiny_run_dir, tmp_path):
@@ -64,11 +105,13 @@ def test_evaluate_files_writes_what_it_scores(tiny_run_dir, tmp_path):
     assert warnings == [(str(reference), 10, "utf8")]
     hypotheses = (tmp_path / "hyp.txt").read_text(encoding="utf-8").splitlines()
     references = [t for _, t in pairs[:-1]] + ["Der mann\ufffd hat ein auto."]
-    assert len(hypotheses) == 10
+    assert hypotheses == [t for _, t in pairs]  # greedy search reproduces the memorised references
     assert record["bleu"] == sacrebleu.corpus_bleu(hypotheses, [references]).score
-    assert record["bleu"] > 50
     assert record["num_sentences"] == 10 and record["beam"] == 1 and record["split"] == "test.en"
-    assert 0 < record["loss"] < 2 and record["loss_tokens"] > 10
+    _, tokenizer, model = load_run(tiny_run_dir)
+    loss, tokens = reference_loss(model, tokenizer, [s for s, _ in pairs], references)
+    assert record["loss_tokens"] == tokens
+    assert record["loss"] == pytest.approx(loss, rel=1e-4, abs=1e-6)
     report = format_report(record)
     assert "bleu_lc_tok" in report and record["signature"] in report
     assert not (tiny_run_dir / "hypotheses.test.en.txt").exists()
@@ -88,4 +131,7 @@ def test_xla_decoding_gives_the_same_translations_and_scores(tiny_run_dir, tmp_p
     }
     assert runs[True]["xla"] is True and runs[False]["xla"] is False
     assert (tmp_path / "hyp.True.txt").read_text() == (tmp_path / "hyp.False.txt").read_text()
-    assert runs[True]["bleu"] == runs[False]["bleu"] > 0
+    # Beam search reproduces the memorised references (with or without XLA): the scores are sacreBLEU's 100.
+    references = [t for _, t in tiny_corpus()["test"][:12]]
+    assert (tmp_path / "hyp.True.txt").read_text(encoding="utf-8").splitlines() == references
+    assert runs[True]["bleu"] == runs[False]["bleu"] == sacrebleu.corpus_bleu(references, [references]).score

@@ -19,8 +19,8 @@ def tiny_run_dir(tmp_path_factory, request):
 
 
 def test_exported_model_matches_the_run_dir(tiny_run_dir, tmp_path):
-    corpus = tiny_corpus()
-    lines = [s for s, _ in corpus["validation"] + corpus["test"]][:48] + ["", "The cat sees " * 30]
+    pairs = (tiny_corpus()["validation"] + tiny_corpus()["test"])[:48]
+    lines = [s for s, _ in pairs] + ["", "The cat sees " * 30]
     output, module = export_run_dir(tiny_run_dir, tmp_path / "export", beam_size=2)
     assert (output / "saved_model.pb").is_file() and module.beam_size == 2
     assert any((output / "assets").glob("*.model"))  # the SentencePiece model travels with the SavedModel
@@ -52,7 +52,11 @@ def test_exported_model_matches_the_run_dir(tiny_run_dir, tmp_path):
 
     expected = Translator.from_run_dir(tiny_run_dir).translate(lines, beam_size=2)
     assert exported == expected
-    assert exported[48] == "" and exported[49]
+    # The fixture reproduces its memorised sentences on any CPU, so both sides are right, not just equal.
+    assert exported[:48] == [t for _, t in pairs]
+    assert (
+        exported[48] == ""
+    )  # the long line 49: truncated alike on both sides (compared above, never judged)
 
 
 def test_export_refuses_to_overwrite_something_else(tiny_run_dir, tmp_path):

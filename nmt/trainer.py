@@ -2,15 +2,16 @@
 
 Resumable at the exact batch (step, model, optimizer, loss scale, dropout RNG and data-iterator state are in every
 checkpoint), stoppable with SIGINT/SIGTERM (a checkpoint is saved and the process exits 0), and observable
-(progress bar, TensorBoard, metrics.jsonl). See README "Training" for the user's view.
+(progress bar, TensorBoard, metrics.jsonl). See README "Training" for the user's view. In a multi-worker run every
+worker restores the chief's latest checkpoint, and all workers stop after the same step (nmt.distribute).
 """
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import logging
 import math
-import signal
 import tempfile
 import time
 from collections.abc import Callable
@@ -21,7 +22,7 @@ import tensorflow as tf
 from tqdm import tqdm
 
 from nmt.config import Config
-from nmt.distribute import is_chief, make_strategy
+from nmt.distribute import StopControl, WorkersDisagree, is_chief, make_strategy
 from nmt.final_weights import average_if_better
 from nmt.precision import device_kind, resolve_precision, resolve_xla, set_policy
 from nmt.run_dir import RunDir, RunDirError, save_model_weights
@@ -58,7 +59,6 @@ class Trainer:
         self.config = config
         self.run_dir = run_dir
         self.scorer = scorer
-        self._stop_signal: int | None = None
         self._validation_writer = None  # one TensorBoard event file for every evaluation of this process
 
     # ------------------------------------------------------------------------------------------------------------
@@ -71,6 +71,7 @@ class Trainer:
         cfg = self.config
         self.strategy = make_strategy(cfg.train.distribute)
         self.chief = is_chief()
+        self.stop = StopControl(self.strategy)  # signals and time budget (decided by all workers together)
         device = device_kind(self.strategy)
         self.precision = resolve_precision(cfg.train.precision, device)
         self.xla = resolve_xla(cfg.train.xla, device)
@@ -86,9 +87,11 @@ class Trainer:
 
         # The tokenizer and the tokenized splits come from the data cache (data.prepare: trained and tokenized once,
         # by the chief; other workers wait for them). The run directory keeps its own copy of the tokenizer.
-        # Non-chief workers of a multi-worker run write nothing into the run directory: they keep their
-        # throw-away checkpoints in a private temporary directory.
+        # TensorFlow's multi-worker convention: non-chief workers write nothing into the run directory (they save
+        # throw-away checkpoints into a private temporary directory, removed at exit) but restore the chief's.
         self.private_dir = None if self.chief else Path(tempfile.mkdtemp(prefix="nmt-worker-"))
+        if self.private_dir is not None:
+            atexit.register(_remove_tree, self.private_dir)
         self.tokenizer = run_tokenizer(cfg.data, self.run_dir.tokenizer_dir, chief=self.chief)
         prepare(cfg.data, tokenizer=self.tokenizer, chief=self.chief)
 
@@ -148,7 +151,20 @@ class Trainer:
         self.resumed_from = self._restore()
 
     def _restore(self) -> int:
-        latest = self.manager.latest_checkpoint
+        step = self._restore_latest()
+        try:
+            self.stop.check_same_step(step, self.run_dir.checkpoint_dir)
+        except WorkersDisagree as err:
+            raise TrainingError(str(err)) from None
+        return step
+
+    def _restore_latest(self) -> int:
+        """Restores the chief's latest checkpoint (every worker restores the same one); returns its step."""
+        latest = (
+            self.manager.latest_checkpoint
+            if self.chief
+            else tf.train.latest_checkpoint(str(self.run_dir.checkpoint_dir))
+        )
         if not latest:
             return 0
         try:
@@ -169,35 +185,27 @@ class Trainer:
     def step(self) -> int:
         return int(self.optimizer.iterations.numpy())
 
-    def _install_signal_handlers(self):
-        previous = {}
-
-        def handler(signum, frame):
-            if self._stop_signal is not None:  # second signal: stop now, the last checkpoint is intact
-                raise KeyboardInterrupt
-            self._stop_signal = signum
-            log.warning(
-                "received %s: finishing this step and saving a checkpoint", signal.Signals(signum).name
-            )
-
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            previous[signum] = signal.signal(signum, handler)
-        return previous
-
     def _budget_left(self) -> bool:
         cfg = self.config.train
         if cfg.max_steps and self.step >= cfg.max_steps:
             return False
-        if cfg.max_minutes and self.elapsed.numpy() >= cfg.max_minutes * 60:
-            return False
-        return True
+        return self.stop.time_left(self._time_up())
+
+    def _time_up(self) -> bool:
+        minutes = self.config.train.max_minutes
+        return bool(minutes and self.elapsed.numpy() >= minutes * 60)
+
+    def _agree_on_stop(self) -> None:
+        """Multi-worker: one stop decision for all workers (a collective, see StopControl.agree)."""
+        if self.stop.multi_worker:
+            self.elapsed.assign(self.stop.agree(float(self.elapsed.numpy()), self._time_up(), self.step))
 
     def train(self) -> TrainResult:
         cfg = self.config.train
         writer = (
             tf.summary.create_file_writer(str(self.run_dir.tensorboard_dir / "train")) if self.chief else None
         )
-        previous = self._install_signal_handlers()
+        previous = self.stop.install()
         total = cfg.max_steps or None
         bar = tqdm(
             total=total,
@@ -211,8 +219,9 @@ class Trainer:
         status, message = "done", ""
         window_tokens, window_start = 0.0, time.perf_counter()
         try:
+            self._agree_on_stop()
             while self._budget_left():
-                if self._stop_signal is not None:
+                if self.stop.requested():
                     status = "stopped"
                     break
                 started = time.perf_counter()
@@ -220,6 +229,7 @@ class Trainer:
                 metrics = self.step_fn.step(batches)
                 applied = bool(metrics["applied"].numpy())
                 self.elapsed.assign_add(time.perf_counter() - started)
+                self._agree_on_stop()
                 step = self.step
                 if not applied:
                     bad = int(self.step_fn.bad_steps.numpy())
@@ -261,13 +271,12 @@ class Trainer:
             bar.close()
             if writer is not None:
                 writer.flush()
-            for signum, handler in previous.items():
-                signal.signal(signum, handler)
+            self.stop.uninstall(previous)
         self.save_checkpoint()
         if status == "stopped":
-            name = signal.Signals(self._stop_signal).name
             message = (
-                f"stopped by {name} at step {self.step}; checkpoint saved, rerun the same command to resume"
+                f"stopped by {self.stop.signal_name()} at step {self.step}; checkpoint saved, rerun the same "
+                "command to resume"
             )
         elif status in ("done", "early_stopped"):
             self._finalize()

@@ -1,15 +1,14 @@
 """tf.distribute: MirroredStrategy over two logical CPU devices and MultiWorkerMirroredStrategy as two local
-worker processes train to the same weights as a single-device run (within float tolerance), and in a multi-worker
-run only the chief writes the run directory.
+worker processes train to the same weights as a single-device run (within float tolerance), in a multi-worker
+run only the chief writes the run directory, and two workers killed mid-run and restarted end with exactly the
+weights of the uninterrupted two-worker run.
 
-Each run is a real `train.py` process (logical devices must be configured before TensorFlow starts).
+Each run is a real `train.py` process (logical devices must be configured before TensorFlow starts). The slower
+multi-worker scenarios (a signal to one worker, a time budget) are in test_multi_worker_resume.py.
 """
 
-import json
 import os
 import re
-import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -19,13 +18,15 @@ import pytest
 import tensorflow as tf
 import yaml
 
+from tests.faults.helpers import assert_bit_identical, latest_step, training_state
+from tests.nmt.multi_worker import Workers, resumed_step, saved_checkpoints
 from tests.run_fixture import tiny_config_tree, write_corpus
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 12
 
 
-def config_file(tmp_path: Path, distribute: str) -> Path:
+def config_file(tmp_path: Path, distribute: str, checkpoint_every: int = 1000) -> Path:
     tree = tiny_config_tree(write_corpus(tmp_path / "corpus"))
     tree["data"].update(bucket_boundaries=[32], batch_tokens=512)  # one bucket: 16 pairs per batch
     tree["model"].update(dropout=0.0)  # dropout masks differ per replica; everything else must agree
@@ -35,7 +36,7 @@ def config_file(tmp_path: Path, distribute: str) -> Path:
         "learning_rate": 0.005,
         "precision": "float32",
         "xla": False,
-        "checkpoint_every": 1000,
+        "checkpoint_every": checkpoint_every,
         "eval_every": 0,
         "bleu_every": 0,
         "distribute": distribute,
@@ -113,34 +114,53 @@ def test_mirrored_on_two_cpu_devices_matches_single_device(single_device_run, tm
     assert_same_training(tmp_path / "run", err, single_device_run)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+@pytest.fixture(scope="module")
+def two_worker_run(tmp_path_factory):
+    """Two local workers train from scratch, uninterrupted, saving every 4 steps: (config, run dir, stderrs)."""
+    tmp = tmp_path_factory.mktemp("two_workers")
+    config = config_file(tmp, "multi_worker", checkpoint_every=4)
+    with Workers(config, tmp / "run", tmp / "logs") as workers:
+        results = workers.wait()
+    for code, stderr in results:
+        assert code == 0, stderr[-3000:]
+    return config, tmp / "run", [stderr for _, stderr in results]
 
 
-def test_multi_worker_two_local_processes_match_single_device(single_device_run, tmp_path):
-    config = config_file(tmp_path, "multi_worker")
-    workers = [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]
-    processes = []
-    for index in range(2):
-        tf_config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
-        processes.append(run_train(config, tmp_path / "run", TF_CONFIG=json.dumps(tf_config)))
-    chief, worker = [finish(p) for p in processes]
-    run_dir = tmp_path / "run"
+def test_multi_worker_two_local_processes_match_single_device(single_device_run, two_worker_run):
+    _, run_dir, (chief, worker) = two_worker_run
     # Both processes trained, in one 2-replica group, to the same validation loss (same weights everywhere).
     assert "2 replica(s)" in chief and "2 replica(s)" in worker
     assert final_validation_loss(worker) == final_validation_loss(chief)
-    # Only the chief (worker 0) writes the run directory; worker 1 checkpoints into its private temporary dir.
-    chief_saves, worker_saves = saved_checkpoints(chief), saved_checkpoints(worker)
-    assert chief_saves == [run_dir / "checkpoints" / f"ckpt-{STEPS}"]
-    assert len(worker_saves) == 1 and worker_saves[0].name == f"ckpt-{STEPS}"
-    assert run_dir not in worker_saves[0].parents and worker_saves[0].parent.parent.name.startswith(
-        "nmt-worker-"
-    )
-    shutil.rmtree(worker_saves[0].parent.parent, ignore_errors=True)  # train.py leaves it behind
+    # Only the chief (worker 0) writes the run directory; worker 1 checkpoints (at the same steps) into a private
+    # temporary directory, removed when it exits.
+    chief_saves, worker_saves = saved_checkpoints(chief), saved_checkpoints(worker)  # step 12 saved twice
+    chief_saves, worker_saves = list(dict.fromkeys(chief_saves)), list(dict.fromkeys(worker_saves))
+    assert chief_saves == [run_dir / "checkpoints" / f"ckpt-{step}" for step in (4, 8, STEPS)]
+    assert [path.name for path in worker_saves] == [path.name for path in chief_saves]
+    private = worker_saves[0].parent.parent
+    assert run_dir not in private.parents and private.name.startswith("nmt-worker-")
+    assert not private.exists()
     assert_same_training(run_dir, chief, single_device_run)
 
 
-def saved_checkpoints(stderr: str) -> list[Path]:
-    return [Path(path) for path in re.findall(r"saved checkpoint (\S+)", stderr)]
+def test_multi_worker_kill_both_and_restart_matches_uninterrupted(two_worker_run, tmp_path):
+    """SIGKILL to both workers after a checkpoint, then both restarted: every worker resumes from the chief's
+    checkpoint at the same step, and the run ends bit-identical to the uninterrupted two-worker run (before the
+    fix, worker 1 restarted from step 0 with fresh weights, optimizer state and data position)."""
+    config, reference, _ = two_worker_run
+    run_dir = tmp_path / "run"
+    with Workers(config, run_dir, tmp_path / "killed") as workers:
+        workers.wait_for_checkpoint(4)
+        workers.kill()
+    killed_at = latest_step(run_dir)
+    assert 4 <= killed_at < STEPS, f"the workers finished (step {killed_at}) before they were killed"
+    with Workers(config, run_dir, tmp_path / "restarted") as workers:
+        results = workers.wait()
+    for code, stderr in results:
+        assert code == 0, stderr[-3000:]
+        assert resumed_step(stderr) == killed_at
+    assert final_validation_loss(results[0][1]) == final_validation_loss(results[1][1])
+    assert latest_step(run_dir) == STEPS
+    # Weights, Adam moments and step, loss scale, dropout RNG: no tolerance (the same float operations in the
+    # same order as the uninterrupted run; a two-term all-reduce sum does not depend on the order).
+    assert_bit_identical(training_state(run_dir), training_state(reference), "resumed two-worker run")

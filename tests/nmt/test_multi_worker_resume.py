@@ -1,0 +1,75 @@
+"""Two local `train.py` workers (TF_CONFIG) stop together: a SIGTERM that reaches one worker, or a time budget spent
+on one worker's clock, stops both after the same step with one checkpoint and exit code 0, and both resume from
+there; workers that would resume from different checkpoints refuse to start.
+
+Marked slow (several pairs of training processes). The kill-and-restart test, which stays in `make test`, is in
+test_distribute.py; this module uses the same tiny config.
+"""
+
+import signal
+
+import pytest
+
+from tests.faults.helpers import latest_step
+from tests.nmt.multi_worker import Workers, resumed_step, saved_checkpoints, stop_message
+from tests.nmt.test_distribute import config_file
+
+pytestmark = pytest.mark.slow
+MANY_STEPS = 1000  # never reached: the runs here are stopped by a signal or a time budget
+
+
+def assert_all_exit_zero(results):
+    for code, stderr in results:
+        assert code == 0, stderr[-3000:]
+
+
+def test_sigterm_to_one_worker_stops_both_at_the_same_step_and_both_resume_there(tmp_path):
+    config = config_file(tmp_path, "multi_worker", checkpoint_every=4)
+    run_dir = tmp_path / "run"
+    with Workers(config, run_dir, tmp_path / "signalled", f"train.max_steps={MANY_STEPS}") as workers:
+        workers.wait_for_checkpoint(4)
+        workers.procs[1].signal(signal.SIGTERM)
+        (_, chief), (_, worker) = results = workers.wait()
+    assert_all_exit_zero(results)
+    (chief_reason, step), (worker_reason, worker_step) = stop_message(chief), stop_message(worker)
+    assert worker_reason == "stopped by SIGTERM"
+    assert chief_reason == "stopped by SIGTERM (sent to another worker)"
+    assert step == worker_step and 4 <= step < MANY_STEPS
+    # One checkpoint at the stop step, written by the chief into the run directory (worker 1 saved its own copy
+    # at the same step); nothing after it.
+    assert saved_checkpoints(chief)[-1] == run_dir / "checkpoints" / f"ckpt-{step}"
+    assert saved_checkpoints(worker)[-1].name == f"ckpt-{step}"
+    assert latest_step(run_dir) == step
+
+    # Worker 1 given a run directory without the chief's checkpoints: both refuse to start, naming the steps.
+    elsewhere = tmp_path / "elsewhere"
+    with Workers(config, run_dir, tmp_path / "split", worker_dirs={1: elsewhere}) as workers:
+        results = workers.wait()
+    for code, stderr in results:
+        assert code == 1, stderr[-3000:]
+        assert f"the workers would resume from different steps (worker 0: {step}, worker 1: 0)" in stderr
+    assert latest_step(run_dir) == step
+
+    # Restarted with the same command (two more steps allowed): both resume from the stop step and finish together.
+    with Workers(config, run_dir, tmp_path / "resumed", f"train.max_steps={step + 2}") as workers:
+        results = workers.wait()
+    assert_all_exit_zero(results)
+    for _, stderr in results:
+        assert resumed_step(stderr) == step
+        assert stop_message(stderr) == ("finished", step + 2)
+
+
+def test_time_budget_spent_on_one_worker_stops_both_at_the_same_step(tmp_path):
+    """Worker 1's budget is a few milliseconds, worker 0 has none: the clocks disagree by construction (before the
+    fix, worker 1 stopped alone and worker 0 waited for it in the next step's all-reduce)."""
+    config = config_file(tmp_path, "multi_worker")
+    budget = {1: ["train.max_minutes=0.0001"]}
+    with Workers(
+        config, tmp_path / "run", tmp_path / "logs", f"train.max_steps={MANY_STEPS}", worker_overrides=budget
+    ) as workers:
+        results = workers.wait()
+    assert_all_exit_zero(results)
+    (chief_reason, step), (worker_reason, worker_step) = [stop_message(stderr) for _, stderr in results]
+    assert chief_reason == worker_reason == "finished"
+    assert step == worker_step and 1 <= step < MANY_STEPS
+    assert latest_step(tmp_path / "run") == step

@@ -38,7 +38,7 @@ class DataConfig:
     joint_vocab: bool = True  # one vocabulary for source and target (needed for shared embeddings)
     tokenizer_max_sentences: int = 1_000_000  # at most this many sentences sampled to train SentencePiece
     max_length: int = 128  # drop training pairs longer than this many subwords (with BOS/EOS) on either side
-    batch_tokens: int = 4096  # tokens per training batch (padded source or target, whichever is longer)
+    batch_tokens: int = 4096  # tokens per training batch PER REPLICA (padded source or target, the longer)
     bucket_boundaries: list[int] = field(default_factory=list)  # bucket edges; empty = automatic
     eval_batch_tokens: int = 8192  # tokens per validation-loss batch
 

@@ -95,10 +95,18 @@ class Trainer:
         self.tokenizer = run_tokenizer(cfg.data, self.run_dir.tokenizer_dir, chief=self.chief)
         prepare(cfg.data, tokenizer=self.tokenizer, chief=self.chief)
 
-        self.train_dataset = make_train_dataset(cfg.data, self.tokenizer, seed=cfg.train.seed, repeat=True)
+        # data.batch_tokens is a per-replica budget: the global batch grows with the replicas (more devices, more
+        # tokens per step); every worker reads the same global batches and each replica takes its rows (_distribute).
+        replicas = self.strategy.num_replicas_in_sync
+        global_data = dataclasses.replace(cfg.data, batch_tokens=cfg.data.batch_tokens * replicas)
+        log.info(
+            "global batch: %d tokens per step = %d replica(s) x %d tokens x %d accumulation step(s)",
+            global_data.batch_tokens * cfg.train.accumulate_steps, replicas, cfg.data.batch_tokens,
+            cfg.train.accumulate_steps,
+        )  # fmt: skip
+        self.train_dataset = make_train_dataset(global_data, self.tokenizer, seed=cfg.train.seed, repeat=True)
         self.eval_dataset = make_eval_dataset(cfg.data, self.tokenizer, cfg.data.validation_split)
-        # A plain iterator, checkpointable (tf.distribute's DistributedIterator is not): every worker reads the
-        # same global batches and each replica takes its slice of the rows (see _distribute).
+        # A plain iterator, checkpointable (tf.distribute's DistributedIterator is not).
         self.iterator = iter(self.train_dataset)
 
         with self.strategy.scope():

@@ -28,7 +28,9 @@ STEPS = 12
 
 def config_file(tmp_path: Path, distribute: str, checkpoint_every: int = 1000) -> Path:
     tree = tiny_config_tree(write_corpus(tmp_path / "corpus"))
-    tree["data"].update(bucket_boundaries=[32], batch_tokens=512)  # one bucket: 16 pairs per batch
+    # One bucket; data.batch_tokens is per replica: the 2-replica runs (512 each) and the single device (1024)
+    # see the same global batches of 32 pairs.
+    tree["data"].update(bucket_boundaries=[32], batch_tokens=1024 if distribute == "none" else 512)
     tree["model"].update(dropout=0.0)  # dropout masks differ per replica; everything else must agree
     tree["train"] = {
         "max_steps": STEPS,
@@ -111,6 +113,7 @@ def single_device_run(tmp_path_factory):
 def test_mirrored_on_two_cpu_devices_matches_single_device(single_device_run, tmp_path):
     err = finish(run_train(config_file(tmp_path, "mirrored"), tmp_path / "run"))
     assert "2 replica(s)" in err
+    assert "global batch: 1024 tokens per step = 2 replica(s) x 512 tokens x 1 accumulation step(s)" in err
     assert_same_training(tmp_path / "run", err, single_device_run)
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -99,4 +100,5 @@ def bench_input_scale(
                 }
             )
         )
+        shutil.rmtree(cache_dir, ignore_errors=True)  # a fresh one per run: keep only the (reusable) corpora
     return records

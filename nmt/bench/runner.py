@@ -52,7 +52,7 @@ class BenchOptions:
     attention_repeats: int = 3
     # input_scale: synthetic folder corpora of these sizes, prepared and read (nmt.bench.input_scale)
     input_scale_pairs: tuple[int, ...] = (500_000, 5_000_000)
-    input_scale_dir: str = "runs/bench-input-scale"  # corpora (reused) and caches
+    input_scale_dir: str = "runs/bench-input-scale"  # corpora (reused); each run's cache is removed after it
 
     @classmethod
     def quick(cls, **changes) -> BenchOptions:

@@ -6,7 +6,7 @@
 
 Each variant trains in runs/ablate/<variant> (a normal run directory, overwritten on the next run unless --reuse),
 from the same seed, with `--set train.max_minutes=BUDGET train.max_steps=0` (or --max-steps N). The report
-(ablations.md) puts the measured tables next to the claimed ones. Variants: nmt/bench/variants.py (--list).
+(ablations.md) puts the measured tables next to the claimed ones. Variants: benchmarks/variants.py (--list).
 Exit codes: 0 ok, 1 a variant has no result (no weights, or its evaluation failed; the report is still written),
 2 bad arguments or config.
 """
@@ -63,8 +63,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
-    from nmt.bench.ablation import AblationOptions, run_ablation
-    from nmt.bench.variants import DEFAULT_VARIANTS, VARIANTS, select
+    from benchmarks.ablation import AblationOptions, run_ablation
+    from benchmarks.variants import DEFAULT_VARIANTS, VARIANTS, select
     from nmt.config import ConfigError, load_config
 
     if args.list:

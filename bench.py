@@ -65,7 +65,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def options_from_args(args):
-    from nmt.bench.runner import BenchOptions
+    from benchmarks.runner import BenchOptions
 
     names = ("config", "run_dir", "tokenizer_dir", "precisions", "xla", "train_batches", "train_shapes",
              "train_rounds", "decode_all", "decode_sentences", "decode_xla", "beams", "attention_lengths",
@@ -78,7 +78,7 @@ def options_from_args(args):
 def main(argv=None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
-    from nmt.bench.runner import check_options
+    from benchmarks.runner import check_options
     from nmt.config import ConfigError, load_config
 
     options = options_from_args(args)
@@ -96,7 +96,7 @@ def main(argv=None) -> int:
 
     tf.get_logger().setLevel("ERROR")  # per-length retracing warnings of the attention benchmark are expected
 
-    from nmt.bench.runner import run_benchmarks
+    from benchmarks.runner import run_benchmarks
 
     run_benchmarks(options, config=config)
     return 0

@@ -1,6 +1,6 @@
 """A synthetic parallel corpus of any size, as a `folder` corpus, for benchmarks (never shipped as data).
 
-    python -m nmt.bench.synthetic_corpus --pairs 500000 --out /tmp/corpus-500k [--mirror ../shared/data/multi30k]
+    python -m benchmarks.synthetic_corpus --pairs 500000 --out /tmp/corpus-500k [--mirror ../shared/data/multi30k]
 
 Pair k joins two Multi30k train pairs drawn at random (seeded): "<en a> <en b>" / "<de a> <de b>", so sentences
 are about twice Multi30k's length and the vocabulary is Multi30k's. Writes `en.train.txt` and `de.train.txt` (N
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-DEFAULT_MIRROR = Path(__file__).resolve().parents[3] / "shared" / "data" / "multi30k"
+DEFAULT_MIRROR = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
 BLOCK = 100_000
 LANGUAGES = ("en", "de")
 

@@ -8,7 +8,7 @@ import os
 import platform
 from pathlib import Path
 
-from nmt.bench.variants import BASELINE, CLAIMS, GROUPS
+from benchmarks.variants import BASELINE, CLAIMS, GROUPS
 
 
 def machine_description() -> str:
@@ -51,7 +51,7 @@ def _claimed(group: str) -> list[str]:
 
 
 def _steps_to(entry: dict, target) -> str:
-    from nmt.bench.run_metrics import steps_to_loss
+    from benchmarks.run_metrics import steps_to_loss
 
     if target is None or not entry.get("records"):
         return "n/a"
@@ -122,7 +122,7 @@ def _group_rows(group: str, results: dict, options) -> list[str]:
 
 
 def _mask_section(mask: dict, options) -> list[str]:
-    from nmt.bench.mask_fill import LOGIT_STDS
+    from benchmarks.mask_fill import LOGIT_STDS
 
     lines = [
         f"## {GROUPS['mask'].split(',')[0]} (unit-level measurement)",
@@ -182,7 +182,7 @@ def _leak(record: dict) -> str:
 
 def write_report(path: Path, *, options, config, results: dict, mask: dict | None) -> None:
     """Writes the markdown report of an ablation run to `path`."""
-    from nmt.bench.ablation import protocol_overrides
+    from benchmarks.ablation import protocol_overrides
 
     steps = [e.get("steps") for e in results.values() if isinstance(e.get("steps"), int)]
     minutes = [e["train_minutes"] for e in results.values() if e.get("train_minutes") is not None]

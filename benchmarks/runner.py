@@ -12,9 +12,9 @@ import logging
 import sys
 from pathlib import Path
 
-from nmt.bench.common import BenchContext, JsonLines
+from benchmarks.common import BenchContext, JsonLines
 
-log = logging.getLogger("nmt.bench")
+log = logging.getLogger("benchmarks")
 
 BENCHES = ("train", "decode", "attention", "input", "input_scale", "refusal")
 TOKENIZER_FIELDS = ("dataset", "source", "target", "folder", "train_split", "tokenizer", "vocab_size",
@@ -50,7 +50,7 @@ class BenchOptions:
     chunk_size: int = 256
     window: int = 64
     attention_repeats: int = 3
-    # input_scale: synthetic folder corpora of these sizes, prepared and read (nmt.bench.input_scale)
+    # input_scale: synthetic folder corpora of these sizes, prepared and read (benchmarks.input_scale)
     input_scale_pairs: tuple[int, ...] = (500_000, 5_000_000)
     input_scale_dir: str = "runs/bench-input-scale"  # corpora (reused); each run's cache is removed after it
 
@@ -99,7 +99,7 @@ def compatible_tokenizer_dir(config, run_dir: str | Path) -> Path | None:
 
 def check_options(options: BenchOptions) -> None:
     """ValueError naming the first unknown benchmark or precision."""
-    from nmt.bench.flops import COMPUTE_DTYPES
+    from benchmarks.flops import COMPUTE_DTYPES
 
     for kind, given, known in (
         ("benchmark", options.only, BENCHES),
@@ -126,7 +126,7 @@ def run_benchmarks(options: BenchOptions, emit=None, config=None) -> list[dict]:
     try:
         with contextlib.redirect_stdout(sys.stderr):  # TFDS prints progress on stdout: keep it for JSON
             if "train" in options.only:
-                from nmt.bench.train_speed import bench_train
+                from benchmarks.train_speed import bench_train
 
                 records += bench_train(
                     context,
@@ -139,7 +139,7 @@ def run_benchmarks(options: BenchOptions, emit=None, config=None) -> list[dict]:
                     peak_size=options.peak_size,
                 )
             if "decode" in options.only:
-                from nmt.bench.decode_speed import bench_decode
+                from benchmarks.decode_speed import bench_decode
 
                 records += bench_decode(
                     context,
@@ -151,7 +151,7 @@ def run_benchmarks(options: BenchOptions, emit=None, config=None) -> list[dict]:
                     xla_settings=options.xla if options.decode_xla is None else options.decode_xla,
                 )
             if "attention" in options.only:
-                from nmt.bench.attention_memory import bench_attention
+                from benchmarks.attention_memory import bench_attention
 
                 records += bench_attention(
                     emit,
@@ -164,11 +164,11 @@ def run_benchmarks(options: BenchOptions, emit=None, config=None) -> list[dict]:
                     repeats=options.attention_repeats,
                 )
             if "input" in options.only:
-                from nmt.bench.input_speed import bench_input
+                from benchmarks.input_speed import bench_input
 
                 records.append(bench_input(context, emit))
             if "input_scale" in options.only:
-                from nmt.bench.input_scale import bench_input_scale
+                from benchmarks.input_scale import bench_input_scale
 
                 records += bench_input_scale(
                     emit,
@@ -178,7 +178,7 @@ def run_benchmarks(options: BenchOptions, emit=None, config=None) -> list[dict]:
                     workdir=options.input_scale_dir,
                 )
             if "refusal" in options.only:  # train.py refusing a run directory in use (README, Reliability)
-                from nmt.bench.refusal import bench_refusal
+                from benchmarks.refusal import bench_refusal
 
                 records.append(bench_refusal(emit, config=options.config, overrides=options.overrides))
     finally:

@@ -10,11 +10,11 @@ import yaml
 
 from tests.run_fixture import tiny_config_tree, write_corpus
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_ablation_of_two_variants_writes_both_tables(tmp_path):
-    from nmt.bench.ablation import AblationOptions, run_ablation
+    from benchmarks.ablation import AblationOptions, run_ablation
 
     config_path = tmp_path / "tiny.yaml"
     config_path.write_text(
@@ -55,7 +55,7 @@ def test_ablation_of_two_variants_writes_both_tables(tmp_path):
 
 
 def test_run_metrics_reductions():
-    from nmt.bench.run_metrics import fluctuation, steps_to_loss
+    from benchmarks.run_metrics import fluctuation, steps_to_loss
 
     flat = fluctuation([(1, 2.0), (2, 2.0), (3, 2.0)], first_steps=3)
     assert flat["cv"] == 0.0 and flat["step_change"] == 0.0 and flat["max_over_min"] == 1.0
@@ -71,7 +71,7 @@ def test_run_metrics_reductions():
 
 
 def test_mask_fill_leak_measurement():
-    from nmt.bench.mask_fill import synthetic_leak
+    from benchmarks.mask_fill import synthetic_leak
 
     safe = synthetic_leak("auto", "float16", 1000.0)
     assert safe["leak"] == 0.0 and not safe["nonfinite"] and safe["fully_masked_rows_mass"] == 0.0
@@ -82,7 +82,7 @@ def test_mask_fill_leak_measurement():
 
 
 def test_variants_use_existing_config_keys():
-    from nmt.bench.variants import VARIANTS, resolve_overrides
+    from benchmarks.variants import VARIANTS, resolve_overrides
     from nmt.config import load_config
 
     base = load_config("base.yaml")

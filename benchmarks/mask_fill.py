@@ -26,7 +26,7 @@ import tensorflow as tf
 from transformer.attention import padding_mask, scaled_dot_product_attention
 from transformer.vocab import PAD_ID
 
-log = logging.getLogger("nmt.bench")
+log = logging.getLogger("benchmarks")
 
 FILLS = ("auto", -1.0e3, -1.0e9, -1.0e20)
 LOGIT_STDS = (1.0, 10.0, 100.0, 1000.0)
@@ -104,7 +104,7 @@ def training_check(config, tokenizer, batches: list[dict], fill, precision: str)
     The step runs eagerly (`tf.config.run_functions_eagerly`): the same code, without the tracing that would cost
     more than the few steps themselves.
     """
-    from nmt.bench.train_speed import make_train_step
+    from benchmarks.train_speed import make_train_step
     from transformer.model import build_model
 
     keras.mixed_precision.set_global_policy(precision)

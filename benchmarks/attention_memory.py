@@ -13,10 +13,10 @@ import logging
 
 import tensorflow as tf
 
-from nmt.bench.common import median, rounded, timed
-from nmt.bench.memory import measure_peak
+from benchmarks.common import median, rounded, timed
+from benchmarks.memory import measure_peak
 
-log = logging.getLogger("nmt.bench")
+log = logging.getLogger("benchmarks")
 
 VARIANTS = ("full", "chunked", "local")
 LENGTHS = (256, 512, 1024, 2048, 4096, 8192)

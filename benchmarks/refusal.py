@@ -17,9 +17,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from nmt.bench.common import median, rounded
+from benchmarks.common import median, rounded
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT = 600  # seconds: only against a hang (a refusal takes ~0.2 s on the README's machine)
 
 

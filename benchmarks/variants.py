@@ -2,7 +2,7 @@
 
 Every variant is the config under test plus its overrides, trained from the same seed for the same wall-clock
 budget; `baseline` (the config as is: Post-LN, independent Q/K/V, 1/sqrt(d_k), dtype-aware mask fill, clipnorm on,
-residuals on) is shared by every group. The mask-fill group is measured at unit level (`nmt.bench.mask_fill`); its
+residuals on) is shared by every group. The mask-fill group is measured at unit level (`benchmarks.mask_fill`); its
 trained variants exist but are not in the default list.
 """
 

@@ -11,7 +11,7 @@ hypotheses (re-tokenized, EOS not counted).
 
 Per row: throughput (`sentences_per_sec`, `tokens_per_sec`), `compile_seconds` (the warm-up minus a second, compiled
 run of the same batches: tracing, graph optimisation and XLA compilation), `peak_memory_mb` of the timed run
-(`nmt.bench.memory.measure_peak`: sampled RSS on a CPU) and, for streaming use (`translate.py` one line at a time),
+(`benchmarks.memory.measure_peak`: sampled RSS on a CPU) and, for streaming use (`translate.py` one line at a time),
 `latency_ms_p50` / `latency_ms_p95` over `latency_sentences` sentences translated one by one (after their shapes
 were warmed up too).
 """
@@ -25,10 +25,10 @@ from pathlib import Path
 import keras
 import numpy as np
 
-from nmt.bench.common import BenchContext, rounded, timed
-from nmt.bench.memory import measure_peak
+from benchmarks.common import BenchContext, rounded, timed
+from benchmarks.memory import measure_peak
 
-log = logging.getLogger("nmt.bench")
+log = logging.getLogger("benchmarks")
 
 
 def load_translator(context: BenchContext, run_dir: str | Path | None):

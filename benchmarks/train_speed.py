@@ -10,7 +10,7 @@ smoothing, global clipnorm, loss scaling under float16), on the same fixed list 
     `rounds` times: one timed pass of ours, then one of the reference (alternated, so load drifts hit both)
     tokens/s = target tokens of the batches / pass seconds, median over the rounds
 
-MFU divides the model FLOPs/s (`nmt.bench.flops`) by a matmul peak measured in the same process, in the compute
+MFU divides the model FLOPs/s (`benchmarks.flops`) by a matmul peak measured in the same process, in the compute
 dtype of the precision. Batches: the first `num_batches` of the seeded epoch whose shape is among the epoch's
 `max_shapes` most common shapes, so XLA compiles at most `max_shapes` programs per model, on the shapes training
 meets most.
@@ -24,17 +24,17 @@ import logging
 import keras
 import tensorflow as tf
 
-from nmt.bench.common import PRECISIONS, BenchContext, median, rounded, timed
-from nmt.bench.flops import (
+from benchmarks.common import PRECISIONS, BenchContext, median, rounded, timed
+from benchmarks.flops import (
     count_parameters,
     matmul_peak_gflops,
     non_embedding_parameters,
     target_tokens,
     train_flops,
 )
-from nmt.bench.reference_model import build_reference_model, parameter_difference
+from benchmarks.reference_model import build_reference_model, parameter_difference
 
-log = logging.getLogger("nmt.bench")
+log = logging.getLogger("benchmarks")
 
 
 def sample_batches(context: BenchContext, *, num_batches: int, max_shapes: int) -> list[dict]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from nmt.bench.common import BenchContext, rounded, timed
+from benchmarks.common import BenchContext, rounded, timed
 from transformer.vocab import PAD_ID
 
 

@@ -32,8 +32,8 @@ def tiny(tmp_path_factory):
     [{}, {"norm": "pre", "share_qkv": "qk"}, {"share_qkv": "all", "tie_output": False, "num_layers": 2}],
 )
 def test_reference_model_has_our_parameter_count(changes):
-    from nmt.bench.flops import count_parameters
-    from nmt.bench.reference_model import build_reference_model, parameter_difference
+    from benchmarks.flops import count_parameters
+    from benchmarks.reference_model import build_reference_model, parameter_difference
     from nmt.config import ModelConfig
     from transformer.model import build_model
 
@@ -55,7 +55,7 @@ def test_reference_model_masks_padding_and_future():
     import numpy as np
     import tensorflow as tf
 
-    from nmt.bench.reference_model import build_reference_model
+    from benchmarks.reference_model import build_reference_model
     from nmt.config import ModelConfig
 
     config = ModelConfig(d_model=16, num_heads=2, d_ff=32, num_layers=1, dropout=0.0, max_length=32)
@@ -78,8 +78,8 @@ def test_reference_model_masks_padding_and_future():
 
 
 def test_quick_benchmarks_emit_json_lines_with_the_required_fields(tiny):
-    from nmt.bench.common import JsonLines
-    from nmt.bench.runner import BenchOptions, run_benchmarks
+    from benchmarks.common import JsonLines
+    from benchmarks.runner import BenchOptions, run_benchmarks
 
     config, tokenizer_dir = tiny
     options = BenchOptions.quick(
@@ -146,7 +146,7 @@ def test_quick_benchmarks_emit_json_lines_with_the_required_fields(tiny):
 def test_flops_count_attention_on_real_lengths():
     import numpy as np
 
-    from nmt.bench.flops import attention_flops, target_tokens
+    from benchmarks.flops import attention_flops, target_tokens
 
     batch = {
         "source": np.array([[5, 6, 3, 0]]),
@@ -163,3 +163,15 @@ def test_bench_cli_rejects_unknown_benchmark(capsys):
 
     assert bench.main(["--only", "train,nope"]) == 2
     assert "nope" in capsys.readouterr().err
+
+
+def test_repository_paths_of_the_benchmarks():
+    """The repository root the benchmarks run train.py and their child processes from, and the Multi30k mirror."""
+    from pathlib import Path
+
+    from benchmarks import ablation, input_scale, refusal, synthetic_corpus
+
+    repo = Path(__file__).resolve().parents[2]
+    assert (repo / "train.py").is_file() and (repo / "benchmarks" / "runner.py").is_file()
+    assert refusal.ROOT == ablation.REPO_ROOT == input_scale.REPO == repo
+    assert synthetic_corpus.DEFAULT_MIRROR == repo.parent / "shared" / "data" / "multi30k"

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-log = logging.getLogger("nmt.bench")
+log = logging.getLogger("benchmarks")
 
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")  # the Keras policies the train benchmark compares
 

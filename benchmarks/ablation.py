@@ -1,6 +1,6 @@
 """Train every ablation variant with the real trainer for the same wall-clock budget, evaluate it, and compare.
 
-For each variant (`nmt.bench.variants`), in `ROOT/<variant>` (a normal, self-describing run directory):
+For each variant (`benchmarks.variants`), in `ROOT/<variant>` (a normal, self-describing run directory):
 
 1. the shared tokenizer (trained once into `ROOT/tokenizer`) is copied in, so every variant sees the same pieces;
 2. `train.py --config CONFIG --set <user overrides> --set <variant overrides> --set <protocol>` runs as a
@@ -11,7 +11,7 @@ For each variant (`nmt.bench.variants`), in `ROOT/<variant>` (a normal, self-des
 4. greedy validation BLEU (`nmt.evaluation.evaluate`, as `evaluate.py --beam 1`) and the mean cross-attention
    entropy on a validation batch are measured with the final weights.
 
-Then the mask-fill unit check runs (`nmt.bench.mask_fill`) and `ablation_report` writes the markdown.
+Then the mask-fill unit check runs (`benchmarks.mask_fill`) and `ablation_report` writes the markdown.
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ from pathlib import Path
 import keras
 import yaml
 
-from nmt.bench.variants import BASELINE, DEFAULT_VARIANTS, QUICK_VARIANTS, Variant, resolve_overrides, select
+from benchmarks.variants import BASELINE, DEFAULT_VARIANTS, QUICK_VARIANTS, Variant, resolve_overrides, select
 
-log = logging.getLogger("nmt.ablate")
+log = logging.getLogger("benchmarks.ablate")
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 @dataclasses.dataclass
@@ -181,10 +181,10 @@ LAUNCHERS = {"subprocess": train_subprocess, "inprocess": train_inprocess}
 
 def evaluate_variant(run_dir: Path, *, bleu_sentences: int, grad_steps: int) -> dict:
     """Run metrics, greedy validation BLEU and cross-attention entropy of a trained run directory."""
+    from benchmarks.attention_entropy import cross_attention_entropy
+    from benchmarks.run_metrics import summarize_run
     from data.corpus import load_text_pairs
     from data.pipeline import make_eval_dataset
-    from nmt.bench.attention_entropy import cross_attention_entropy
-    from nmt.bench.run_metrics import summarize_run
     from nmt.evaluation import evaluate
     from nmt.translator import Translator
 
@@ -216,7 +216,7 @@ def run_ablation(options: AblationOptions) -> tuple[Path, list[str]]:
     training that stopped early with weights (e.g. too many non-finite steps) is a result; the report shows its
     exit code.
     """
-    from nmt.bench.ablation_report import write_report
+    from benchmarks.ablation_report import write_report
     from nmt.config import load_config, resolve_config_path
 
     variants = select(options.variants)
@@ -259,8 +259,8 @@ def run_ablation(options: AblationOptions) -> tuple[Path, list[str]]:
         )
     mask = None
     if options.mask_steps > 0:
+        from benchmarks.mask_fill import measure_mask_fill
         from data.tokenizer import Tokenizer
-        from nmt.bench.mask_fill import measure_mask_fill
 
         log.info("mask-fill unit check (%d steps per setting)", options.mask_steps)
         baseline_model = results.get(BASELINE, {}).get("model")

@@ -1,6 +1,6 @@
 """Preparation and start-up at scale: a synthetic folder corpus of N pairs, prepared, then read (benchmarks only).
 
-For each N: `nmt.bench.synthetic_corpus` writes the corpus (reused when present), then two fresh processes each
+For each N: `benchmarks.synthetic_corpus` writes the corpus (reused when present), then two fresh processes each
 build `make_train_dataset` for it and take the first batch: the first with an empty cache (cold: tokenizer training
 and preparation included), the second with the cache it left (warm). Each process reports its seconds from start
 to the first batch and its peak RSS. The record:
@@ -24,9 +24,9 @@ import sys
 import time
 from pathlib import Path
 
-from nmt.bench.synthetic_corpus import write_corpus
+from benchmarks.synthetic_corpus import write_corpus
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 MARK = "INPUT_SCALE "
 FIRST_BATCH = """
 import json, resource, sys, time

@@ -3,10 +3,13 @@
     python evaluate.py --model-dir runs/base --split test --beam 4
     python evaluate.py --model-dir runs/base --split validation --json          # last stdout line: one JSON object
     python evaluate.py --model-dir runs/base --source news.en --reference news.de --output news.hyp.de
+    python evaluate.py --model-dir runs/base --split test --engine ctranslate2 --engine-dir runs/base/ct2
 
 BLEU is sacreBLEU on detokenized, cased hypotheses against the raw references (signature printed); `bleu_lc_tok`
 is lowercased, 13a-tokenized BLEU, only for comparison with papers. Hypotheses go to DIR/hypotheses.<split>.txt
-unless --output says otherwise. Exit codes: 0 ok, 1 run-directory/model problem, 2 usage error.
+unless --output says otherwise. With --engine ctranslate2 the translations come from the CTranslate2 export and
+the loss from the run directory's TensorFlow weights (`loss_weights`; null, with `loss_note`, if it has none).
+Exit codes: 0 ok, 1 run-directory/model problem, 2 usage error.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--weights", default="auto", choices=["auto", "final", "best", "latest"])
     parser.add_argument("--max-sentences", type=int, default=0, help="only the first N sentences (0 = all)")
     cli.add_xla_argument(parser)
+    cli.add_engine_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print the result as one JSON line on stdout")
     parser.add_argument("--verbose", action="store_true", help="debug logging")
     return parser.parse_args(argv)
@@ -73,8 +77,10 @@ def main(argv: list[str] | None = None) -> int:
             )
     cli.check_output_file(args.output)
     cli.check_model_dir(args.model_dir)
+    cli.check_engine(args)
     cli.quiet_tensorflow()
 
+    from nmt.ctranslate2_engine import EngineError, ExportError
     from nmt.evaluation import EvaluationError, evaluate_run_dir, format_report
 
     warnings = cli.LineWarnings()
@@ -92,9 +98,13 @@ def main(argv: list[str] | None = None) -> int:
             xla=cli.xla_setting(args.xla),
             progress=sys.stderr.isatty(),
             warn=warnings,
+            engine=args.engine,
+            engine_dir=args.engine_dir,
         )
-    except EvaluationError as err:
+    except (EvaluationError, ExportError) as err:
         raise cli.CliError(str(err), exit_code=2) from err
+    except EngineError as err:  # a corrupt CTranslate2 model
+        raise cli.CliError(str(err)) from err
     warnings.summary()
     if args.json:
         print(format_report(record), file=sys.stderr)

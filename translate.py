@@ -3,6 +3,7 @@
     python translate.py --model-dir runs/base < input.en > output.de
     python translate.py --model-dir runs/base --input input.en --output output.de --beam 4
     python translate.py --model-dir runs/base --input input.en --nbest 3     # "text<TAB>score" x 3 per line
+    python translate.py --model-dir runs/base --engine ctranslate2 --engine-dir runs/base/ct2 < input.en
 
 Input is read as bytes: invalid UTF-8 is replaced (U+FFFD) and NUL bytes removed, each with a warning naming the
 line on stderr. Empty lines give empty lines without reaching the model; lines longer than the model's position
@@ -10,6 +11,9 @@ table are translated truncated, with a warning. The input is streamed in chunks 
 memory for any file size); --output is written through a temporary file renamed at the end.
 With --nbest N, each output line holds N tab-separated `text<TAB>score` fields, best first (score: the
 length-normalised log-probability of the beam search), so the line count still matches the input.
+--engine ctranslate2 decodes with a CTranslate2 export (export.py --format ctranslate2) under the same contract;
+the tokenizer and the eval settings come from --model-dir (see nmt/ctranslate2_engine.py for how its beam search
+differs).
 Exit codes: 0 ok, 1 run-directory/model problem, 2 usage error (e.g. missing input file).
 """
 
@@ -44,6 +48,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--chunk-size", type=int, default=1000, help="lines read and translated at a time")
     parser.add_argument("--weights", default="auto", choices=["auto", "final", "best", "latest"])
     cli.add_xla_argument(parser)
+    cli.add_engine_arguments(parser)
     parser.add_argument(
         "--plot-attention", metavar="FILE.png", help="cross-attention heat maps of the first line"
     )
@@ -63,6 +68,9 @@ def _check(args: argparse.Namespace) -> None:
     cli.check_input_file(args.input)
     cli.check_output_file(args.output)
     cli.check_output_file(args.plot_attention)
+    if args.plot_attention and args.engine != "tensorflow":
+        raise cli.CliError("--plot-attention needs --engine tensorflow", exit_code=2)
+    cli.check_engine(args)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -78,9 +86,12 @@ def main(argv: list[str] | None = None) -> int:
     from nmt.text_io import LineWriter, count_lines, read_lines
     from nmt.translator import Translator, plot_attention
 
-    translator = Translator.from_run_dir(
-        args.model_dir, weights=args.weights, xla=cli.xla_setting(args.xla), batch_size=args.batch_size
-    )
+    if args.engine == "ctranslate2":
+        translator = cli.load_ctranslate2(args.model_dir, args.engine_dir, batch_size=args.batch_size)
+    else:
+        translator = Translator.from_run_dir(
+            args.model_dir, weights=args.weights, xla=cli.xla_setting(args.xla), batch_size=args.batch_size
+        )
     beam = translator.eval_config.beam_size if args.beam is None else args.beam
     if args.nbest > beam:
         raise cli.CliError(f"--nbest {args.nbest} exceeds the beam size {beam} (set --beam)", exit_code=2)

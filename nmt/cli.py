@@ -93,6 +93,62 @@ def xla_setting(value: str) -> bool | str:
     return {"on": True, "off": False}.get(value, "auto")
 
 
+def add_engine_arguments(parser) -> None:
+    """`--engine tensorflow|ctranslate2` and `--engine-dir DIR` (a CTranslate2 export); see `check_engine`."""
+    parser.add_argument(
+        "--engine",
+        default="tensorflow",
+        choices=["tensorflow", "ctranslate2"],
+        help="decoder: tensorflow (default: the run directory's weights) or ctranslate2 (an export made by "
+        "export.py --format ctranslate2, given by --engine-dir; tokenizer and eval settings still come from "
+        "--model-dir; --xla does not apply)",
+    )
+    parser.add_argument("--engine-dir", help="the CTranslate2 export to decode with (--engine ctranslate2)")
+
+
+def check_engine(args) -> None:
+    """Usage errors (exit 2) for the engine arguments, and a missing ctranslate2 package (exit 1), before TF."""
+    if args.engine != "ctranslate2":
+        if args.engine_dir is not None:
+            raise CliError("--engine-dir goes with --engine ctranslate2", exit_code=2)
+        return
+    if args.engine_dir is None:
+        raise CliError(
+            "--engine ctranslate2 needs --engine-dir DIR (made by export.py --format ctranslate2)", 2
+        )
+    from nmt.ctranslate2_export import ExportError, read_export_metadata
+
+    try:
+        read_export_metadata(args.engine_dir)
+    except ExportError as err:
+        raise CliError(str(err), exit_code=2) from err
+    require_ctranslate2("--engine ctranslate2")
+
+
+def require_ctranslate2(what: str) -> None:
+    """Exit 1 with the pip command if the optional ctranslate2 package is missing (found without importing it)."""
+    import importlib.util
+
+    from nmt.ctranslate2_export import CTRANSLATE2_PIN
+
+    if importlib.util.find_spec("ctranslate2") is None:
+        raise CliError(
+            f"{what} needs the ctranslate2 package, which is not installed: pip install {CTRANSLATE2_PIN}"
+        )
+
+
+def load_ctranslate2(model_dir: str, engine_dir: str, **kwargs):
+    """`CTranslate2Translator.from_run_dir`, its problems as CliErrors (not an export of this run: 2, corrupt: 1)."""
+    from nmt.ctranslate2_engine import CTranslate2Translator, EngineError, ExportError
+
+    try:
+        return CTranslate2Translator.from_run_dir(model_dir, engine_dir, **kwargs)
+    except ExportError as err:
+        raise CliError(str(err), exit_code=2) from err
+    except EngineError as err:
+        raise CliError(str(err)) from err
+
+
 def check_input_file(path: str | None) -> None:
     """Raises a usage CliError if an `--input`/`--source` style file is given but cannot be read."""
     if path is None or path == "-":

@@ -81,8 +81,12 @@ def evaluate(
     loss_dataset=None,
     target_language: str = "",
     progress: bool = False,
+    loss_model=None,
 ) -> tuple[list[str], dict]:
     """Translates `sources`, scores them against `references`, and measures the loss on `loss_dataset`.
+
+    `translator` is a `Translator` or a `CTranslate2Translator`; the loss is that of `loss_model` (default:
+    `translator.model`; none if neither exists).
 
     Returns:
       (hypotheses exactly as scored, a record with `bleu`, `chrf`, `signature`, `bleu_lc_tok`, `loss`,
@@ -97,8 +101,9 @@ def evaluate(
     record = score_corpus(hypotheses, references, target_language)
     record.update(beam=beam_size, num_sentences=len(sources), seconds=round(seconds, 3))
     record["sentences_per_sec"] = round(len(sources) / seconds, 2) if seconds > 0 else None
-    if loss_dataset is not None:
-        loss, tokens = validation_loss(translator.model, loss_dataset)
+    loss_model = loss_model if loss_model is not None else getattr(translator, "model", None)
+    if loss_dataset is not None and loss_model is not None:
+        loss, tokens = validation_loss(loss_model, loss_dataset)
         record.update(loss=loss, perplexity=perplexity(loss), loss_tokens=tokens)
     return hypotheses, record
 
@@ -123,6 +128,12 @@ def format_report(record: dict) -> str:
         f"perplexity     {number('perplexity')}",
         f"decoding       {number('seconds', 1)} s, {number('sentences_per_sec', 1)} sentences/s",
     ]
+    if record.get("engine") == "ctranslate2":
+        loss_from = record.get("loss_weights") or record.get("loss_note", "")
+        lines.append(
+            f"engine         ctranslate2 {record.get('engine_dir')} ({record.get('compute_type')}); "
+            f"loss from the TensorFlow weights {loss_from}"
+        )
     if record.get("hypotheses"):
         lines.append(f"hypotheses     {record['hypotheses']}")
     return "\n".join(lines)
@@ -150,6 +161,8 @@ def evaluate_run_dir(
     warn=None,
     alpha: float | None = None,
     xla: bool | str = "auto",
+    engine: str = "tensorflow",
+    engine_dir: str | Path | None = None,
 ) -> dict:
     """Evaluates a run directory on a split of its dataset, or on a source file and its reference file.
 
@@ -162,13 +175,24 @@ def evaluate_run_dir(
       alpha: GNMT length-penalty exponent of the beam search (default: the run's eval.alpha).
       xla: True, False or "auto": decode with XLA (`Translator(xla=...)`): the same translations, faster on large
         inputs once compiled; "auto" decides from the number of sentences and the device (`Translator.uses_xla`).
+      engine, engine_dir: "tensorflow", or "ctranslate2" with the export `engine_dir` (`CTranslate2Translator`):
+        translations from the export, the loss from the run directory's TensorFlow weights (`_loss_model`).
     Returns:
-      The record of `evaluate`, plus `split`, `model_dir`, `weights` and `hypotheses` (the file written).
+      The record of `evaluate`, plus `split`, `model_dir`, `weights` and `hypotheses` (the file written), and
+      `engine` (with ctranslate2: `engine_dir`, `compute_type`, `loss_weights` or `loss_note`).
     """
     from data.pipeline import make_eval_dataset
     from nmt.translator import Translator
 
-    translator = Translator.from_run_dir(model_dir, weights=weights, xla=xla)
+    loss_model, extra = None, {"engine": engine}
+    if engine == "ctranslate2":
+        from nmt.ctranslate2_engine import CTranslate2Translator
+
+        translator = CTranslate2Translator.from_run_dir(model_dir, engine_dir)
+        loss_model, note = _loss_model(model_dir, translator, weights)
+        extra.update(engine_dir=str(engine_dir), compute_type=translator.compute_type, **note)
+    else:
+        translator = Translator.from_run_dir(model_dir, weights=weights, xla=xla)
     config = translator.config
     if alpha is not None:
         translator.eval_config = dataclasses.replace(translator.eval_config, alpha=alpha)
@@ -206,10 +230,37 @@ def evaluate_run_dir(
         loss_dataset=loss_dataset,
         target_language=config.data.target,
         progress=progress,
+        loss_model=loss_model,
     )
     output = Path(output) if output else Path(model_dir) / f"hypotheses.{label}.txt"
     write_hypotheses(output, hypotheses)
     record.update(split=label, model_dir=str(model_dir), weights=translator.weights, hypotheses=str(output))
     record["alpha"] = translator.eval_config.alpha
     record["xla"] = translator.uses_xla(len(sources), record["beam"])
+    record.update(extra)
     return record
+
+
+def _loss_model(model_dir, translator, weights: str) -> tuple:
+    """The run directory's TensorFlow model for the loss next to a CTranslate2 engine: (model or None, record fields).
+
+    With `weights` "auto", the checkpoint the export was made from if it is in `model_dir`; else the
+    `weights` of the run directory. No weights at all: (None, a `loss_note`), and the record's loss is null.
+    """
+    from nmt.run_dir import RunDir, RunDirError, restore_model_weights
+    from transformer.model import build_model
+
+    exported = translator.weights
+    try:
+        inside = exported and Path(exported).resolve().is_relative_to(Path(model_dir).resolve())
+        if weights == "auto" and inside and Path(f"{exported}.index").is_file():
+            prefix = exported
+        else:
+            prefix = RunDir(model_dir).weights_prefix(weights)
+        tokenizer = translator.tokenizer
+        model = build_model(translator.config.model, tokenizer.source_vocab_size, tokenizer.target_vocab_size)
+        restore_model_weights(model, prefix)
+    except RunDirError as err:
+        log.warning("no loss: %s", err)
+        return None, {"loss_note": f"no TensorFlow weights for the loss: {err}"}
+    return model, {"loss_weights": prefix}

@@ -68,3 +68,65 @@ def test_evaluate_json_bleu_equals_sacrebleu_on_its_hypotheses(tiny_run_dir):
     assert 0 < record["loss"] < MAX_SENTENCE_NLL
     assert record["perplexity"] == pytest.approx(math.exp(record["loss"]), rel=1e-6)
     assert "nrefs:1|case:mixed|eff:no|tok:13a" in record["signature"]
+
+
+def test_export_ctranslate2_then_evaluate_with_it(tiny_run_dir, tmp_path):
+    """export.py --format ctranslate2 --quantization int8, then evaluate.py --engine ctranslate2: same contract."""
+    pytest.importorskip("ctranslate2")
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
+    export = tmp_path / "ct2"
+    command = [sys.executable, "export.py", "--model-dir", str(tiny_run_dir), "--output", str(export)]
+    done = subprocess.run(
+        [*command, "--format", "ctranslate2", "--quantization", "int8"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == str(export)
+    assert "reloaded, a test sentence gives" in done.stderr
+    metadata = json.loads((export / "nmt_export.json").read_text(encoding="utf-8"))
+    assert metadata["quantization"] == "int8" and (export / "spm.model").is_file()
+
+    hypotheses_file = tmp_path / "hyp.txt"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "evaluate.py",
+            "--model-dir",
+            str(tiny_run_dir),
+            "--split",
+            "test",
+            "--beam",
+            "2",
+            "--alpha",
+            "0",
+            "--engine",
+            "ctranslate2",
+            "--engine-dir",
+            str(export),
+            "--output",
+            str(hypotheses_file),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    record = json.loads(done.stdout.strip().splitlines()[-1])
+    hypotheses = hypotheses_file.read_text(encoding="utf-8").splitlines()
+    references = [t for _, t in tiny_corpus()["test"]]
+    # Memorised with a margin far above int8 rounding (tests/run_fixture.py); with alpha 0 CTranslate2's beam search
+    # stops at the best hypothesis (nmt/ctranslate2_engine.py), which the margin makes the reference.
+    assert hypotheses == references
+    assert record["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hypotheses, [references]).score, abs=1e-9)
+    assert record["engine"] == "ctranslate2" and record["engine_dir"] == str(export)
+    assert record["compute_type"] == "int8_float32" and record["num_sentences"] == len(references)
+    assert record["sentences_per_sec"] > 0 and record["beam"] == 2 and record["xla"] is False
+    # The loss is the run directory's TensorFlow weights' (those the export was made from), not the engine's.
+    assert record["loss_weights"] == metadata["weights"] and 0 < record["loss"] < MAX_SENTENCE_NLL

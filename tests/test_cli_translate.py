@@ -139,3 +139,104 @@ def test_messy_file_gives_one_line_per_line(tiny_run_dir, tmp_path):
     for index in (0, 2, 3, 4, 6, 7):
         fields = rows[index].split("\t")
         assert len(fields) == 4 and fields[0] == out[index] and float(fields[1]) >= float(fields[3])
+
+
+# -- --engine ctranslate2 ------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def ct2_export(tiny_run_dir, tmp_path_factory):
+    pytest.importorskip("ctranslate2")
+    from nmt.ctranslate2_export import export_run_dir_ctranslate2
+
+    return export_run_dir_ctranslate2(tiny_run_dir, tmp_path_factory.mktemp("ct2") / "export")
+
+
+@pytest.mark.parametrize(
+    "script, args, message",
+    [
+        ("translate.py", ["--engine", "ctranslate2"], "--engine ctranslate2 needs --engine-dir"),
+        ("evaluate.py", ["--engine", "ctranslate2"], "--engine ctranslate2 needs --engine-dir"),
+        ("translate.py", ["--engine-dir", "{run}"], "--engine-dir goes with --engine ctranslate2"),
+        ("evaluate.py", ["--engine", "ctranslate2", "--engine-dir", "{run}"], "not a CTranslate2 export"),
+        ("translate.py", ["--engine", "ctranslate2", "--engine-dir", "{tmp}/nope"], "no such directory"),
+        (
+            "translate.py",
+            ["--engine", "ctranslate2", "--plot-attention", "{tmp}/a.png"],
+            "--plot-attention needs",
+        ),
+        (
+            "export.py",
+            ["--output", "{tmp}/out", "--quantization", "int8"],
+            "--quantization goes with --format",
+        ),
+        (
+            "export.py",
+            ["--output", "{tmp}/out", "--format", "ctranslate2", "--beam", "2"],
+            "--beam goes with",
+        ),
+    ],
+)
+def test_engine_usage_errors_exit_2(script, args, message, tiny_run_dir, tmp_path):
+    """Refused before TensorFlow is imported, nothing written (the run directory a non-export engine dir here)."""
+    before = listing(tiny_run_dir)
+    args = [a.format(run=tiny_run_dir, tmp=tmp_path) for a in args]
+    done = cli(script, "--model-dir", tiny_run_dir, *args)
+    assert done.returncode == 2, done.stderr.decode()[-2000:]
+    last = done.stderr.decode().strip().splitlines()[-1]
+    assert last.startswith("error: ") and message in last
+    assert listing(tiny_run_dir) == before and list(tmp_path.iterdir()) == []
+
+
+def test_missing_ctranslate2_is_one_clear_error(tiny_run_dir, ct2_export, monkeypatch):
+    import translate
+    from nmt.cli import CliError
+
+    monkeypatch.setitem(sys.modules, "ctranslate2", None)  # as if it were not installed
+    argv = ["--model-dir", str(tiny_run_dir), "--engine", "ctranslate2", "--engine-dir", str(ct2_export)]
+    with pytest.raises(CliError, match=r"pip install ctranslate2==4\.8\.5") as err:
+        translate.main(argv)
+    assert err.value.exit_code == 1
+
+
+def test_ctranslate2_engine_messy_file(tiny_run_dir, ct2_export, tmp_path):
+    """The TensorFlow engine's contract: one line per line, blank lines blank, warnings, the fixture's sentences."""
+    good = [s for s, _ in tiny_corpus()["test"][:3]]
+    translations = [t for _, t in tiny_corpus()["test"][:3]]
+    lines = [
+        good[0].encode(),
+        b"",
+        b"The cat \xff\xfe sees a ball.",
+        " ".join(["word"] * 5000).encode(),
+        b"   ",
+        good[1].encode() + b"\r",
+        good[2].encode(),
+    ]
+    source = tmp_path / "input.txt"
+    source.write_bytes(b"\n".join(lines))
+    before = listing(tiny_run_dir), listing(ct2_export)
+    args = [
+        "--engine",
+        "ctranslate2",
+        "--engine-dir",
+        ct2_export,
+        "--input",
+        source,
+        "--beam",
+        2,
+        "--nbest",
+        2,
+    ]
+    done = cli("translate.py", "--model-dir", tiny_run_dir, *args)
+    stderr = done.stderr.decode()
+    assert done.returncode == 0, stderr[-3000:]
+    rows = done.stdout.decode("utf-8").split("\n")
+    assert rows[-1] == "" and len(rows[:-1]) == len(lines)
+    assert rows[1] == "" and rows[4] == ""
+    for index in (0, 2, 3, 5, 6):
+        fields = rows[index].split("\t")
+        assert len(fields) == 4 and float(fields[1]) >= float(fields[3])
+    assert [rows[i].split("\t")[0] for i in (0, 5, 6)] == translations
+    assert "line 3: invalid UTF-8" in stderr
+    assert "line 4: " in stderr and "translated only the first 63" in stderr
+    assert (listing(tiny_run_dir), listing(ct2_export)) == before

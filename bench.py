@@ -5,7 +5,9 @@
     python bench.py --only train,input --precisions float32 --xla off
 
 Records: {"bench": "train"} per precision x XLA (our TrainStep vs a stock-Keras reference of the same size,
-tokens/s, ratio, MFU), {"bench": "decode"} per search x cache x XLA, {"bench": "attention"} per variant x length,
+tokens/s, ratio, MFU), {"bench": "decode"} per search x cache x XLA, then per search in CTranslate2 (float32, int8,
+patiences) and TensorFlow int8, with BLEU, speed-ups and paired bootstraps, and {"bench": "decode_targets"}
+(benchmarks/decode_engines.py), {"bench": "attention"} per variant x length,
 {"bench": "input"}, {"bench": "input_scale"} per synthetic corpus size (preparation pairs/s, cache size, first
 batch cold/warm, peak RSS), {"bench": "refusal"} (train.py refusing a run directory in use). Logs go to stderr. Exit codes: 0 ok, 2 bad arguments or config.
 """
@@ -57,6 +59,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--decode-sentences", type=int, help="test sentences for no-cache decoding")
     parser.add_argument("--decode-xla", type=_list(_switch), help="XLA settings for decode (default: --xla)")
     parser.add_argument("--beams", type=_list(int), help="beam sizes, 1 = greedy (default 1,4)")
+    parser.add_argument(
+        "--decode-engines",
+        type=_list(str),
+        help="decode rows beside TensorFlow float32: ctranslate2,tensorflow_int8 (default both; '' = none)",
+    )
+    parser.add_argument(
+        "--ct2-patience", type=_list(float), help="CTranslate2 beam patiences (default 1,2,3)"
+    )
+    parser.add_argument(
+        "--ct2-dir", help="CTranslate2 exports and hypotheses (default runs/bench-ctranslate2)"
+    )
     parser.add_argument("--attention-lengths", type=_list(int), help="e.g. 256,512,1024,2048,4096,8192")
     parser.add_argument("--memory-budget-mb", type=float, help="skip full attention whose scores exceed this")
     parser.add_argument("--chunk-size", type=int, help="chunked attention block size")
@@ -68,8 +81,8 @@ def options_from_args(args):
     from benchmarks.runner import BenchOptions
 
     names = ("config", "run_dir", "tokenizer_dir", "precisions", "xla", "train_batches", "train_shapes",
-             "train_rounds", "decode_all", "decode_sentences", "decode_xla", "beams", "attention_lengths",
-             "memory_budget_mb", "chunk_size", "window", "only")  # fmt: skip
+             "train_rounds", "decode_all", "decode_sentences", "decode_xla", "beams", "decode_engines",
+             "ct2_patience", "ct2_dir", "attention_lengths", "memory_budget_mb", "chunk_size", "window", "only")  # fmt: skip
     changes = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
     changes["overrides"] = args.overrides
     return BenchOptions.quick(**changes) if args.quick else BenchOptions(**changes)

@@ -8,6 +8,8 @@ Benchmarks, each printing one JSON object per measured setting:
 - `train_speed`: our training step against a Keras-layers reference model of the same size (`reference_model`),
   per precision and XLA setting, with model FLOPs utilisation (`flops`).
 - `decode_speed`: translation throughput (greedy / beam, cached / full recompute, XLA on / off).
+- `decode_engines`: the same model in CTranslate2 (float32, int8) and TensorFlow int8, with BLEU, speed-ups
+  against the TensorFlow rows and sacreBLEU's paired bootstrap (`significance`).
 - `attention_memory`: time and peak memory of full, chunked and local self-attention over sequence lengths.
 - `input_speed`: the input pipeline alone, against what training consumes.
 - `input_scale`: preparation and first batch on synthetic corpora of 0.5M and 5M pairs (`synthetic_corpus`).

@@ -13,7 +13,11 @@ Per row: throughput (`sentences_per_sec`, `tokens_per_sec`), `compile_seconds` (
 run of the same batches: tracing, graph optimisation and XLA compilation), `peak_memory_mb` of the timed run
 (`benchmarks.memory.measure_peak`: sampled RSS on a CPU) and, for streaming use (`translate.py` one line at a time),
 `latency_ms_p50` / `latency_ms_p95` over `latency_sentences` sentences translated one by one (after their shapes
-were warmed up too).
+were warmed up too); `bleu` (sacreBLEU, `nmt.evaluation.score_corpus`, against the test references) for the rows
+that decode the whole sentence set (the cached ones). Every row names its `engine` ("tensorflow" here),
+`compute_type`, `beam_size`, `alpha` (None for greedy) and `patience` (None: our beam search stops exactly). The
+cached rows and their hypotheses are kept in `context.results["decode"]` for `benchmarks.decode_engines` (the
+CTranslate2 and TensorFlow int8 rows, compared with these).
 """
 
 from __future__ import annotations
@@ -32,7 +36,11 @@ log = logging.getLogger("benchmarks")
 
 
 def load_translator(context: BenchContext, run_dir: str | Path | None):
-    """(model, tokenizer, config, trained): the run directory's when it has weights, else an untrained model."""
+    """(model, tokenizer, config, weights): the run directory's when it has weights, else an untrained model.
+
+    `weights` is the checkpoint prefix the model was restored from; None for the untrained model (built with the
+    config's seed, so two calls give the same weights).
+    """
     from nmt.run_dir import RunDir
     from nmt.translator import Translator
     from transformer.model import build_model
@@ -41,14 +49,39 @@ def load_translator(context: BenchContext, run_dir: str | Path | None):
     if run_dir is not None and RunDir(run_dir).exists():
         try:
             translator = Translator.from_run_dir(run_dir)
-            return translator.model, translator.tokenizer, translator.config, True
+            return translator.model, translator.tokenizer, translator.config, translator.weights
         except Exception as err:  # noqa: BLE001 - e.g. a run still without weights: fall back, and say so
             log.warning("decode bench: cannot load %s (%s); using an untrained model", run_dir, err)
     cfg = context.config
     keras.utils.set_random_seed(cfg.train.seed)
     tokenizer = context.tokenizer
     model = build_model(cfg.model, tokenizer.source_vocab_size, tokenizer.target_vocab_size)
-    return model, tokenizer, cfg, False
+    return model, tokenizer, cfg, None
+
+
+def test_set(config, sentences: int = 0) -> tuple[list[str], list[str]]:
+    """(sources, references) of the config's test split in corpus order, blank sources left out; first `sentences`."""
+    from data.corpus import load_text_pairs
+
+    sources, targets = load_text_pairs(config.data, config.data.test_split)
+    pairs = [(s, t) for s, t in zip(sources, targets) if s.strip()]
+    pairs = pairs[:sentences] if sentences else pairs
+    return [s for s, _ in pairs], [t for _, t in pairs]
+
+
+def bleu(hypotheses: list[str], references: list[str], target_language: str = "") -> float:
+    """Corpus BLEU (sacreBLEU, the signature `evaluate.py` reports), rounded to 2 digits."""
+    from nmt.evaluation import score_corpus
+
+    return round(score_corpus(hypotheses, references, target_language)["bleu"], 2)
+
+
+def row_name(engine: str, compute_type: str, beam: int, *, xla: bool = False, patience=None) -> str:
+    """A row's short name, e.g. "tensorflow float32 beam 4 xla", "ctranslate2 int8_float32 beam 4 patience 2"."""
+    parts = [engine, compute_type, "greedy" if beam == 1 else f"beam {beam}"]
+    parts += ["xla"] if xla else []
+    parts += [f"patience {patience:g}"] if patience is not None else []
+    return " ".join(parts)
 
 
 def warmup_groups(translator, lines: list[str], beam: int, num_lines: int | None = None) -> list[list[str]]:
@@ -80,12 +113,17 @@ def _latencies(translator, lines: list[str], beam: int) -> list[float]:
     return [timed(lambda line=line: translator.translate([line], beam_size=beam))[0] for line in lines]
 
 
-def _percentile(values: list[float], q: float) -> float | None:
+def target_tokens(tokenizer, hypotheses: list[str]) -> int:
+    """Subwords of the hypotheses, re-tokenized with the target tokenizer (EOS not counted)."""
+    return sum(len(ids) for ids in tokenizer.tokenize_target(hypotheses).to_list()) if hypotheses else 0
+
+
+def percentile(values: list[float], q: float) -> float | None:
     return float(np.percentile(values, q)) if values else None
 
 
 def _time_setting(translator, lines: list[str], beam: int, use_cache: bool) -> dict:
-    """Warm up, then translate `lines` once: seconds, compile seconds, traces in the timed run, tokens, peak MB."""
+    """Warm up, then translate `lines` once: seconds, compile seconds, traces, tokens, peak MB, hypotheses."""
 
     def translate(batch):
         return translator.translate(batch, beam_size=beam, use_cache=use_cache)
@@ -97,16 +135,64 @@ def _time_setting(translator, lines: list[str], beam: int, use_cache: bool) -> d
     start = time.perf_counter()
     peak_mb, method, hypotheses = measure_peak(lambda: translate(lines))
     seconds = time.perf_counter() - start
-    pieces = translator.tokenizer.tokenize_target(hypotheses).to_list() if hypotheses else []
     return {
         "seconds": seconds,
         "compile_seconds": max(0.0, warmup - rerun),
         "warmup_seconds": warmup,
         "traces": translator.num_traces - traces,
-        "tokens": sum(len(ids) for ids in pieces),
+        "tokens": target_tokens(translator.tokenizer, hypotheses),
         "peak_memory_mb": peak_mb,
         "peak_memory_method": method,
+        "hypotheses": hypotheses,
     }
+
+
+def measure_tensorflow(
+    translator,
+    lines: list[str],
+    references: list[str] | None,
+    beam: int,
+    *,
+    use_cache: bool = True,
+    latency_sentences: int = 50,
+    compute_type: str = "float32",
+) -> tuple[dict, list[str]]:
+    """(record, hypotheses) of one TensorFlow setting; `bleu` when `references` (one per line) are given."""
+    timing = _time_setting(translator, lines, beam, use_cache)
+    seconds, tokens = timing["seconds"], timing["tokens"]
+    latencies = _latencies(translator, lines[:latency_sentences], beam) if use_cache else []
+    language = translator.config.data.target if translator.config is not None else ""
+    xla = translator.uses_xla(len(lines), beam)
+    record = {
+        "bench": "decode",
+        "row": row_name("tensorflow", compute_type, beam, xla=xla),
+        "engine": "tensorflow",
+        "compute_type": compute_type,
+        "search": "greedy" if beam == 1 else "beam",
+        "beam_size": beam,
+        "alpha": translator.eval_config.alpha if beam > 1 else None,
+        "patience": None,
+        "cache": use_cache,
+        "xla": xla,
+        "sentences": len(lines),
+        "sentences_per_sec": rounded(len(lines) / seconds, 2),
+        "tokens_per_sec": rounded(tokens / seconds),
+        "target_tokens": tokens,
+        "seconds": round(seconds, 2),
+        "compile_seconds": round(timing["compile_seconds"], 2),
+        "warmup_seconds": round(timing["warmup_seconds"], 2),
+        "traces_in_timed_run": timing["traces"],
+        "latency_ms_p50": rounded(1e3 * percentile(latencies, 50)) if latencies else None,
+        "latency_ms_p95": rounded(1e3 * percentile(latencies, 95)) if latencies else None,
+        "latency_sentences": len(latencies),
+        "peak_memory_mb": rounded(timing["peak_memory_mb"]),
+        "peak_memory_method": timing["peak_memory_method"],
+        "bleu": bleu(timing["hypotheses"], references, language) if references is not None else None,
+        "precision": "float32",
+        "batch_size": translator.batch_size,
+        "batch_tokens": translator.batch_tokens,
+    }
+    return record, timing["hypotheses"]
 
 
 def bench_decode(
@@ -128,48 +214,34 @@ def bench_decode(
       no_cache_sentences: test sentences for the no-cache settings (0 = as many as the cached ones).
       latency_sentences: sentences translated one by one for the latency percentiles (cached settings; 0 = none).
     """
-    from data.corpus import load_text_pairs
     from nmt.translator import Translator
 
-    model, tokenizer, config, trained = load_translator(context, run_dir)
-    sources, _ = load_text_pairs(config.data, config.data.test_split)
-    lines = [s for s in sources if s.strip()]
-    lines = lines[:sentences] if sentences else lines
+    model, tokenizer, config, weights = load_translator(context, run_dir)
+    lines, references = test_set(config, sentences)
+    described = {
+        "trained": weights is not None,
+        "model": str(run_dir) if weights is not None else f"untrained d_model={config.model.d_model}",
+    }
     records = []
+    kept = context.results.setdefault("decode", [])
     for xla in xla_settings:
         translator = Translator(
             model, tokenizer, config.eval, max_source_length=config.model.max_length, xla=xla
         )
+        translator.config = config
         for beam in beams:
             for use_cache in caches:
                 subset = lines if use_cache or not no_cache_sentences else lines[:no_cache_sentences]
-                timing = _time_setting(translator, subset, beam, use_cache)
-                seconds, tokens = timing["seconds"], timing["tokens"]
-                latencies = _latencies(translator, lines[:latency_sentences], beam) if use_cache else []
-                record = {
-                    "bench": "decode",
-                    "search": "greedy" if beam == 1 else "beam",
-                    "beam_size": beam,
-                    "cache": use_cache,
-                    "xla": xla,
-                    "sentences": len(subset),
-                    "sentences_per_sec": rounded(len(subset) / seconds, 2),
-                    "tokens_per_sec": rounded(tokens / seconds),
-                    "target_tokens": tokens,
-                    "seconds": round(seconds, 2),
-                    "compile_seconds": round(timing["compile_seconds"], 2),
-                    "warmup_seconds": round(timing["warmup_seconds"], 2),
-                    "traces_in_timed_run": timing["traces"],
-                    "latency_ms_p50": rounded(1e3 * _percentile(latencies, 50)) if latencies else None,
-                    "latency_ms_p95": rounded(1e3 * _percentile(latencies, 95)) if latencies else None,
-                    "latency_sentences": len(latencies),
-                    "peak_memory_mb": rounded(timing["peak_memory_mb"]),
-                    "peak_memory_method": timing["peak_memory_method"],
-                    "trained": trained,
-                    "model": str(run_dir) if trained else f"untrained d_model={config.model.d_model}",
-                    "precision": "float32",
-                    "batch_size": translator.batch_size,
-                    "batch_tokens": translator.batch_tokens,
-                }
-                records.append(emit(record))
+                whole = len(subset) == len(lines)
+                record, hypotheses = measure_tensorflow(
+                    translator,
+                    subset,
+                    references if whole else None,
+                    beam,
+                    use_cache=use_cache,
+                    latency_sentences=latency_sentences if use_cache else 0,
+                )
+                records.append(emit({**record, **described}))
+                if use_cache:
+                    kept.append((records[-1], hypotheses))
     return records

@@ -17,6 +17,7 @@ from benchmarks.common import BenchContext, JsonLines
 log = logging.getLogger("benchmarks")
 
 BENCHES = ("train", "decode", "attention", "input", "input_scale", "refusal")
+DECODE_ENGINES = ("ctranslate2", "tensorflow_int8")  # benchmarks.decode_engines.ENGINES, without its imports
 TOKENIZER_FIELDS = ("dataset", "source", "target", "folder", "train_split", "tokenizer", "vocab_size",
                     "joint_vocab", "tokenizer_max_sentences")  # fmt: skip
 
@@ -44,6 +45,12 @@ class BenchOptions:
     decode_sentences: int = 16  # test sentences for the no-cache settings (quadratic; 100 took 8 of 34 min)
     beams: tuple[int, ...] = (1, 4)
     decode_xla: tuple[bool, ...] | None = None  # XLA settings of the decode benchmark (None = as `xla`)
+    # decode rows of the same model in other engines (benchmarks.decode_engines; the smoke has none): engines,
+    # CTranslate2 beam patiences (alpha != 0; the engine's default is 2), CTranslate2 exports (reused for the same
+    # checkpoint) and every row's hypotheses
+    decode_engines: tuple[str, ...] = ("ctranslate2", "tensorflow_int8")
+    ct2_patience: tuple[float, ...] = (1.0, 2.0, 3.0)
+    ct2_dir: str = "runs/bench-ctranslate2"
     # attention
     attention_lengths: tuple[int, ...] = (256, 512, 1024, 2048, 4096, 8192)
     memory_budget_mb: float = 512.0
@@ -68,6 +75,7 @@ class BenchOptions:
             decode_all=32,
             decode_sentences=8,
             beams=(1, 2),
+            decode_engines=(),
             attention_lengths=(128, 256, 512),
             memory_budget_mb=1.0,
             chunk_size=64,
@@ -104,6 +112,7 @@ def check_options(options: BenchOptions) -> None:
     for kind, given, known in (
         ("benchmark", options.only, BENCHES),
         ("precision", options.precisions, COMPUTE_DTYPES),
+        ("decode engine", options.decode_engines, DECODE_ENGINES),
     ):
         unknown = sorted(set(given) - set(known))
         if unknown:
@@ -149,6 +158,20 @@ def run_benchmarks(options: BenchOptions, emit=None, config=None) -> list[dict]:
                     no_cache_sentences=options.decode_sentences,
                     beams=options.beams,
                     xla_settings=options.xla if options.decode_xla is None else options.decode_xla,
+                )
+            if "decode" in options.only and options.decode_engines:
+                from benchmarks.decode_engines import bench_decode_engines
+
+                records += bench_decode_engines(
+                    context,
+                    emit,
+                    run_dir=options.run_dir,
+                    sentences=options.decode_all,
+                    beams=options.beams,
+                    engines=options.decode_engines,
+                    patiences=options.ct2_patience,
+                    xla_settings=options.xla if options.decode_xla is None else options.decode_xla,
+                    export_dir=options.ct2_dir,
                 )
             if "attention" in options.only:
                 from benchmarks.attention_memory import bench_attention

@@ -21,17 +21,24 @@ from transformer.vocab import BOS_ID, EOS_ID
 __all__ = ["decode_batch", "limit_lengths", "output_limits"]
 
 _FORCED = -1e9  # logit of every non-EOS token once a sentence has reached its length limit
+# Without static shapes, finished sentences leave the batch after a step where at least this fraction of those still
+# running are done (`transformer.decoding`, `compact`): 0 = as soon as one is. Thresholds 0.1, 0.25 and 0.5 were no
+# faster. Measured against the fixed buffers with the whole batch to the end (same ids), 3+3-layer d_model-256 model
+# trained briefly, Multi30k test2016, 2-core CPU under load, interleaved, median of 5: beam 4 1.9-2.3x (the growing
+# cache alone 1.5-1.7x), greedy 1.9x, one sentence at a time 1.1-1.2x.
+COMPACT = 0.0
 
 
 def limit_lengths(step_fn: Callable, eos_id: int = EOS_ID) -> Callable:
     """Wraps a step function so that row `n` emits EOS at output position `state["limit"][n]`.
 
     The wrapped function takes and returns the state `{"inner": <step_fn cache>, "limit": (N,) int32}`; every
-    tensor has the leading batch dimension, so beam search tiles and reorders the limits with the cache.
+    tensor has the leading batch dimension, so beam search tiles and reorders the limits with the cache. A fourth
+    argument (the searches' `memory`) is passed on to `step_fn`.
     """
 
-    def step(ids, index, state):
-        logits, inner = step_fn(ids, index, state["inner"])  # (N, V)
+    def step(ids, index, state, *memory):
+        logits, inner = step_fn(ids, index, state["inner"], *memory)  # (N, V)
         logits = tf.cast(logits, tf.float32)
         vocab = tf.shape(logits)[-1]
         eos_only = tf.where(tf.equal(tf.range(vocab), eos_id), 0.0, _FORCED)  # (V,)
@@ -64,38 +71,36 @@ def decode_batch(
       beam_size, alpha: beam width and GNMT length penalty exponent.
       use_cache: incremental decoding with the key/value cache, or a full decoder pass per step (same results).
       search: "greedy", "beam", or "auto" (greedy for beam_size 1).
-      static_shapes: keep every shape static (needed under XLA); without the cache this re-runs the decoder over
-        the whole output buffer each step instead of over the prefix.
+      static_shapes: keep every shape static (needed under XLA): fixed-size self-attention buffers, every sentence
+        decoded until the whole batch is done; without the cache this re-runs the decoder over the whole output
+        buffer each step instead of over the prefix. False (with the cache): the self K/V grow with the prefix
+        and finished sentences are dropped from the batch (`COMPACT`); same results.
 
     Returns:
       (ids (B, K, max_length) int32 without BOS, PAD after EOS; scores (B, K) float32), K = 1 for greedy search
       and `beam_size` for beam search, best first.
     """
     batch_size = source.shape[0] if source.shape[0] is not None else tf.shape(source)[0]
-    if (
-        use_cache
-    ):  # the search reorders only the self-attention K/V; the beams share their sentence's cross K/V
+    options = {}  # static shapes, the whole batch to the end: the XLA form and the full-recompute reference
+    if use_cache and static_shapes:
+        # The search reorders only the self K/V buffers; the beams share their sentence's cross K/V.
         step_fn, inner = cached_decoding(model, source, max_length)
+    elif use_cache:
+        # The self K/V hold the filled prefix only; finished sentences leave the batch with their cross K/V.
+        step_fn, inner, memory = cached_decoding(
+            model, source, max_length, growing=True, memory_argument=True
+        )
+        options = {"memory": memory, "compact": COMPACT, "static_shapes": False}
     else:
         inner = {}  # the full-recompute step encodes the source once and keeps no cache
         step_fn = full_step_fn(model, source, prefix_only=not static_shapes)
     state = {"inner": inner, "limit": tf.cast(limits, tf.int32)}
     step_fn = limit_lengths(step_fn)
+    common = dict(max_length=max_length, eos_id=EOS_ID, bos_id=BOS_ID, **options)
     if search == "greedy" or (search == "auto" and beam_size == 1):
-        ids, scores = greedy_search(
-            step_fn, state, batch_size=batch_size, max_length=max_length, eos_id=EOS_ID, bos_id=BOS_ID
-        )
+        ids, scores = greedy_search(step_fn, state, batch_size=batch_size, **common)
         return ids[:, tf.newaxis, :], scores[:, tf.newaxis]
-    return beam_search(
-        step_fn,
-        state,
-        batch_size=batch_size,
-        beam_size=beam_size,
-        max_length=max_length,
-        alpha=alpha,
-        eos_id=EOS_ID,
-        bos_id=BOS_ID,
-    )
+    return beam_search(step_fn, state, batch_size=batch_size, beam_size=beam_size, alpha=alpha, **common)
 
 
 def output_limits(source_lengths, a: float, b: int, cap: int):

@@ -118,21 +118,26 @@ class DecoderLayer(keras.layers.Layer):
 
         Returns:
             ``{"self": {"k", "v"}: (B, heads, max_length, depth) zeros, "cross": {"k", "v"}: (B, heads, S, depth)}``,
-            the cross-attention keys/values of ``memory (B, S, d_model)`` projected once.
+            the cross-attention keys/values of ``memory (B, S, d_model)`` projected once. ``max_length=0`` gives
+            the empty self cache of ``decode_step(..., growing=True)``.
         """
         return {
             "self": self.self_attention.init_cache(_batch_size(memory), max_length),
             "cross": self.cross_attention.project_key_value(memory),
         }
 
-    def decode_step(self, x, cache, index, memory_mask=None):
+    def decode_step(self, x, cache, index, memory_mask=None, growing=False):
         """Decode the token(s) at ``index``: ``x (B, 1, d_model)`` -> ``(x (B, 1, d_model), new_cache)``.
 
-        ``index`` is a scalar int32 tensor; ``cache`` comes from `init_cache` (or a previous step). Inference only.
+        ``index`` is a scalar int32 tensor; ``cache`` comes from `init_cache` (or a previous step). ``growing``: the
+        self cache holds exactly positions ``0 .. index - 1`` (``init_cache(memory, 0)``) and grows by the new
+        position(s), which attend to that prefix only (see `MultiHeadAttention`; not under XLA). Inference only.
         """
 
         def self_attend(h):
-            output, _, new_cache = self.self_attention(h, h, h, cache=cache["self"], cache_index=index)
+            output, _, new_cache = self.self_attention(
+                h, h, h, cache=cache["self"], cache_index=index, growing=growing
+            )
             return output, new_cache
 
         x, new_self = self._sublayer(x, self_attend, self.self_attention_norm, False)

@@ -14,11 +14,24 @@ A step function has the signature ``step_fn(ids, index, cache) -> (logits, new_c
   cross-attention keys/values) is not part of the cache: the step function holds it at batch size ``B`` (in its
   closure) and lets row ``n`` read sentence ``n // (N // B)``, which the batch-major layout guarantees. The
   searches then never copy it, neither to tile it nor to reorder it.
+- Or, with ``memory=`` given to the search, that per-sentence state is the step's fourth argument,
+  ``step_fn(ids, index, cache, memory)``, leading dimension ``N // beam_size`` (row ``n`` reads entry
+  ``n // beam_size``). Only then can the search drop finished sentences (``compact``): it gathers the rows of the
+  sentences still running from the cache and from ``memory`` alike, so the step function must then keep nothing
+  row-dependent in its closure.
 - ``logits``: float ``(N, V)``, scores for the token at position ``index + 1``.
 
-Both searches run in one ``tf.while_loop`` with fixed shapes, so they can be wrapped in
-``tf.function(jit_compile=True)``. ``max_steps`` may be a scalar int32 tensor (e.g. ``a * source_length + b``); it is
+Both searches run in one ``tf.while_loop``. With ``static_shapes=True`` (the default) its shapes are fixed, so it can
+be wrapped in ``tf.function(jit_compile=True)``. With ``static_shapes=False`` every dimension of the loop state may
+change between steps: the cache may grow (a KV cache holding only the filled prefix) and, with
+``compact``, the batch shrinks. ``max_steps`` may be a scalar int32 tensor (e.g. ``a * source_length + b``); it is
 clipped to ``max_length``.
+
+Dropping finished sentences (``compact``, a fraction in ``[0, 1]``): after a step where at least ``compact`` of the
+running sentences (and at least one) are done, those sentences leave the loop state; their results are stored at their
+original rows. Greedy: a sentence is done once it produced EOS. Beam: once its finished set is full and no alive
+hypothesis can beat its worst member (the early-stopping test, per sentence) with ``alpha >= 0``; from then on the
+uncompacted search would not change its result either, so the outputs are the same, only less work is done.
 """
 
 import tensorflow as tf
@@ -33,7 +46,19 @@ def length_penalty(length, alpha):
     return tf.pow((5.0 + tf.cast(length, tf.float32)) / 6.0, alpha)
 
 
-def greedy_search(step_fn, cache, *, batch_size, max_length, eos_id=EOS_ID, bos_id=BOS_ID, max_steps=None):
+def greedy_search(
+    step_fn,
+    cache,
+    *,
+    batch_size,
+    max_length,
+    eos_id=EOS_ID,
+    bos_id=BOS_ID,
+    max_steps=None,
+    memory=None,
+    compact=None,
+    static_shapes=True,
+):
     """Pick the most likely token at every step until EOS (or ``max_steps``).
 
     Args:
@@ -43,43 +68,63 @@ def greedy_search(step_fn, cache, *, batch_size, max_length, eos_id=EOS_ID, bos_
         max_length: python int, the buffer length (and the maximum number of generated tokens).
         eos_id, bos_id: special ids.
         max_steps: optional scalar int (tensor), number of steps, clipped to ``max_length``.
+        memory: optional per-sentence state (leading dimension ``B``), passed to the step function as its fourth
+            argument.
+        compact: None, or drop finished rows after a step where at least this fraction of the running rows
+            finished (needs ``memory`` for per-sentence state and ``static_shapes=False``).
+        static_shapes: False lets the cache change shape between steps (and the batch shrink, with ``compact``).
 
     Returns:
         ``(ids, scores)``: ids int32 ``(B, max_length)`` without BOS, ``PAD`` after the first EOS (and after the last
         step); scores float32 ``(B,)``, the sum of the chosen tokens' log-probabilities (EOS included).
     """
     limit = _step_limit(max_steps, max_length)
-    cache = {} if cache is None else cache
+    _check_compact(compact, static_shapes)
+    call = _caller(step_fn, memory)
 
     # Loop state:
     #   t        scalar int32        step number = position read from the buffer
-    #   seq      (B, max_length + 1) BOS, then the chosen tokens; PAD elsewhere
-    #   finished (B,) bool           EOS already produced
-    #   scores   (B,) float32        sum of log-probabilities of the chosen tokens
-    #   cache    nested, leading B
-    def cond(t, seq, finished, scores, cache):
-        return tf.logical_and(t < limit, tf.logical_not(tf.reduce_all(finished)))
+    #   seq      (M, max_length + 1) BOS, then the chosen tokens; PAD elsewhere (M = B without `compact`)
+    #   finished (M,) bool           EOS already produced
+    #   scores   (M,) float32        sum of log-probabilities of the chosen tokens
+    #   cache    nested, leading M;  memory: nested, leading M
+    #   with `compact`: original (M,) int32, the row of each in the batch; out {"seq", "scores"}: (B, ...) dropped rows
+    def cond(s):
+        return tf.logical_and(s["t"] < limit, tf.logical_not(tf.reduce_all(s["finished"])))
 
-    def body(t, seq, finished, scores, cache):
-        logits, cache = step_fn(seq[:, :max_length], t, cache)
-        log_probs = tf.nn.log_softmax(tf.cast(logits, tf.float32), axis=-1)  # (B, V)
-        token = tf.argmax(log_probs, axis=-1, output_type=tf.int32)  # (B,)
-        token_log_prob = tf.gather(log_probs, token, axis=1, batch_dims=1)  # (B,)
+    def body(s):
+        t, finished = s["t"], s["finished"]
+        logits, cache = call(s["seq"][:, :max_length], t, s["cache"], s["memory"])
+        log_probs = tf.nn.log_softmax(tf.cast(logits, tf.float32), axis=-1)  # (M, V)
+        token = tf.argmax(log_probs, axis=-1, output_type=tf.int32)  # (M,)
+        token_log_prob = tf.gather(log_probs, token, axis=1, batch_dims=1)  # (M,)
         token = tf.where(finished, PAD_ID, token)
-        scores = scores + tf.where(finished, 0.0, token_log_prob)
-        seq = _write(seq, t + 1, token)
-        finished = tf.logical_or(finished, tf.equal(token, eos_id))
-        return t + 1, seq, finished, scores, cache
+        new = dict(s, t=t + 1, cache=cache)
+        new["scores"] = s["scores"] + tf.where(finished, 0.0, token_log_prob)
+        new["seq"] = _write(s["seq"], t + 1, token)
+        new["finished"] = tf.logical_or(finished, tf.equal(token, eos_id))
+        if compact is not None:
+            results = lambda s: {"seq": s["seq"], "scores": s["scores"]}  # noqa: E731
+            new = _drop(new, _to_drop(new["finished"], compact), results, _GREEDY_ROWS)
+        return (new,)
 
-    state = (
-        tf.constant(0, tf.int32),
-        _initial_sequences([batch_size], max_length, bos_id),
-        tf.zeros([batch_size], tf.bool),
-        tf.zeros([batch_size], tf.float32),
-        cache,
-    )
-    _, seq, _, scores, _ = tf.while_loop(cond, body, state)
-    return seq[:, 1:], scores
+    state = {
+        "t": tf.constant(0, tf.int32),
+        "seq": _initial_sequences([batch_size], max_length, bos_id),
+        "finished": tf.zeros([batch_size], tf.bool),
+        "scores": tf.zeros([batch_size], tf.float32),
+        "cache": {} if cache is None else cache,
+        "memory": {} if memory is None else memory,
+    }
+    if compact is not None:
+        state["original"] = tf.range(batch_size)
+        state["out"] = {"seq": state["seq"], "scores": state["scores"]}
+    (state,) = _loop(cond, body, state, static_shapes)
+    if compact is None:
+        return state["seq"][:, 1:], state["scores"]
+    everyone = tf.ones_like(state["finished"])
+    out = _store(state["out"], state["original"], everyone, {"seq": state["seq"], "scores": state["scores"]})
+    return out["seq"][:, 1:], out["scores"]
 
 
 def beam_search(
@@ -93,6 +138,9 @@ def beam_search(
     eos_id=EOS_ID,
     bos_id=BOS_ID,
     max_steps=None,
+    memory=None,
+    compact=None,
+    static_shapes=True,
 ):
     """Beam search with the GNMT length penalty, keeping finished hypotheses (Wu et al., 2016; as in tensor2tensor).
 
@@ -101,17 +149,26 @@ def beam_search(
     ``len`` counting EOS) and continues with the best ``beam_size`` that did not end. The cache is reordered with
     ``tf.gather`` by the origin beam of each survivor. The search stops after ``max_steps`` steps, or early once for
     every batch entry the best alive hypothesis, even with the most favourable length penalty, cannot beat the worst
-    of a full finished set (this bound is exact for ``alpha >= 0``; for ``alpha < 0`` the next length is used).
+    of a full finished set (this bound is exact: ``length_penalty(max_steps)`` for ``alpha >= 0``, the next length
+    for ``alpha < 0``).
 
     Args:
         step_fn: ``(ids (B * beam, max_length), index, cache) -> (logits (B * beam, V), new_cache)``.
         cache: initial cache with leading dimension ``B`` (tiled to ``B * beam`` here), or None.
-        batch_size: python int ``B``.
+        batch_size: python int ``B`` (or a scalar int32 tensor).
         beam_size: python int.
         max_length: python int, buffer length and maximum number of generated tokens.
         alpha: float, length penalty exponent (0 = no penalty).
         eos_id, bos_id: special ids.
         max_steps: optional scalar int (tensor), clipped to ``max_length``.
+        memory: optional per-sentence state (leading dimension ``B``, not tiled), passed to the step function as its
+            fourth argument.
+        compact: None, or drop done sentences (see the module docstring) after a step where at least this fraction
+            of the running sentences are done (needs ``memory`` for per-sentence state and ``static_shapes=False``).
+            Ignored for ``alpha < 0``: there the final merge, at the step where the whole batch stops, may still
+            prefer a done sentence's alive hypotheses (a shorter length penalises less), so its result depends on
+            that step.
+        static_shapes: False lets the cache change shape between steps (and the batch shrink, with ``compact``).
 
     Returns:
         ``(ids, scores)``: ids int32 ``(B, beam, max_length)`` without BOS and ``PAD`` after EOS; scores float32
@@ -121,78 +178,170 @@ def beam_search(
     """
     b, k, length = batch_size, beam_size, max_length
     limit = _step_limit(max_steps, max_length)
+    _check_compact(compact, static_shapes)
+    if alpha < 0:  # a done sentence's result may still depend on the step where the batch stops
+        compact = None
+    call = _caller(step_fn, memory)
     cache = {} if cache is None else cache
     cache = tf.nest.map_structure(lambda x: tf.repeat(x, k, axis=0), cache)  # (B * beam, ...)
-    batch_offset = tf.range(b)[:, None] * k  # (B, 1)
 
     def bound_penalty(t):
         return length_penalty(limit, alpha) if alpha >= 0 else length_penalty(t + 1, alpha)
 
-    # Loop state (sequences hold BOS at position 0 and the token generated at step t at position t + 1):
-    #   t               scalar int32                 step number = position read from the buffer
-    #   alive_seq       (B, beam, max_length + 1)    unfinished hypotheses, best first
-    #   alive_log_prob  (B, beam) float32            their summed log-probabilities (NEG_INF = empty slot)
-    #   finished_seq    (B, beam, max_length + 1)    hypotheses that ended with EOS, best first
-    #   finished_score  (B, beam) float32            their length-penalised scores (NEG_INF = empty slot)
-    #   finished_flag   (B, beam) bool               slot holds a real finished hypothesis
-    #   cache           nested, leading B * beam     row b * beam + i belongs to alive_seq[b, i]
-    def cond(t, alive_seq, alive_log_prob, finished_seq, finished_score, finished_flag, cache):
-        best_alive = alive_log_prob[:, 0] / bound_penalty(t)  # (B,)
-        worst_finished = tf.where(
-            tf.reduce_all(finished_flag, axis=1), tf.reduce_min(finished_score, axis=1), 2.0 * NEG_INF
-        )  # (B,)
-        alive_real = alive_log_prob[:, 0] > 0.5 * NEG_INF
-        can_improve = tf.logical_and(alive_real, best_alive > worst_finished)
-        return tf.logical_and(t < limit, tf.reduce_any(can_improve))
+    def can_improve(t, s):
+        """(M,) bool: sentence may still change its result (the early-stopping test before step ``t``)."""
+        best_alive = s["alive_log_prob"][:, 0] / bound_penalty(t)  # (M,)
+        full = tf.reduce_all(s["finished_flag"], axis=1)
+        worst_finished = tf.where(full, tf.reduce_min(s["finished_score"], axis=1), 2.0 * NEG_INF)  # (M,)
+        alive_real = s["alive_log_prob"][:, 0] > 0.5 * NEG_INF
+        return tf.logical_and(alive_real, best_alive > worst_finished)
 
-    def body(t, alive_seq, alive_log_prob, finished_seq, finished_score, finished_flag, cache):
-        logits, cache = step_fn(tf.reshape(alive_seq, [b * k, length + 1])[:, :length], t, cache)
+    def final(t, s):
+        """Results at ``t`` steps: the unfinished compete with the finished on their current score (as if EOS were
+        forced there); after an early finish they cannot win by construction."""
+        alive_score = s["alive_log_prob"] / length_penalty(t, alpha)
+        scores, best = tf.math.top_k(tf.concat([s["finished_score"], alive_score], axis=1), k=k)  # (M, beam)
+        ids = tf.gather(tf.concat([s["finished_seq"], s["alive_seq"]], axis=1), best, batch_dims=1)
+        return {"seq": ids, "scores": scores}
+
+    # Loop state (sequences hold BOS at position 0 and the token generated at step t at position t + 1); M = B
+    # sentences without `compact`:
+    #   t               scalar int32                 step number = position read from the buffer
+    #   alive_seq       (M, beam, max_length + 1)    unfinished hypotheses, best first
+    #   alive_log_prob  (M, beam) float32            their summed log-probabilities (NEG_INF = empty slot)
+    #   finished_seq    (M, beam, max_length + 1)    hypotheses that ended with EOS, best first
+    #   finished_score  (M, beam) float32            their length-penalised scores (NEG_INF = empty slot)
+    #   finished_flag   (M, beam) bool               slot holds a real finished hypothesis
+    #   cache           nested, leading M * beam     row m * beam + i belongs to alive_seq[m, i]
+    #   memory          nested, leading M
+    #   with `compact`: original (M,) int32, the sentence of each in the batch; out {"seq", "scores"}: (B, beam, ...)
+    def cond(s):
+        return tf.logical_and(s["t"] < limit, tf.reduce_any(can_improve(s["t"], s)))
+
+    def body(s):
+        t, alive_seq = s["t"], s["alive_seq"]
+        m = b if static_shapes else tf.shape(alive_seq)[0]  # sentences in the loop state
+        logits, cache = call(
+            tf.reshape(alive_seq, [m * k, length + 1])[:, :length], t, s["cache"], s["memory"]
+        )
         vocab = tf.shape(logits)[-1]
         log_probs = tf.nn.log_softmax(tf.cast(logits, tf.float32), axis=-1)
-        log_probs = tf.reshape(log_probs, [b, k, vocab])  # (B, beam, V)
-        candidates = tf.reshape(alive_log_prob[:, :, None] + log_probs, [b, k * vocab])  # (B, beam * V)
-        top_log_prob, top_index = tf.math.top_k(candidates, k=2 * k)  # (B, 2 * beam)
-        origin = top_index // vocab  # (B, 2 * beam) beam each candidate extends
-        token = top_index % vocab  # (B, 2 * beam)
-        top_seq = tf.gather(alive_seq, origin, batch_dims=1)  # (B, 2 * beam, max_length + 1)
+        log_probs = tf.reshape(log_probs, [m, k, vocab])  # (M, beam, V)
+        candidates = tf.reshape(s["alive_log_prob"][:, :, None] + log_probs, [m, k * vocab])  # (M, beam * V)
+        top_log_prob, top_index = tf.math.top_k(candidates, k=2 * k)  # (M, 2 * beam)
+        origin = top_index // vocab  # (M, 2 * beam) beam each candidate extends
+        token = top_index % vocab  # (M, 2 * beam)
+        top_seq = tf.gather(alive_seq, origin, batch_dims=1)  # (M, 2 * beam, max_length + 1)
         top_seq = _write(top_seq, t + 1, token)
         ends = tf.equal(token, eos_id)
+        new = dict(s, t=t + 1)
 
         # Alive: the best `beam` candidates that did not end (at most `beam` of the 2 * beam end).
-        _, keep = tf.math.top_k(tf.where(ends, tf.float32.min, top_log_prob), k=k)  # (B, beam)
-        alive_seq = tf.gather(top_seq, keep, batch_dims=1)
-        alive_log_prob = tf.gather(top_log_prob, keep, batch_dims=1)
-        rows = tf.reshape(batch_offset + tf.gather(origin, keep, batch_dims=1), [b * k])  # (B * beam,)
-        cache = tf.nest.map_structure(lambda x: tf.gather(x, rows), cache)
+        _, keep = tf.math.top_k(tf.where(ends, tf.float32.min, top_log_prob), k=k)  # (M, beam)
+        new["alive_seq"] = tf.gather(top_seq, keep, batch_dims=1)
+        new["alive_log_prob"] = tf.gather(top_log_prob, keep, batch_dims=1)
+        rows = tf.range(m)[:, None] * k + tf.gather(origin, keep, batch_dims=1)  # (M, beam) cache row of each
 
         # Finished: merge the old set with the candidates that ended, keep the best `beam`.
         new_flag = tf.logical_and(ends, top_log_prob > 0.5 * NEG_INF)
         new_score = tf.where(new_flag, top_log_prob / length_penalty(t + 1, alpha), NEG_INF)
-        pool_score = tf.concat([finished_score, new_score], axis=1)  # (B, 3 * beam)
-        finished_score, best = tf.math.top_k(pool_score, k=k)
-        finished_seq = tf.gather(tf.concat([finished_seq, top_seq], axis=1), best, batch_dims=1)
-        finished_flag = tf.gather(tf.concat([finished_flag, new_flag], axis=1), best, batch_dims=1)
-        return t + 1, alive_seq, alive_log_prob, finished_seq, finished_score, finished_flag, cache
+        pool_score = tf.concat([s["finished_score"], new_score], axis=1)  # (M, 3 * beam)
+        new["finished_score"], best = tf.math.top_k(pool_score, k=k)
+        new["finished_seq"] = tf.gather(tf.concat([s["finished_seq"], top_seq], axis=1), best, batch_dims=1)
+        new["finished_flag"] = tf.gather(
+            tf.concat([s["finished_flag"], new_flag], axis=1), best, batch_dims=1
+        )
+
+        if compact is not None:  # done: a full finished set that nothing alive can beat any more (alpha >= 0)
+            done = tf.logical_and(
+                tf.logical_not(can_improve(t + 1, new)), tf.reduce_all(new["finished_flag"], axis=1)
+            )
+            new["rank"] = rows
+            new = _drop(new, _to_drop(done, compact), lambda s: final(t + 1, s), _BEAM_ROWS)
+            rows = new.pop("rank")
+        new["cache"] = tf.nest.map_structure(lambda x: tf.gather(x, tf.reshape(rows, [-1])), cache)
+        return (new,)
 
     # All beams start identical: only the first is expanded at step 0.
-    first_only = tf.concat([tf.zeros([b, 1]), tf.fill([b, k - 1], NEG_INF)], axis=1)
-    state = (
-        tf.constant(0, tf.int32),
-        _initial_sequences([b, k], length, bos_id),
-        first_only,
-        _initial_sequences([b, k], length, PAD_ID),
-        tf.fill([b, k], NEG_INF),
-        tf.zeros([b, k], tf.bool),
-        cache,
-    )
-    t, alive_seq, alive_log_prob, finished_seq, finished_score, _, _ = tf.while_loop(cond, body, state)
+    state = {
+        "t": tf.constant(0, tf.int32),
+        "alive_seq": _initial_sequences([b, k], length, bos_id),
+        "alive_log_prob": tf.concat([tf.zeros([b, 1]), tf.fill([b, k - 1], NEG_INF)], axis=1),
+        "finished_seq": _initial_sequences([b, k], length, PAD_ID),
+        "finished_score": tf.fill([b, k], NEG_INF),
+        "finished_flag": tf.zeros([b, k], tf.bool),
+        "cache": cache,
+        "memory": {} if memory is None else memory,
+    }
+    if compact is not None:
+        state["original"] = tf.range(b)
+        state["out"] = {"seq": state["finished_seq"], "scores": state["finished_score"]}
+    (state,) = _loop(cond, body, state, static_shapes)
+    result = final(state["t"], state)
+    if compact is not None:
+        everyone = tf.ones_like(state["original"], tf.bool)
+        result = _store(state["out"], state["original"], everyone, result)
+    return result["seq"][:, :, 1:], result["scores"]
 
-    # At the step limit unfinished hypotheses compete with the finished ones on their current score (as if EOS
-    # were forced there); after an early finish they cannot win by construction.
-    alive_score = alive_log_prob / length_penalty(t, alpha)
-    scores, best = tf.math.top_k(tf.concat([finished_score, alive_score], axis=1), k=k)  # (B, beam)
-    ids = tf.gather(tf.concat([finished_seq, alive_seq], axis=1), best, batch_dims=1)
-    return ids[:, :, 1:], scores
+
+# Loop state with one row per running sentence (beam search: ``rank``, the cache rows of its beams).
+_GREEDY_ROWS = ("seq", "finished", "scores", "cache", "original", "memory")
+_BEAM_ROWS = "alive_seq alive_log_prob finished_seq finished_score finished_flag original rank memory".split()
+
+
+def _check_compact(compact, static_shapes):
+    if compact is None:
+        return
+    if static_shapes:
+        raise ValueError("compact drops rows: it needs static_shapes=False (not under XLA)")
+    if not 0.0 <= compact <= 1.0:
+        raise ValueError(f"compact must be a fraction in [0, 1], got {compact!r}")
+
+
+def _caller(step_fn, memory):
+    """``call(ids, index, cache, memory)``: passes ``memory`` on only if the search was given one."""
+    if memory is None:
+        return lambda ids, index, cache, _: step_fn(ids, index, cache)
+    return step_fn
+
+
+def _loop(cond, body, state, static_shapes):
+    """``tf.while_loop`` over the state dict; ``static_shapes=False`` lets every dimension change (not the ranks)."""
+    if static_shapes:
+        return tf.while_loop(cond, body, (state,))
+    invariants = tf.nest.map_structure(lambda x: tf.TensorShape([None] * x.shape.rank), state)
+    return tf.while_loop(cond, body, (state,), shape_invariants=(invariants,))
+
+
+def _to_drop(done, compact):
+    """``(M,)`` bool: the done rows, if they are at least one and at least ``compact`` of the ``M`` rows."""
+    count = tf.reduce_sum(tf.cast(done, tf.float32))
+    enough = tf.logical_and(count > 0.0, count >= compact * tf.cast(tf.size(done), tf.float32))
+    return tf.logical_and(done, enough)
+
+
+def _store(out, rows, which, values):
+    """``out[name][rows[i]] = values[name][i]`` for the rows ``i`` where ``which`` is True."""
+    at = tf.where(which)[:, 0]  # (D,)
+    indices = tf.gather(rows, at)[:, None]  # (D, 1)
+    return {
+        name: tf.tensor_scatter_nd_update(out[name], indices, tf.gather(values[name], at)) for name in out
+    }
+
+
+def _drop(state, gone, results, names):
+    """Stores ``results(state)`` of the rows where ``gone`` is True in ``state["out"]`` and removes them from
+    ``state[name]`` for ``names``; nothing happens (one `tf.cond`) in the steps where no row goes."""
+
+    def drop():
+        keep = tf.where(tf.logical_not(gone))[:, 0]  # (M',)
+        kept = {name: tf.nest.map_structure(lambda x: tf.gather(x, keep), state[name]) for name in names}
+        return dict(kept, out=_store(state["out"], state["original"], gone, results(state)))
+
+    def stay():
+        return {name: state[name] for name in (*names, "out")}
+
+    return dict(state, **tf.cond(tf.reduce_any(gone), drop, stay))
 
 
 def _step_limit(max_steps, max_length):

@@ -182,6 +182,23 @@ class Transformer(keras.Model):
         memory = self.encode(source, training=training)
         return self.decode(target_in, memory, self.source_mask(source), training=training)
 
+    def masked_logits(self, inputs, mask, training=False):
+        """Logits of the target positions where ``mask`` is True only, for the training loss on real tokens.
+
+        Args:
+            inputs: as for `call`.
+            mask: bool ``(B, T)``, e.g. the non-padding positions of ``target_out``.
+
+        Returns:
+            float32 logits ``(N, V)``, one row per True position in row-major order (that of
+            ``tf.boolean_mask(target_out, mask)``). The decoder runs over every position as in `call`; only the
+            output projection (the largest matmul) skips the others. Not XLA-compilable (``N`` is data-dependent).
+        """
+        source, target_in = inputs["source"], inputs["target_in"]
+        memory = self.encode(source, training=training)
+        x, _ = self._decoder_stack(target_in, memory, self.source_mask(source), training)
+        return self._logits(tf.boolean_mask(x, mask))  # (N, d_model) -> (N, V)
+
     # -- masks -----------------------------------------------------------------------------------------------------
 
     def source_mask(self, source):
@@ -250,13 +267,15 @@ class Transformer(keras.Model):
 
     # -- incremental decoding --------------------------------------------------------------------------------------
 
-    def init_cache(self, source, memory, max_length):
+    def init_cache(self, source, memory, max_length, growing=False):
         """Decoding cache, in two parts: per-sentence ``"memory"`` (constant) and per-row ``"self"`` (grows).
 
         Args:
             source: int32 ``(B, S)``.
             memory: ``encode(source)``, ``(B, S, d_model)``.
             max_length: python int, number of decoder positions (``index`` runs over ``0 .. max_length - 1``).
+            growing: False: self K/V buffers of ``max_length`` (static shapes, for XLA). True: empty self K/V
+                that ``decode_step(..., growing=True)`` extends by one position per step (not under XLA).
 
         Returns:
             ``{"memory": {"source_mask": bool (B, 1, 1, S), "cross": [{"k", "v"}, ...]}, "self": [{"k", "v"}, ...]}``,
@@ -269,13 +288,13 @@ class Transformer(keras.Model):
             raise ValueError(
                 f"max_length={max_length} exceeds the position table (max_length={self.max_length})"
             )
-        layers = [layer.init_cache(memory, max_length) for layer in self.decoder_layers]
+        layers = [layer.init_cache(memory, 0 if growing else max_length) for layer in self.decoder_layers]
         return {
             "memory": {"source_mask": self.source_mask(source), "cross": [c["cross"] for c in layers]},
             "self": [c["self"] for c in layers],
         }
 
-    def decode_step(self, tokens, cache, index):
+    def decode_step(self, tokens, cache, index, growing=False):
         """One decoding step.
 
         Args:
@@ -283,6 +302,7 @@ class Transformer(keras.Model):
                 ``B``, rows batch-major (row ``n`` belongs to sentence ``n // (N // B)``).
             cache: from `init_cache` or the previous step, ``"self"`` with leading dimension ``N``.
             index: scalar int32 tensor (or python int).
+            growing: the cache came from ``init_cache(..., growing=True)`` (self K/V: positions ``< index``).
 
         Returns:
             ``(logits (N, V) float32, new_cache)``; the logits equal ``call()``'s at position ``index`` for the same
@@ -293,9 +313,8 @@ class Transformer(keras.Model):
         x = self.target_embedding(tokens[:, None], start_index=index)  # (N, 1, d_model)
         new_self = []
         for layer, self_cache, cross in zip(self.decoder_layers, cache["self"], memory["cross"]):
-            x, layer_cache = layer.decode_step(
-                x, {"self": self_cache, "cross": cross}, index, memory_mask=memory["source_mask"]
-            )
+            layer_cache = {"self": self_cache, "cross": cross}
+            x, layer_cache = layer.decode_step(x, layer_cache, index, memory["source_mask"], growing)
             new_self.append(layer_cache["self"])
         if self.norm == "pre":
             x = normalize(self.decoder_norm, x)

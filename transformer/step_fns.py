@@ -7,6 +7,8 @@ Example:
     >>> step_fn, cache = cached_decoding(model, source, max_length)
     >>> ids, scores = beam_search(step_fn, cache, batch_size=B, beam_size=4, max_length=max_length)
     >>> ids, scores = beam_search(full_step_fn(model, source), None, batch_size=B, beam_size=4, max_length=max_length)
+    >>> step_fn, cache, memory = cached_decoding(model, source, max_length, growing=True, memory_argument=True)
+    >>> ids, scores = beam_search(step_fn, cache, memory=memory, compact=0.0, static_shapes=False, ...)
 """
 
 import tensorflow as tf
@@ -16,18 +18,26 @@ from transformer.vocab import BOS_ID, PAD_ID
 FORBIDDEN = (PAD_ID, BOS_ID)
 
 
-def cached_decoding(model, source, max_length, forbid=FORBIDDEN):
-    """``(step_fn, cache)`` for incremental decoding of ``source (B, S)`` with a ``max_length`` buffer.
+def cached_decoding(model, source, max_length, forbid=FORBIDDEN, *, growing=False, memory_argument=False):
+    """``(step_fn, cache)`` (or ``(step_fn, cache, memory)``) for incremental decoding of ``source (B, S)``.
 
-    The source is encoded once; the step function holds the per-sentence part of the cache (source mask, cross
-    K/V at ``B`` rows, shared by the beams of a sentence) and the search carries, tiles and reorders only the
-    self-attention K/V.
+    The source is encoded once; the per-sentence part of the cache (source mask, cross K/V at ``B`` rows, shared
+    by the beams of a sentence) stays out of the search's cache, which holds only the self-attention K/V.
+
+    Args:
+        growing: the self K/V start empty and grow by one position per step (`Transformer.decode_step`): dynamic
+            shapes, so the search needs ``static_shapes=False``; not under XLA.
+        memory_argument: False: the step function holds the per-sentence part in its closure. True: returns
+            ``(step_fn, cache, memory)`` and the step function takes it as a fourth argument (the searches'
+            ``memory``), so that a search can drop finished sentences from it (``compact``).
     """
-    cache = model.init_cache(source, model.encode(source), max_length)
-    return cached_step_fn(model, cache["memory"], forbid), cache["self"]
+    cache = model.init_cache(source, model.encode(source), max_length, growing=growing)
+    if memory_argument:
+        return cached_step_fn(model, None, forbid, growing=growing), cache["self"], cache["memory"]
+    return cached_step_fn(model, cache["memory"], forbid, growing=growing), cache["self"]
 
 
-def cached_step_fn(model, memory=None, forbid=FORBIDDEN):
+def cached_step_fn(model, memory=None, forbid=FORBIDDEN, growing=False):
     """Incremental step: feeds ``ids[:, index]`` to ``model.decode_step`` with the KV cache.
 
     Args:
@@ -35,18 +45,23 @@ def cached_step_fn(model, memory=None, forbid=FORBIDDEN):
         memory: ``model.init_cache(...)["memory"]`` (batch ``B``): the step then takes and returns only the
             ``"self"`` part as its cache, and row ``n`` of ``N`` reads sentence ``n // (N // B)`` of ``memory``.
             None: the search's cache is the whole ``init_cache`` dict (its memory part then gets tiled and
-            reordered with the rest: same results, more work).
+            reordered with the rest: same results, more work), unless the search passes the memory as the step's
+            fourth argument.
+        growing: the cache comes from ``init_cache(..., growing=True)``.
 
     Returns:
-        ``step_fn(ids (N, max_length), index, cache) -> (logits (N, V) float32, new_cache)``.
+        ``step_fn(ids (N, max_length), index, cache, memory=None) -> (logits (N, V) float32, new_cache)``.
     """
 
-    def step_fn(ids, index, cache):
+    def step_fn(ids, index, cache, step_memory=None):
         tokens = tf.gather(ids, index, axis=1)  # (N,)
-        if memory is None:
-            logits, cache = model.decode_step(tokens, cache, index)
+        sentences = memory if step_memory is None else step_memory
+        if sentences is None:
+            logits, cache = model.decode_step(tokens, cache, index, growing=growing)
         else:
-            logits, full = model.decode_step(tokens, {"memory": memory, "self": cache}, index)
+            logits, full = model.decode_step(
+                tokens, {"memory": sentences, "self": cache}, index, growing=growing
+            )
             cache = full["self"]
         return _forbid(logits, forbid), cache
 

@@ -262,3 +262,23 @@ def test_xla_auto_on_cpu_only_for_greedy_search_of_many_lines(translator):
             translator.model, translator.tokenizer, translator.eval_config, max_source_length=64, xla=setting
         )
         assert fixed.uses_xla(1, 4) is setting and fixed.uses_xla(XLA_AUTO_MIN_LINES, 1) is setting
+
+
+def test_xla_decoding_equals_the_default(translator):
+    """Under XLA (fixed-size buffers, every sentence decoded until its batch ends) == without XLA (a cache growing
+    with the prefix, finished sentences dropped from the batch): the same n-best lists, sentences ending at
+    different steps (greedy: tests/transformer/test_decoding.py)."""
+    src, _ = sources(6)
+    lines = [*src, src[0] + " " + src[1]]
+    xla = Translator(
+        translator.model, translator.tokenizer, translator.eval_config, max_source_length=64, xla=True
+    )
+    assert not translator.uses_xla(len(lines), 2) and xla.uses_xla(len(lines), 2)
+    expected, got = (
+        translator.translate(lines, beam_size=2, nbest=2),
+        xla.translate(lines, beam_size=2, nbest=2),
+    )
+    assert [[text for text, _ in n] for n in got] == [[text for text, _ in n] for n in expected]
+    np.testing.assert_allclose(
+        [[s for _, s in n] for n in got], [[s for _, s in n] for n in expected], atol=1e-4
+    )

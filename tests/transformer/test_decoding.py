@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from nmt.batch_decoding import decode_batch
 from transformer.decoding import beam_search, greedy_search, length_penalty
 from transformer.model import build_model
 from transformer.step_fns import cached_decoding, cached_step_fn, full_step_fn
@@ -92,10 +93,11 @@ def test_beam_finds_the_sequence_greedy_misses():
     np.testing.assert_allclose(scores.numpy()[0], [math.log(0.45 * 0.95), math.log(0.55 * 0.4)], atol=1e-5)
 
 
-def random_table(seed, rows, max_length, eos_at):
-    """Random log-probabilities where EOS is (nearly) impossible except at index ``eos_at[row]``, where it wins."""
+def random_table(seed, rows, max_length, eos_at, eos_logit=-30.0):
+    """Random log-probabilities where EOS has logit ``eos_logit`` (default: nearly impossible) except at index
+    ``eos_at[row]``, where it wins."""
     logits = np.random.default_rng(seed).normal(scale=2.0, size=(rows, max_length, VOCAB, VOCAB))
-    logits[..., EOS_ID] = -30.0
+    logits[..., EOS_ID] = eos_logit
     for row, index in enumerate(eos_at):
         logits[row, index, :, EOS_ID] = 30.0
     return (logits - np.log(np.exp(logits).sum(-1, keepdims=True))).astype(np.float32)
@@ -244,8 +246,7 @@ def test_searches_compile_with_xla():
         np.testing.assert_allclose(got.numpy(), expected.numpy(), atol=1e-5)
 
 
-@pytest.mark.parametrize("prefix_only", [False, True])
-def test_real_model_cached_and_full_steps_agree(prefix_only):
+def tiny_model():
     config = types.SimpleNamespace(
         d_model=16,
         num_heads=2,
@@ -265,7 +266,12 @@ def test_real_model_cached_and_full_steps_agree(prefix_only):
         mask_fill="auto",
         max_length=16,
     )
-    model = build_model(config, 32, 32)
+    return build_model(config, 32, 32)
+
+
+@pytest.mark.parametrize("prefix_only", [False, True])
+def test_real_model_cached_and_full_steps_agree(prefix_only):
+    model = tiny_model()
     source = tf.constant([[5, 9, 12, 7, EOS_ID], [6, 8, EOS_ID, PAD_ID, PAD_ID]])
     max_length = 6
     step_fn, cache = cached_decoding(model, source, max_length)
@@ -286,3 +292,113 @@ def test_real_model_cached_and_full_steps_agree(prefix_only):
     np.testing.assert_array_equal(cached[0].numpy(), full[0].numpy())
     np.testing.assert_allclose(cached[1].numpy(), full[1].numpy(), atol=1e-4)
     assert not np.isin(cached[0].numpy(), [BOS_ID]).any()  # the adapters forbid BOS (and PAD before EOS)
+
+
+# -- dropping finished sentences (compact) and the growing KV cache ---------------------------------------------------
+
+
+def memory_table_step(table, sizes=None):
+    """Like `table_step`, but the table row comes from the per-sentence ``memory`` (the step's fourth argument), and
+    the cache records the fed tokens in a growing ``(N, index)`` tensor that must follow its row (checked)."""
+    table = tf.constant(table)
+
+    def step_fn(ids, index, cache, memory):
+        if sizes is not None:
+            sizes.append(int(tf.shape(ids)[0]))  # eager runs only
+        tf.debugging.assert_equal(cache["fed"], ids[:, :index])
+        sentence = tf.repeat(memory["row"], tf.shape(ids)[0] // tf.shape(memory["row"])[0])  # (N,)
+        previous = tf.gather(ids, index, axis=1)
+        at = tf.stack([sentence, tf.fill(tf.shape(previous), index), previous], axis=1)
+        return tf.gather_nd(table, at), {"fed": tf.concat([cache["fed"], previous[:, None]], axis=1)}
+
+    return step_fn
+
+
+EOS_AT = [1, 4, 0, 6, 2]  # the step at which each sentence surely ends (0: while only one beam is alive)
+GREEDY_CASES = [(1, 0.0, 0.6, -30.0), (1, 0.5, -0.5, 0.0)]  # (beam, compact, alpha, eos_logit)
+BEAM_CASES = [(3, 0.0, 0.6, -30.0), (3, 0.5, 1.4, 0.0), (3, 0.0, -0.5, 0.0)]
+
+
+@pytest.mark.parametrize(("beam", "compact", "alpha", "eos_logit"), GREEDY_CASES + BEAM_CASES)
+def test_compaction_drops_done_sentences_and_changes_nothing(beam, compact, alpha, eos_logit):
+    """Compacted search == the plain search (ids, scores, empty slots included), eagerly and in a graph, while the
+    step really sees fewer rows as sentences end at different steps. With a likely EOS (``eos_logit=0``) a beam's
+    finished set fills before its alive hypotheses stop improving: dropping such a sentence would change it."""
+    rows, max_length = len(EOS_AT), 8
+    table = random_table(11, rows=rows, max_length=max_length, eos_at=EOS_AT, eos_logit=eos_logit)
+
+    def search(step_fn, cache, **options):
+        if beam == 1:
+            ids, scores = greedy_search(step_fn, cache, batch_size=rows, max_length=max_length, **options)
+            return ids[:, None], scores[:, None]
+        return beam_search(
+            step_fn, cache, batch_size=rows, beam_size=beam, max_length=max_length, alpha=alpha, **options
+        )
+
+    expected = search(table_step(table), rows_cache(rows))
+    sizes = []
+    compacted = dict(memory={"row": tf.range(rows)}, compact=compact, static_shapes=False)
+    cache = {"fed": tf.zeros((rows, 0), tf.int32)}
+    eager = search(memory_table_step(table, sizes), cache, **compacted)
+    graph = tf.function(lambda: search(memory_table_step(table), cache, **compacted), autograph=False)()
+    for got in (eager, graph):
+        np.testing.assert_array_equal(got[0].numpy(), expected[0].numpy())
+        np.testing.assert_allclose(got[1].numpy(), expected[1].numpy(), rtol=1e-6)
+    if (
+        alpha < 0 and beam > 1
+    ):  # nothing dropped: a done sentence's alive hypotheses may still win the final merge
+        assert sizes == [rows * beam] * len(sizes)
+        return
+    assert sizes == sorted(sizes, reverse=True) and sizes[0] == rows * beam and sizes[-1] < rows * beam
+    if compact == 0.0 and eos_logit < 0:  # a sentence leaves right after its EOS step (beam: with a full set)
+        running = [sum(e >= t or (beam > 1 and e == 0) for e in EOS_AT) for t in range(len(sizes))]
+        assert sizes == [beam * n for n in running]
+
+
+def test_compact_needs_dynamic_shapes():
+    step, cache = table_step(random_table(0, rows=2, max_length=4, eos_at=[1, 2])), rows_cache(2)
+    with pytest.raises(ValueError, match="static_shapes"):
+        greedy_search(step, cache, batch_size=2, max_length=4, compact=0.0)
+    with pytest.raises(ValueError, match="fraction"):
+        greedy_search(step, cache, batch_size=2, max_length=4, compact=2.0, static_shapes=False)
+
+
+def test_growing_cache_equals_fixed_buffer():
+    """decode_step(growing=True) over the filled prefix == the fixed max_length buffer, and the cache grows."""
+    model = tiny_model()
+    source = tf.constant([[5, 9, 12, 7, EOS_ID], [6, 8, EOS_ID, PAD_ID, PAD_ID]])
+    tokens = tf.constant([[BOS_ID, 7, 9, 11, 4], [BOS_ID, 5, 5, 20, 3]])
+    memory = model.encode(source)
+    fixed, growing = model.init_cache(source, memory, 6), model.init_cache(source, memory, 6, growing=True)
+    step = tf.function(model.decode_step, autograph=False, reduce_retracing=True)
+    for i in range(5):
+        expected, fixed = model.decode_step(tokens[:, i], fixed, i)
+        logits, growing = step(tokens[:, i], growing, tf.constant(i), growing=True)
+        assert [c["k"].shape for c in growing["self"]] == [(2, 2, i + 1, 8)]
+        np.testing.assert_allclose(logits.numpy(), expected.numpy(), atol=1e-5)
+    assert step.experimental_get_tracing_count() <= 2  # the empty cache, then any length
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_decode_batch_compacted_equals_static_and_xla(beam):
+    """decode_batch as the Translator runs it without XLA (growing cache, finished sentences dropped) == its static
+    form (fixed buffers, every sentence to the end) == that form under XLA; the limits end sentences at different
+    steps (an untrained model rarely emits EOS), 0 included."""
+    model = tiny_model()
+    source = tf.constant(
+        [[5, 9, 12, 7, EOS_ID], [6, 8, EOS_ID, 0, 0], [4, EOS_ID, 0, 0, 0], [9, 9, EOS_ID, 0, 0]]
+    )
+    limits = tf.constant([4, 1, 0, 6], tf.int32)
+
+    def decode(static_shapes, jit_compile=False):
+        function = lambda s, lim: decode_batch(  # noqa: E731
+            model, s, lim, max_length=8, beam_size=beam, alpha=0.6, static_shapes=static_shapes
+        )
+        return tf.function(function, autograph=False, jit_compile=jit_compile)(source, limits)
+
+    compacted, static, xla = decode(False), decode(True), decode(True, jit_compile=True)
+    lengths = (compacted[0].numpy()[:, 0] != PAD_ID).sum(axis=1)
+    np.testing.assert_array_equal(lengths, limits.numpy() + 1)  # each ended at its own limit, EOS included
+    for other, atol in ((static, 1e-5), (xla, 1e-4)):
+        np.testing.assert_array_equal(compacted[0].numpy(), other[0].numpy())
+        np.testing.assert_allclose(compacted[1].numpy(), other[1].numpy(), atol=atol)

@@ -147,6 +147,28 @@ def test_kv_cache_incremental_equals_full_causal():
     np.testing.assert_allclose(output.numpy(), expected.numpy()[:, 4:], atol=1e-5)
 
 
+def test_growing_cache_equals_full_causal():
+    """A cache holding just the filled prefix (appended to, attended whole) == causal attention over the sequence."""
+    _, x, _ = make_inputs(4, lq=6)
+    layer = MultiHeadAttention(d_model=D_MODEL, num_heads=HEADS)
+    expected, _ = layer(x, x, x, mask=causal_mask(6))
+    cache = layer.init_cache(2, 0)
+    for i in range(6):
+        token = x[:, i : i + 1]
+        output, weights, cache = layer(
+            token, token, token, cache=cache, cache_index=tf.constant(i), growing=True
+        )
+        assert cache["k"].shape == (2, HEADS, i + 1, DEPTH) and weights.shape == (2, HEADS, 1, i + 1)
+        np.testing.assert_allclose(output.numpy(), expected.numpy()[:, i : i + 1], atol=1e-5)
+    np.testing.assert_array_equal(cache["v"].numpy(), layer.project(layer.wv, x).numpy())
+    # Several new positions at once are masked causally among themselves.
+    _, _, prefix = layer(
+        x[:, :2], x[:, :2], x[:, :2], cache=layer.init_cache(2, 0), cache_index=0, growing=True
+    )
+    output, _, _ = layer(x[:, 2:], x[:, 2:], x[:, 2:], cache=prefix, cache_index=tf.constant(2), growing=True)
+    np.testing.assert_allclose(output.numpy(), expected.numpy()[:, 2:], atol=1e-5)
+
+
 @pytest.mark.parametrize("jit_compile", [False, True])
 @pytest.mark.parametrize(("n", "index"), [(1, 3), (1, 0), (2, 3)])
 def test_cache_write_is_exact(jit_compile, n, index):

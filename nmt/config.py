@@ -66,8 +66,27 @@ class TrainConfig:
     seed: int = 1234  # seeds weights, dropout and data order
     max_steps: int = 0  # optimizer steps to run in all (0 = no step limit)
     max_minutes: float = 0.0  # wall-clock training budget across resumes (0 = none)
-    learning_rate: float = 1e-3  # peak learning rate (reached at the end of warmup)
-    warmup_steps: int = 4000  # linear warmup, then inverse square-root decay
+    learning_rate: float = (
+        1e-3  # peak learning rate (end of warmup) for a global batch of reference_batch_tokens
+    )
+    reference_batch_tokens: int = (
+        0  # global batch learning_rate is for; 0 = one replica's (batch x accumulation)
+    )
+    learning_rate_scaling: str = field(
+        default="sqrt", metadata=_choices("sqrt", "linear", "none")
+    )  # peak = learning_rate x (global batch / reference_batch_tokens) ^ (1/2 | 1 | 0)
+    allow_batch_change: bool = (
+        False  # resume a checkpoint of another replica count / global batch (else refused)
+    )
+    warmup_steps: int = 4000  # linear warmup, then the decay of `schedule`
+    schedule: str = field(
+        default="inverse_sqrt", metadata=_choices("inverse_sqrt", "linear", "cosine")
+    )  # decay after warmup; linear/cosine reach their floor at the planned last step (max_steps or max_minutes)
+    min_learning_rate_fraction: float = (
+        0.1  # linear/cosine: the floor, as a fraction of the peak learning rate
+    )
+    budget_probe_skip: int = 20  # max_minutes: first steps of each process left out of the step-rate probe
+    budget_probe_steps: int = 100  # max_minutes: steps timed to plan the run's total steps (nmt.budget)
     beta_1: float = 0.9  # Adam beta_1
     beta_2: float = 0.98  # Adam beta_2
     epsilon: float = 1e-9  # Adam epsilon
@@ -89,6 +108,9 @@ class TrainConfig:
     bleu_max_sentences: int = 0  # validation sentences decoded for BLEU during training (0 = all)
     early_stopping: int = 0  # stop after this many BLEU evaluations without improvement (0 = off)
     average_last: int = 0  # average the last K checkpoints into the final weights (0 = off)
+    average_fraction: float = (
+        0.0  # >0: the K averaged snapshots spread over this last fraction of the planned steps
+    )
     ema_decay: float = 0.0  # exponential moving average of weights (0 = off)
     max_bad_steps: int = 10  # consecutive non-finite steps tolerated before the run stops
 
@@ -139,10 +161,27 @@ def _validate(config: Config) -> None:
         raise ConfigError(
             f"data.max_length: {config.data.max_length} exceeds model.max_length={config.model.max_length}"
         )
-    if config.train.accumulate_steps < 1:
-        raise ConfigError("train.accumulate_steps: must be at least 1")
+    _validate_train(config.train)
     if config.eval.beam_size < 1:
         raise ConfigError("eval.beam_size: must be at least 1")
+
+
+def _validate_train(train: TrainConfig) -> None:
+    if train.accumulate_steps < 1:
+        raise ConfigError("train.accumulate_steps: must be at least 1")
+    if train.schedule != "inverse_sqrt" and not (train.max_steps or train.max_minutes):
+        raise ConfigError(
+            f"train.schedule: {train.schedule} decays to its floor at the planned last step: it needs "
+            "train.max_steps or train.max_minutes"
+        )
+    for name in ("min_learning_rate_fraction", "average_fraction"):
+        if not 0.0 <= getattr(train, name) <= 1.0:
+            raise ConfigError(f"train.{name}: must be between 0 and 1, got {getattr(train, name)}")
+    for name in ("reference_batch_tokens", "budget_probe_skip"):
+        if getattr(train, name) < 0:
+            raise ConfigError(f"train.{name}: must not be negative")
+    if train.budget_probe_steps < 1:
+        raise ConfigError("train.budget_probe_steps: must be at least 1")
 
 
 def config_from_dict(tree: dict) -> Config:

@@ -1,4 +1,9 @@
-"""The weights a finished run keeps in DIR/final: checkpoint averaging, kept only when it helps."""
+"""The weights a finished run keeps in DIR/final: checkpoint averaging, kept only when it helps.
+
+Which checkpoints are averaged: the last `train.average_last` training checkpoints (`checkpoint_every` apart), or,
+with `train.average_fraction` and a planned number of steps (`nmt.budget`), `average_last` weight snapshots spread
+evenly over the last `average_fraction` of the planned steps (`window_steps`), kept in DIR/checkpoints/average.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,54 @@ import numpy as np
 import tensorflow as tf
 
 log = logging.getLogger("nmt.train")
+
+
+def window_steps(total_steps: int, fraction: float, count: int) -> tuple[int, int]:
+    """(first step, spacing) of `count` snapshots over the last `fraction` of `total_steps`, the last at total_steps.
+
+    The window (total_steps * (1 - fraction), total_steps] is cut into `count` equal parts and each part ends in a
+    snapshot: spacing = round(fraction * total_steps / count), at least 1. A run that goes on past total_steps (a
+    time budget that allowed more steps than planned) keeps taking snapshots `spacing` apart.
+    """
+    spacing = max(1, round(fraction * total_steps / count))
+    return max(total_steps - (count - 1) * spacing, 1), spacing
+
+
+class AveragingSnapshots:
+    """Which checkpoints a run averages into its final weights (`train.average_last`, `train.average_fraction`).
+
+    With a fraction, the model weights at the steps of the averaging window (`window_steps`), the last
+    `average_last` kept in `directory`. Resuming reopens the directory (its snapshots are kept).
+    """
+
+    def __init__(self, model, directory, train):
+        self.count, self.fraction = train.average_last, train.average_fraction
+        self.enabled = self.fraction > 0 and self.count > 1
+        checkpoint = tf.train.Checkpoint(model=model)
+        self.manager = (
+            tf.train.CheckpointManager(checkpoint, str(directory), self.count) if self.enabled else None
+        )
+
+    def save_if_due(self, step: int, total_steps: int) -> None:
+        if not (self.enabled and total_steps):
+            return
+        first, spacing = window_steps(total_steps, self.fraction, self.count)
+        if step >= first and (step - first) % spacing == 0:
+            self.manager.save(checkpoint_number=step)
+
+    def final_paths(self, step: int, checkpoints: list[str]) -> list[str]:
+        """The checkpoints to average at the end of a run at `step` ([] for none).
+
+        The window's snapshots and the last weights; without a fraction, or when the run ended before the window
+        (no snapshot yet), the last `average_last` of the training `checkpoints` (the last weights among them).
+        """
+        if self.count < 2:
+            return []
+        if not (self.enabled and self.manager.checkpoints):
+            return list(checkpoints[-self.count :])
+        if not self.manager.checkpoints[-1].endswith(f"-{step}"):
+            self.manager.save(checkpoint_number=step)
+        return list(self.manager.checkpoints)
 
 
 def average_checkpoints(model, paths: list[str]) -> None:

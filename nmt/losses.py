@@ -1,4 +1,12 @@
-"""Label-smoothed cross-entropy with explicit weights (padding excluded)."""
+"""Label-smoothed cross-entropy: per token with a hand-written gradient, or summed with explicit padding weights.
+
+`token_cross_entropy(logits (N, V), labels (N,))` is the training step's loss, on the real target tokens only.
+`smoothed_cross_entropy(logits (B, T, V), labels (B, T))` sums it over the non-padding positions (validation, and
+the XLA step whose shapes must be static).
+
+Smoothing follows the `uniform` convention of fairseq/OpenNMT: the target distribution is q = (1 - eps) one_hot +
+eps / V, so the true class gets 1 - eps + eps / V, and the loss is -sum_k q_k log p_k.
+"""
 
 from __future__ import annotations
 
@@ -7,26 +15,61 @@ import tensorflow as tf
 from transformer.vocab import PAD_ID
 
 
+def token_cross_entropy(logits, labels, *, label_smoothing: float = 0.0):
+    """Per-token smoothed loss and negative log-likelihood, in float32.
+
+    Args:
+      logits: (N, V) float logits (cast to float32).
+      labels: (N,) int target ids.
+      label_smoothing: eps, the mass spread uniformly over the vocabulary.
+
+    Returns:
+      (loss, nll), each (N,) float32: -sum_k q_k log p_k and -log p_label.
+
+    The gradient is written out, d loss / d logits = softmax - q and d nll / d logits = softmax - one_hot: one
+    exp and a few (N, V) passes. Autodiff of the same forward pass costs about twice that (log-softmax gradient,
+    the broadcast of the mean, and a dense scatter for the gradient of the label gather).
+    """
+    logits = tf.cast(logits, tf.float32)
+    labels = tf.cast(labels, tf.int32)
+    eps = float(label_smoothing)
+
+    @tf.custom_gradient
+    def cross_entropy(logits):
+        log_probs = tf.nn.log_softmax(logits, axis=-1)  # (N, V)
+        nll = -tf.gather(log_probs, labels, axis=-1, batch_dims=1)  # (N,)
+        loss = (1.0 - eps) * nll - eps * tf.reduce_mean(log_probs, axis=-1) if eps > 0.0 else nll
+
+        def grad(d_loss, d_nll):  # (N,) each; TF passes zeros for an output that is not differentiated
+            # softmax * (a + b) - one_hot * ((1 - eps) a + b) - eps / V * a, with a = d_loss, b = d_nll
+            d_logits = tf.exp(log_probs) * (d_loss + d_nll)[:, None]  # (N, V)
+            if eps > 0.0:
+                uniform = eps / tf.cast(tf.shape(logits)[-1], tf.float32)
+                d_logits -= (uniform * d_loss)[:, None]
+            rows = tf.range(tf.shape(labels)[0], dtype=tf.int32)
+            at_label = tf.stack([rows, labels], axis=1)  # (N, 2)
+            return tf.tensor_scatter_nd_sub(d_logits, at_label, (1.0 - eps) * d_loss + d_nll)
+
+        return (loss, nll), grad
+
+    return cross_entropy(logits)
+
+
 def smoothed_cross_entropy(logits, labels, *, label_smoothing: float = 0.0, pad_id: int = PAD_ID):
     """Sums the per-token loss over non-padding targets.
 
     Args:
       logits: (batch, length, vocab) float logits (computed in float32).
       labels: (batch, length) int target ids; `pad_id` positions get weight 0.
-      label_smoothing: mass spread uniformly over the vocabulary (the `uniform` convention of fairseq/OpenNMT:
-        the true class gets 1 - eps + eps / V).
+      label_smoothing: mass spread uniformly over the vocabulary (see the module docstring).
 
     Returns:
       (loss_sum, nll_sum, num_tokens): the smoothed loss summed over tokens, the plain negative log-likelihood
       summed over tokens (for perplexity), and the number of non-padding tokens, all float32 scalars.
     """
-    logits = tf.cast(logits, tf.float32)
-    log_probs = tf.nn.log_softmax(logits, axis=-1)  # (batch, length, vocab)
+    shape = tf.shape(labels)
+    flat_logits = tf.reshape(logits, [-1, tf.shape(logits)[-1]])  # (batch * length, vocab)
+    loss, nll = token_cross_entropy(flat_logits, tf.reshape(labels, [-1]), label_smoothing=label_smoothing)
     weights = tf.cast(tf.not_equal(labels, pad_id), tf.float32)  # (batch, length)
-    nll = -tf.gather(log_probs, tf.cast(labels, tf.int32), axis=-1, batch_dims=2)  # (batch, length)
-    if label_smoothing > 0.0:
-        smooth = -tf.reduce_mean(log_probs, axis=-1)  # (batch, length)
-        loss = (1.0 - label_smoothing) * nll + label_smoothing * smooth
-    else:
-        loss = nll
+    loss, nll = tf.reshape(loss, shape), tf.reshape(nll, shape)
     return tf.reduce_sum(loss * weights), tf.reduce_sum(nll * weights), tf.reduce_sum(weights)

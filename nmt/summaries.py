@@ -15,9 +15,10 @@ def peak_memory_mb() -> float:
 
 
 def write_train_summaries(
-    writer, step: int, metrics: dict, lr: float, tokens_per_sec: float, skipped
+    writer, step: int, metrics: dict, lr: float, tokens_per_sec: float, skipped, layer_grad_norms: dict
 ) -> None:
-    """train/ scalars; `grad_norm` and `grad_norm/<layer>` are norms of the unclipped gradient."""
+    """train/ scalars; `grad_norm` and `grad_norm/<layer>` (`layer_grad_norms`, from `TrainStep.layer_grad_norms`)
+    are norms of the unclipped gradient."""
     with writer.as_default(step=step):
         tf.summary.scalar("loss", metrics["loss"])
         tf.summary.scalar("nll", metrics["nll"])
@@ -27,7 +28,7 @@ def write_train_summaries(
         tf.summary.scalar("tokens_per_sec", tokens_per_sec)
         tf.summary.scalar("skipped_steps", skipped)
         tf.summary.scalar("peak_memory_mb", peak_memory_mb())
-        for name, value in metrics["layer_grad_norms"].items():
+        for name, value in layer_grad_norms.items():
             tf.summary.scalar(f"grad_norm/{name}", value)
 
 

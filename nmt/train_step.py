@@ -1,21 +1,28 @@
 """One optimizer step, built for any `tf.distribute` strategy and any precision.
 
-The step is split in two compiled functions:
+The step is split in compiled functions:
 
-* `accumulate(batch)`: every replica computes gradients of its summed, label-smoothed loss (scaled by the dynamic
-  loss scale under float16); the sums are all-reduced and added to accumulator variables. This is the part that
-  is XLA-compiled (`jit_compile`), once per bucketed batch shape; `num_traces` counts those compilations.
-* `apply()`: in cross-replica context, on the all-reduced gradients: unscale, normalise by the TRUE number of
-  target tokens of all accumulated micro-batches, check finiteness, clip by the global norm (so `clipnorm` is
-  the norm of the real, unscaled, global gradient, as in fairseq), then apply Adam, or skip the step when a
-  gradient or the loss is not finite (lowering the loss scale under float16).
+* `gradients(batch)`: every replica computes gradients of its summed, label-smoothed loss (scaled by the dynamic
+  loss scale under float16); the sums are all-reduced. The per-replica part is XLA-compiled when `jit_compile`,
+  once per bucketed batch shape; `num_traces` counts those traces. The output projection and the loss run on the
+  real (non-padding) target tokens only (`Transformer.masked_logits`); under XLA, whose shapes must be static, and
+  for models without `masked_logits`, on every position with padding weighted out. Same loss up to summation order.
+* `update(grads, sums)`: in cross-replica context, on the all-reduced gradients: unscale, normalise by the TRUE
+  number of target tokens, check finiteness, clip by the global norm (so `clipnorm` is the norm of the real,
+  unscaled, global gradient, as in fairseq), then apply Adam, or skip the step when a gradient or the loss is not
+  finite (lowering the loss scale under float16).
+* With gradient accumulation (several micro-batches per step), `accumulate(batch)` adds `gradients(batch)` into
+  accumulator variables and `apply()` runs the update on them, then clears them. One micro-batch (the default)
+  skips the accumulators: its gradients go straight to the update, with the same result bit for bit.
 
 Dynamic loss scaling (float16): the scale starts at 2^15, halves (never below 1) on every skipped step, and doubles
 after `loss_scale_growth_steps` finite steps in a row; a skipped step or a doubling restarts that count.
 
-Metrics of `apply()`: `grad_norm` is the global norm of the unclipped gradient, and `layer_grad_norms` the norms
-of the same unclipped gradient per layer (`source_embedding`, `encoder_layer_0`, ...), so the root of the sum of
-their squares is `grad_norm`; the update itself uses the clipped gradient.
+Metrics: `grad_norm` is the global norm of the unclipped gradient (every step: clipping needs it), and
+`half_squared_grad_norms` its per-variable terms. `layer_grad_norms(metrics)` groups those on the host into the
+norms of the same unclipped gradient per layer (`source_embedding`, `encoder_layer_0`, ...; the root of the sum of
+their squares is `grad_norm`): no extra pass over the gradients, and only the steps that log them pay for the
+grouping. The update itself uses the clipped gradient.
 
 Why not Keras' `LossScaleOptimizer` and `global_clipnorm`: under a distribution strategy Keras clips each
 replica's gradient before the all-reduce and checks finiteness per replica, and the wrapper refuses `clipnorm`
@@ -26,9 +33,11 @@ from __future__ import annotations
 
 import collections
 
+import numpy as np
 import tensorflow as tf
 
-from nmt.losses import smoothed_cross_entropy
+from nmt.losses import smoothed_cross_entropy, token_cross_entropy
+from transformer.vocab import PAD_ID
 
 INITIAL_LOSS_SCALE = 2.0**15
 LOSS_SCALE_GROWTH_STEPS = 2000  # finite steps before the loss scale doubles
@@ -69,7 +78,7 @@ class TrainStep:
         self.clipnorm = float(clipnorm)
         self.loss_scaling = loss_scaling
         # Sum losses are divided by this constant (the batch token budget) to keep float16 in range; the true
-        # token count is applied exactly in apply().
+        # token count is applied exactly in update().
         self.loss_normaliser = float(loss_normaliser)
         if loss_scale_growth_steps < 1:
             raise ValueError(f"loss_scale_growth_steps must be at least 1, got {loss_scale_growth_steps}")
@@ -93,17 +102,19 @@ class TrainStep:
             self.bad_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="consecutive_bad_steps")
             self.skipped_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped_steps")
         self.set_jit_compile(jit_compile)
+        self.update = tf.function(self._update_fn)
         self.apply = tf.function(self._apply_fn)
 
     def set_jit_compile(self, jit_compile: bool) -> None:
         """Turns XLA on or off for the gradient computation (traced again on the next step).
 
-        The optimizer update (`apply`, never XLA-compiled) keeps its trace; the benchmarks use this to time both
-        settings on one model without paying for that trace twice.
+        The optimizer update (`update` and `apply`, never XLA-compiled) keeps its trace; the benchmarks use this to
+        time both settings on one model without paying for that trace twice.
         """
         self.jit_compile = jit_compile
         self._replica_grads = tf.function(self._replica_grads_fn, jit_compile=jit_compile)
         # Without XLA one relaxed trace serves every shape; with XLA each bucket shape compiles once.
+        self.gradients = tf.function(self._gradients_fn, reduce_retracing=not jit_compile)
         self.accumulate = tf.function(self._accumulate_fn, reduce_retracing=not jit_compile)
 
     def checkpoint_state(self) -> dict:
@@ -116,41 +127,61 @@ class TrainStep:
         }
 
     # --- per replica --------------------------------------------------------------------------------------------
+    def _loss_sums(self, batch):
+        """(smoothed loss, nll, tokens) summed over the real target tokens of `batch`, float32 scalars."""
+        inputs = {"source": batch["source"], "target_in": batch["target_in"]}
+        labels = batch["target_out"]
+        if self.jit_compile or not hasattr(self.model, "masked_logits"):
+            logits = self.model(inputs, training=True)  # (batch, length, vocab)
+            return smoothed_cross_entropy(logits, labels, label_smoothing=self.label_smoothing)
+        mask = tf.not_equal(labels, PAD_ID)  # (batch, length)
+        logits = self.model.masked_logits(inputs, mask, training=True)  # (tokens, vocab)
+        loss, nll = token_cross_entropy(
+            logits, tf.boolean_mask(labels, mask), label_smoothing=self.label_smoothing
+        )
+        return tf.reduce_sum(loss), tf.reduce_sum(nll), tf.cast(tf.size(loss), tf.float32)
+
     def _replica_grads_fn(self, batch):
         self.num_traces += 1  # Python side effect: runs once per trace, i.e. once per compiled shape
         with tf.GradientTape() as tape:
-            logits = self.model({"source": batch["source"], "target_in": batch["target_in"]}, training=True)
-            loss_sum, nll_sum, tokens = smoothed_cross_entropy(
-                logits, batch["target_out"], label_smoothing=self.label_smoothing
-            )
+            loss_sum, nll_sum, tokens = self._loss_sums(batch)
             scaled = loss_sum / self.loss_normaliser * self.loss_scale
         grads = tape.gradient(scaled, self.variables)
-        grads = [
-            tf.zeros_like(v, tf.float32) if g is None else tf.cast(g, tf.float32)
+        grads = [  # dense (an untied embedding's gradient is sparse), float32 (no-op: variables are float32)
+            tf.zeros_like(v, tf.float32) if g is None else tf.cast(tf.convert_to_tensor(g), tf.float32)
             for g, v in zip(grads, self.variables)
         ]
         return grads, tf.stack([loss_sum, nll_sum, tokens])
 
     # --- cross replica ------------------------------------------------------------------------------------------
-    def _accumulate_fn(self, batch):
+    def _gradients_fn(self, batch):
+        """All-reduced (gradient sums, [loss, nll, tokens] sums) of one (distributed) batch."""
         grads, sums = self.strategy.run(self._replica_grads, args=(batch,))
         reduce = tf.distribute.ReduceOp.SUM
         grads = [self.strategy.reduce(reduce, g, axis=None) for g in grads]
-        sums = self.strategy.reduce(reduce, sums, axis=None)
+        return grads, self.strategy.reduce(reduce, sums, axis=None)
+
+    def _accumulate_fn(self, batch):
+        grads, sums = self._gradients_fn(batch)
         for accumulator, grad in zip(self.accumulators, grads):
             accumulator.assign_add(grad)
         self.sums.assign_add(sums)
         return sums
 
     def _apply_fn(self):
-        loss_sum, nll_sum, tokens = tf.unstack(self.sums.read_value())
+        metrics = self._update_fn([a.read_value() for a in self.accumulators], self.sums.read_value())
+        for accumulator in self.accumulators:
+            accumulator.assign(tf.zeros_like(accumulator))
+        self.sums.assign(tf.zeros_like(self.sums))
+        return metrics
+
+    def _update_fn(self, grads, sums):
+        loss_sum, nll_sum, tokens = tf.unstack(sums)
         factor = self.loss_normaliser / (tf.maximum(tokens, 1.0) * self.loss_scale)
-        grads = [a.read_value() * factor for a in self.accumulators]
-        grad_norm = tf.linalg.global_norm(grads)
-        layer_norms = {  # of the unclipped gradient, like grad_norm
-            name: tf.linalg.global_norm([grads[i] for i in indices])
-            for name, indices in self.layer_groups.items()
-        }
+        grads = [g * factor for g in grads]
+        # tf.linalg.global_norm's arithmetic, keeping the per-variable terms for the per-layer norms.
+        half_squares = tf.stack([tf.nn.l2_loss(g) for g in grads])  # (variables,) sum(g^2) / 2
+        grad_norm = tf.sqrt(tf.reduce_sum(half_squares) * 2.0)
         finite = tf.logical_and(tf.math.is_finite(grad_norm), tf.math.is_finite(loss_sum))
         if self.clipnorm > 0:
             safe_norm = tf.where(finite, grad_norm, 1.0)
@@ -174,9 +205,6 @@ class TrainStep:
             return tf.constant(False)
 
         applied = tf.cond(finite, apply_update, skip_update)
-        for accumulator in self.accumulators:
-            accumulator.assign(tf.zeros_like(accumulator))
-        self.sums.assign(tf.zeros_like(self.sums))
         return {
             "applied": applied,
             "loss": loss_sum / tf.maximum(tokens, 1.0),
@@ -184,11 +212,27 @@ class TrainStep:
             "tokens": tokens,
             "grad_norm": grad_norm,
             "loss_scale": self.loss_scale.read_value(),
-            "layer_grad_norms": layer_norms,
+            "half_squared_grad_norms": half_squares,
+        }
+
+    def layer_grad_norms(self, metrics: dict) -> dict[str, float]:
+        """Per-layer norms of the unclipped gradient of the update that returned `metrics` (grouped on the host).
+
+        Reads `metrics["half_squared_grad_norms"]`, so it waits for that update to finish: call it on the steps that
+        log the norms only.
+        """
+        half = np.asarray(metrics["half_squared_grad_norms"], np.float64)  # (variables,) sum(g^2) / 2
+        return {
+            name: float(np.sqrt(2.0 * half[indices].sum())) for name, indices in self.layer_groups.items()
         }
 
     def step(self, batches) -> dict:
-        """Accumulates the micro-batches, then applies one optimizer update. Returns float metrics."""
+        """One optimizer update on the micro-batches `batches`; returns the metrics (tensors, see the module doc).
+
+        One micro-batch goes straight from `gradients` to `update`; several are summed in the accumulators first.
+        """
+        if len(batches) == 1:
+            return self.update(*self.gradients(batches[0]))
         for batch in batches:
             self.accumulate(batch)
         return self.apply()

@@ -1,9 +1,10 @@
 """The training loop: a config and a run directory in, a trained, evaluated run directory out.
 
-Resumable at the exact batch (step, model, optimizer, loss scale, dropout RNG and data-iterator state are in every
-checkpoint), stoppable with SIGINT/SIGTERM (a checkpoint is saved and the process exits 0), and observable
-(progress bar, TensorBoard, metrics.jsonl). See README "Training" for the user's view. In a multi-worker run every
-worker restores the chief's latest checkpoint, and all workers stop after the same step (nmt.distribute).
+Resumable at the exact batch (step, model, optimizer, loss scale, dropout RNG, data-iterator state and the run's
+plan, nmt.budget, are in every checkpoint), stoppable with SIGINT/SIGTERM (a checkpoint is saved and the process
+exits 0), and observable (progress bar, TensorBoard, metrics.jsonl). See README "Training" for the user's view. In
+a multi-worker run every worker restores the chief's latest checkpoint, and all workers stop after the same step
+(nmt.distribute).
 """
 
 from __future__ import annotations
@@ -21,12 +22,13 @@ import keras
 import tensorflow as tf
 from tqdm import tqdm
 
+from nmt.budget import BatchChanged, TrainingPlan
 from nmt.config import Config
 from nmt.distribute import StopControl, WorkersDisagree, is_chief, make_strategy
-from nmt.final_weights import average_if_better
+from nmt.final_weights import AveragingSnapshots, average_if_better
 from nmt.precision import device_kind, resolve_precision, resolve_xla, set_policy
 from nmt.run_dir import RunDir, RunDirError, save_model_weights
-from nmt.schedule import WarmupInverseSqrt
+from nmt.schedule import adam
 from nmt.summaries import write_train_summaries, write_validation_summaries
 from nmt.train_step import TrainStep
 
@@ -50,15 +52,16 @@ class Trainer:
 
     `scorer(hypotheses, references) -> {"bleu", "chrf", "signature"}` scores the validation translations
     (default: sacreBLEU, `nmt.evaluation.score_corpus`, for the target language); the best-weights and
-    early-stopping bookkeeping follow its "bleu".
+    early-stopping bookkeeping follow its "bleu". `clock()` (seconds) times the steps for the training clock.
     """
 
     def __init__(
-        self, config: Config, run_dir: RunDir, *, scorer: Callable[[list, list], dict] | None = None
+        self, config: Config, run_dir: RunDir, *, scorer: Callable | None = None, clock=time.perf_counter
     ):
         self.config = config
         self.run_dir = run_dir
         self.scorer = scorer
+        self.clock = clock
         self._validation_writer = None  # one TensorBoard event file for every evaluation of this process
 
     # ------------------------------------------------------------------------------------------------------------
@@ -79,11 +82,8 @@ class Trainer:
         keras.utils.set_random_seed(cfg.train.seed)
         log.info(
             "device %s, %d replica(s), precision %s, XLA %s",
-            device,
-            self.strategy.num_replicas_in_sync,
-            self.precision,
-            "on" if self.xla else "off",
-        )
+            device, self.strategy.num_replicas_in_sync, self.precision, "on" if self.xla else "off",
+        )  # fmt: skip
 
         # The tokenizer and the tokenized splits come from the data cache (data.prepare: trained and tokenized once,
         # by the chief; other workers wait for them). The run directory keeps its own copy of the tokenizer.
@@ -96,14 +96,10 @@ class Trainer:
         prepare(cfg.data, tokenizer=self.tokenizer, chief=self.chief)
 
         # data.batch_tokens is a per-replica budget: the global batch grows with the replicas (more devices, more
-        # tokens per step); every worker reads the same global batches and each replica takes its rows (_distribute).
+        # tokens per step, and the learning rate follows: nmt.budget); every worker reads the same global batches and
+        # each replica takes its rows (_distribute).
         replicas = self.strategy.num_replicas_in_sync
         global_data = dataclasses.replace(cfg.data, batch_tokens=cfg.data.batch_tokens * replicas)
-        log.info(
-            "global batch: %d tokens per step = %d replica(s) x %d tokens x %d accumulation step(s)",
-            global_data.batch_tokens * cfg.train.accumulate_steps, replicas, cfg.data.batch_tokens,
-            cfg.train.accumulate_steps,
-        )  # fmt: skip
         self.train_dataset = make_train_dataset(global_data, self.tokenizer, seed=cfg.train.seed, repeat=True)
         self.eval_dataset = make_eval_dataset(cfg.data, self.tokenizer, cfg.data.validation_split)
         # A plain iterator, checkpointable (tf.distribute's DistributedIterator is not).
@@ -113,15 +109,10 @@ class Trainer:
             self.model = build_model(
                 cfg.model, self.tokenizer.source_vocab_size, self.tokenizer.target_vocab_size
             )
-            self.schedule = WarmupInverseSqrt(cfg.train.learning_rate, cfg.train.warmup_steps)
-            self.optimizer = keras.optimizers.Adam(
-                learning_rate=self.schedule,
-                beta_1=cfg.train.beta_1,
-                beta_2=cfg.train.beta_2,
-                epsilon=cfg.train.epsilon,
-                use_ema=cfg.train.ema_decay > 0,
-                ema_momentum=cfg.train.ema_decay if cfg.train.ema_decay > 0 else 0.99,
-            )
+            record = self.run_dir.append_metrics if self.chief else None  # the plan's record in metrics.jsonl
+            self.plan = TrainingPlan(cfg.train, replicas, cfg.data.batch_tokens, record=record)
+            self.schedule = self.plan.schedule()
+            self.optimizer = adam(cfg.train, self.schedule)
             self.optimizer.build(self.model.trainable_variables)
             self.step_fn = TrainStep(
                 model=self.model,
@@ -143,20 +134,24 @@ class Trainer:
             elapsed=self.elapsed,
             best_bleu=self.best_bleu,
             evals_since_best=self.evals_since_best,
+            plan=self.plan.state,
             **self.step_fn.checkpoint_state(),
         )
         # Dropout RNG: Keras SeedGenerator states are in `model.variables` but not in the model's checkpoint
         # dependencies; without them a resumed run draws the dropout masks of step 1 again (not exact).
         weight_ids = {id(w) for w in self.model.weights}
         self.rng_state = [v for v in self.model.variables if id(v) not in weight_ids]
-        self.checkpoint = tf.train.Checkpoint(**state, rng_state=self.rng_state)
+        self.checkpoint_parts = dict(state, rng_state=self.rng_state)
+        self.checkpoint = tf.train.Checkpoint(**self.checkpoint_parts)
         checkpoint_dir = self.run_dir.checkpoint_dir if self.chief else self.private_dir / "checkpoints"
         self.manager = tf.train.CheckpointManager(
             self.checkpoint,
             str(checkpoint_dir),
             max_to_keep=max(cfg.train.keep_checkpoints, cfg.train.average_last, 1),
         )
+        self.snapshots = AveragingSnapshots(self.model, checkpoint_dir / "average", cfg.train)
         self.resumed_from = self._restore()
+        self.plan.start(self.resumed_from, float(self.elapsed.numpy()))
 
     def _restore(self) -> int:
         step = self._restore_latest()
@@ -175,8 +170,11 @@ class Trainer:
         )
         if not latest:
             return 0
-        try:
-            self.checkpoint.restore(latest).assert_existing_objects_matched()
+        try:  # the parts the plan allows: another global batch is refused, an older checkpoint has no plan
+            parts = self.plan.restorable(latest, self.checkpoint_parts)
+            tf.train.Checkpoint(**parts).restore(latest).assert_existing_objects_matched()
+        except BatchChanged as err:
+            raise TrainingError(str(err)) from None
         except (tf.errors.OpError, ValueError, AssertionError, IndexError) as err:  # IndexError: truncated
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             raise TrainingError(
@@ -216,14 +214,9 @@ class Trainer:
         previous = self.stop.install()
         total = cfg.max_steps or None
         bar = tqdm(
-            total=total,
-            initial=self.step,
-            unit="step",
-            dynamic_ncols=True,
-            mininterval=2.0,
-            desc="train",
+            total=total, initial=self.step, unit="step", dynamic_ncols=True, mininterval=2.0, desc="train",
             disable=not self.chief,
-        )
+        )  # fmt: skip
         status, message = "done", ""
         window_tokens, window_start = 0.0, time.perf_counter()
         try:
@@ -232,11 +225,11 @@ class Trainer:
                 if self.stop.requested():
                     status = "stopped"
                     break
-                started = time.perf_counter()
+                started = self.clock()
                 batches = [self._distribute(next(self.iterator)) for _ in range(cfg.accumulate_steps)]
                 metrics = self.step_fn.step(batches)
                 applied = bool(metrics["applied"].numpy())
-                self.elapsed.assign_add(time.perf_counter() - started)
+                self.elapsed.assign_add(self.clock() - started)
                 self._agree_on_stop()
                 step = self.step
                 if not applied:
@@ -253,6 +246,7 @@ class Trainer:
                             f"stopping; the last good checkpoint ({self.manager.latest_checkpoint}) is intact"
                         )
                     continue
+                self.plan.after_step(step, float(self.elapsed.numpy()))
                 window_tokens += float(metrics["tokens"].numpy())
                 bar.update(1)
                 if step % cfg.log_every == 0 or step == 1:
@@ -264,10 +258,12 @@ class Trainer:
                     bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_sec:,.0f}")
                     if writer is not None:
                         write_train_summaries(
-                            writer, step, metrics, lr, tokens_per_sec, self.step_fn.skipped_steps
-                        )
+                            writer, step, metrics, lr, tokens_per_sec, self.step_fn.skipped_steps,
+                            self.step_fn.layer_grad_norms(metrics),  # grouped only on logged steps
+                        )  # fmt: skip
                 if step % cfg.checkpoint_every == 0:
                     self.save_checkpoint()
+                self.snapshots.save_if_due(step, self.plan.total_steps)
                 eval_due = cfg.eval_every and step % cfg.eval_every == 0
                 bleu_due = cfg.bleu_every and step % cfg.bleu_every == 0
                 if (eval_due or bleu_due) and self._budget_left():  # the last step gets the final evaluation
@@ -281,6 +277,7 @@ class Trainer:
                 writer.flush()
             self.stop.uninstall(previous)
         self.save_checkpoint()
+        self.plan.report_end(self.step, out_of_time=not self.stop.time_left(self._time_up()))
         if status == "stopped":
             message = (
                 f"stopped by {self.stop.signal_name()} at step {self.step}; checkpoint saved, rerun the same "
@@ -349,9 +346,7 @@ class Trainer:
             )
             hypotheses = translator.translate(sources, beam_size=1)
             scores = self._score(hypotheses, references)
-            record["bleu"] = scores["bleu"]
-            record["chrf"] = scores["chrf"]
-            record["bleu_signature"] = scores["signature"]
+            record.update(bleu=scores["bleu"], chrf=scores["chrf"], bleu_signature=scores["signature"])
             if tag != "final" and scores["bleu"] > self.best_bleu.numpy():
                 self.best_bleu.assign(scores["bleu"])
                 self.evals_since_best.assign(0)
@@ -386,17 +381,16 @@ class Trainer:
         return bool(patience and "bleu" in record and self.evals_since_best.numpy() >= patience)
 
     def _finalize(self) -> None:
-        """Writes DIR/final: EMA weights, or the average of the last K checkpoints, or the last weights."""
+        """Writes DIR/final: EMA weights, or the average of K checkpoints (nmt.final_weights), or the last weights."""
         cfg = self.config.train
         if not self.chief:
             return
         if cfg.ema_decay > 0:
             self.optimizer.finalize_variable_values(self.model.trainable_variables)
             log.info("final weights: exponential moving average (decay %g)", cfg.ema_decay)
-        elif cfg.average_last > 1 and len(self.manager.checkpoints) > 1:
+        elif len(paths := self.snapshots.final_paths(self.step, self.manager.checkpoints)) > 1:
             from nmt.translator import validation_loss
 
-            paths = self.manager.checkpoints[-cfg.average_last :]
             average_if_better(self.model, paths, lambda: validation_loss(self.model, self.eval_dataset)[0])
         save_model_weights(self.model, self.run_dir.final_dir, self.step)
 

@@ -75,3 +75,42 @@ def test_round_trip_through_yaml(tmp_path):
     config = load_config("tiny")
     saved = write(tmp_path / "resolved.yaml", config.to_yaml())
     assert load_config(saved) == config
+
+
+def test_schedule_and_batch_defaults_keep_older_configs_unchanged(tmp_path):
+    """A config written before the schedule/batch keys (e.g. an old run directory's) loads with the old behaviour:
+    inverse square root, checkpoint averaging of the last K training checkpoints, and, on one replica, the
+    learning rate as given (the reference batch defaults to one replica's)."""
+    old = write(
+        tmp_path / "old.yaml", "train:\n  learning_rate: 0.002\n  warmup_steps: 400\n  average_last: 4\n"
+    )
+    train = load_config(old).train
+    assert (train.schedule, train.average_fraction, train.reference_batch_tokens) == ("inverse_sqrt", 0.0, 0)
+    assert (train.learning_rate_scaling, train.allow_batch_change) == ("sqrt", False)
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (
+            ["train.schedule=linear", "train.max_steps=0", "train.max_minutes=0"],
+            r"train\.schedule: linear .*needs",
+        ),
+        (["train.schedule=step"], r"train\.schedule: 'step' is not one of inverse_sqrt, linear, cosine"),
+        (["train.average_fraction=1.5"], r"train\.average_fraction: must be between 0 and 1"),
+        (["train.min_learning_rate_fraction=-0.1"], r"train\.min_learning_rate_fraction: must be between"),
+        (["train.learning_rate_scaling=cube"], r"train\.learning_rate_scaling: 'cube' is not one of"),
+        (["train.budget_probe_steps=0"], r"train\.budget_probe_steps: must be at least 1"),
+        (["train.reference_batch_tokens=-1"], r"train\.reference_batch_tokens: must not be negative"),
+    ],
+)
+def test_schedule_and_budget_errors_name_the_key(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config("base", overrides)
+
+
+def test_a_decay_needs_a_planned_end():
+    assert (
+        load_config("base", ["train.schedule=cosine"]).train.max_minutes == 60
+    )  # planned from the time budget
+    assert load_config(None, ["train.schedule=linear", "train.max_steps=100"]).train.schedule == "linear"

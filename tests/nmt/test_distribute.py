@@ -36,6 +36,7 @@ def config_file(tmp_path: Path, distribute: str, checkpoint_every: int = 1000) -
         "max_steps": STEPS,
         "warmup_steps": 4,
         "learning_rate": 0.005,
+        "reference_batch_tokens": 1024,  # the single device's global batch: the same learning rate everywhere
         "precision": "float32",
         "xla": False,
         "checkpoint_every": checkpoint_every,

@@ -1,10 +1,12 @@
 """Checkpoint averaging for DIR/final: the mean of the checkpoints, kept only when it does not raise the loss."""
 
+import types
+
 import keras
 import numpy as np
 import tensorflow as tf
 
-from nmt.final_weights import average_checkpoints, average_if_better
+from nmt.final_weights import AveragingSnapshots, average_checkpoints, average_if_better, window_steps
 
 
 def _model_and_checkpoints(tmp_path, values):
@@ -40,3 +42,62 @@ def test_average_kept_only_when_the_loss_does_not_rise(tmp_path):
     assert not average_if_better(model, paths, distance_to(6.0))  # worse: the last weights come back exactly
     for weight in model.weights:
         np.testing.assert_array_equal(weight.numpy(), np.full(weight.shape, 6.0, np.float32))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The averaging window: train.average_last snapshots over the last train.average_fraction of the planned steps
+
+
+def test_window_steps_spread_over_the_last_fraction():
+    # The issue's fast machine: 8,806 steps, the last 15%, 4 checkpoints: 330 steps apart, the last at the end.
+    assert window_steps(8806, 0.15, 4) == (7816, 330)
+    first, spacing = window_steps(2368, 0.15, 4)  # the slow machine
+    assert (first, spacing) == (2368 - 3 * 89, 89)
+    assert window_steps(10, 0.1, 4) == (7, 1)  # never closer than one step
+
+
+def window_config(count: int, fraction: float):
+    return types.SimpleNamespace(average_last=count, average_fraction=fraction)
+
+
+def snapshot_steps(snapshots) -> list[int]:
+    return [int(path.rsplit("-", 1)[1]) for path in snapshots.manager.checkpoints]
+
+
+def test_snapshots_at_the_window_steps_and_the_last_weights_averaged(tmp_path):
+    model, _ = _model_and_checkpoints(tmp_path, [0.0])
+    snapshots = AveragingSnapshots(model, tmp_path / "average", window_config(4, 0.3))
+    total = 40  # window_steps(40, 0.3, 4) == (31, 3)
+    for step in range(1, total + 6):  # the run goes 5 steps past its plan (a time budget allowed more)
+        for weight in model.weights:
+            weight.assign(np.full(weight.shape, step, np.float32))  # the weights tell the step
+        snapshots.save_if_due(step, total)
+        if step == total:
+            assert snapshot_steps(snapshots) == [31, 34, 37, 40]
+    assert snapshot_steps(snapshots) == [34, 37, 40, 43]  # the last 4 kept, still 3 apart past the plan
+    # The run ends at step 45, between two snapshots: its last weights join the average, the oldest one leaves.
+    paths = snapshots.final_paths(45, checkpoints=["ckpt-45"])
+    assert paths == snapshots.manager.checkpoints and snapshot_steps(snapshots) == [37, 40, 43, 45]
+    average_checkpoints(model, paths)
+    for weight in model.weights:
+        np.testing.assert_array_equal(
+            weight.numpy(), np.full(weight.shape, (37 + 40 + 43 + 45) / 4, np.float32)
+        )
+    # Ending on a snapshot step saves nothing more.
+    assert snapshot_steps(snapshots) == [37, 40, 43, 45]
+    snapshots.final_paths(45, checkpoints=[])
+    assert snapshot_steps(snapshots) == [37, 40, 43, 45]
+
+
+def test_without_a_window_the_last_training_checkpoints(tmp_path):
+    model, _ = _model_and_checkpoints(tmp_path, [0.0])
+    checkpoints = [f"ckpt-{step}" for step in (10, 20, 30, 40)]
+    legacy = AveragingSnapshots(model, tmp_path / "legacy", window_config(3, 0.0))  # average_fraction off
+    assert legacy.final_paths(40, checkpoints) == checkpoints[-3:]
+    early = AveragingSnapshots(model, tmp_path / "early", window_config(3, 0.2))
+    for step in range(1, 31):
+        early.save_if_due(step, 100)  # the window starts at step 87: the run ended before it
+    assert early.final_paths(30, checkpoints) == checkpoints[-3:]
+    assert (
+        AveragingSnapshots(model, tmp_path / "off", window_config(1, 0.2)).final_paths(40, checkpoints) == []
+    )

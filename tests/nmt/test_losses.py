@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from nmt.losses import smoothed_cross_entropy
+from nmt.losses import smoothed_cross_entropy, token_cross_entropy
 from transformer.vocab import PAD_ID
 
 VOCAB = 11
@@ -68,3 +68,58 @@ def test_bfloat16_logits_are_computed_in_float32():
     assert all(x.dtype == tf.float32 for x in got)
     want = reference(tf.cast(low, tf.float32).numpy(), labels, 0.1)  # same inputs, float64 reference
     np.testing.assert_allclose([float(x) for x in got], want, rtol=1e-5)
+
+
+def numpy_gradients(logits: np.ndarray, labels: np.ndarray, eps: float, d_loss, d_nll) -> np.ndarray:
+    """d/dlogits of sum(d_loss * loss + d_nll * nll): (softmax - q) d_loss + (softmax - one_hot) d_nll."""
+    logits = logits.astype(np.float64)
+    p = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    p /= p.sum(axis=-1, keepdims=True)
+    one_hot = np.eye(VOCAB)[labels]
+    q = (1.0 - eps) * one_hot + eps / VOCAB
+    return (p - q) * d_loss[:, None] + (p - one_hot) * d_nll[:, None]
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+@pytest.mark.parametrize("outputs", ["loss", "nll", "both"])
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_token_cross_entropy_values_and_written_out_gradient_match_numpy(eps, outputs, jit_compile):
+    logits, labels = example(5)
+    logits, labels = logits.reshape(-1, VOCAB), labels.reshape(-1)  # every position counts here
+    rng = np.random.default_rng(6)
+    d_loss = rng.normal(size=labels.shape) * (outputs != "nll")
+    d_nll = rng.normal(size=labels.shape) * (outputs != "loss")
+
+    @tf.function(jit_compile=jit_compile)
+    def run(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            loss, nll = token_cross_entropy(x, tf.constant(labels), label_smoothing=eps)
+            total = 0.0
+            if outputs != "nll":  # an output left out gets a zero upstream gradient from TF
+                total += tf.reduce_sum(loss * d_loss.astype(np.float32))
+            if outputs != "loss":
+                total += tf.reduce_sum(nll * d_nll.astype(np.float32))
+        return loss, nll, tape.gradient(total, x)
+
+    loss, nll, grad = run(tf.constant(logits))
+    np.testing.assert_allclose(grad.numpy(), numpy_gradients(logits, labels, eps, d_loss, d_nll), atol=1e-5)
+    shifted = logits.astype(np.float64) - logits.max(axis=-1, keepdims=True)
+    log_p = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+    one_hot = np.eye(VOCAB)[labels]
+    np.testing.assert_allclose(nll.numpy(), -(one_hot * log_p).sum(-1), rtol=1e-5)
+    q = (1.0 - eps) * one_hot + eps / VOCAB
+    np.testing.assert_allclose(loss.numpy(), -(q * log_p).sum(-1), rtol=1e-5)
+
+
+def test_summed_padded_loss_equals_the_loss_of_the_real_tokens_alone():
+    """The training step's two paths: all positions with pad weights, and the real tokens gathered first."""
+    logits, labels = example(7)
+    padded = smoothed_cross_entropy(tf.constant(logits), tf.constant(labels), label_smoothing=0.1)
+    real = labels != PAD_ID
+    loss, nll = token_cross_entropy(tf.constant(logits[real]), tf.constant(labels[real]), label_smoothing=0.1)
+    np.testing.assert_allclose(
+        [float(x) for x in padded],
+        [float(tf.reduce_sum(loss)), float(tf.reduce_sum(nll)), real.sum()],
+        rtol=1e-6,
+    )

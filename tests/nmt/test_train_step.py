@@ -6,7 +6,6 @@ import pytest
 import tensorflow as tf
 
 from nmt.config import ModelConfig
-from nmt.losses import smoothed_cross_entropy
 from nmt.train_step import INITIAL_LOSS_SCALE, LOSS_SCALE_GROWTH_STEPS, TrainStep
 from transformer.model import build_model
 from transformer.vocab import PAD_ID, UNK_ID
@@ -38,6 +37,7 @@ def make_step(
     learning_rate=1e-3,
     jit_compile=False,
     optimizer=None,
+    label_smoothing=0.0,
     **kwargs,
 ):
     optimizer = optimizer or keras.optimizers.SGD(learning_rate=learning_rate)
@@ -46,7 +46,7 @@ def make_step(
         model=model,
         optimizer=optimizer,
         strategy=tf.distribute.get_strategy(),
-        label_smoothing=0.0,
+        label_smoothing=label_smoothing,
         clipnorm=clipnorm,
         loss_scaling=loss_scaling,
         jit_compile=jit_compile,
@@ -55,13 +55,21 @@ def make_step(
     )
 
 
+def plain_loss_sums(logits, labels, eps=0.0):
+    """(smoothed loss, tokens) summed over non-pad positions, by autodiff-able TF ops independent of nmt.losses."""
+    log_probs = tf.nn.log_softmax(tf.cast(logits, tf.float32), axis=-1)
+    q = (1.0 - eps) * tf.one_hot(labels, VOCAB) + eps / VOCAB
+    weights = tf.cast(tf.not_equal(labels, PAD_ID), tf.float32)
+    return -tf.reduce_sum(tf.reduce_sum(q * log_probs, axis=-1) * weights), tf.reduce_sum(weights)
+
+
 def reference_gradients(model, batches):
     """Gradients of (summed loss over all batches) / (all non-pad target tokens), straight from GradientTape."""
     with tf.GradientTape() as tape:
         total, tokens = 0.0, 0.0
         for b in batches:
             logits = model({"source": b["source"], "target_in": b["target_in"]}, training=False)
-            loss_sum, _, n = smoothed_cross_entropy(logits, b["target_out"])
+            loss_sum, n = plain_loss_sums(logits, b["target_out"])
             total, tokens = total + loss_sum, tokens + n
         loss = total / tokens
     return tape.gradient(loss, model.trainable_variables), float(loss)
@@ -217,8 +225,10 @@ def test_layer_gradient_norms_are_of_the_same_unclipped_gradient_as_grad_norm():
     want = {name: float(np.linalg.norm(np.concatenate(parts))) for name, parts in groups.items()}
     assert want.keys() == {"source_embedding", "encoder_layer_0", "decoder_layer_0"}
     total = float(np.sqrt(sum(v**2 for v in want.values())))
-    metrics = make_step(model, clipnorm=total / 4).step([b])  # clipping is active
-    got = {name: float(value) for name, value in metrics["layer_grad_norms"].items()}
+    step = make_step(model, clipnorm=total / 4)
+    metrics = step.step([b])  # clipping is active
+    assert "layer_grad_norms" not in metrics  # grouped only when asked, by the steps that log them
+    got = step.layer_grad_norms(metrics)
     assert got.keys() == want.keys()
     for name in want:
         assert got[name] == pytest.approx(want[name], rel=1e-4), name
@@ -256,3 +266,65 @@ def test_switching_xla_on_retraces_only_the_gradients_and_keeps_training_the_sam
     np.testing.assert_allclose(float(got["loss"]), float(want["loss"]), rtol=1e-5)
     for new, old in zip(weights(switched), weights(plain)):
         np.testing.assert_allclose(new, old, atol=1e-5)
+
+
+def test_one_micro_batch_skips_the_accumulators_and_updates_bit_for_bit_like_them():
+    direct, accumulated = tiny_model(), tiny_model()
+    accumulated.set_weights(direct.get_weights())
+    one, two = (
+        make_step(m, optimizer=keras.optimizers.Adam(1e-2), clipnorm=0.5, label_smoothing=0.1)
+        for m in (direct, accumulated)
+    )
+    b = batch(20)
+    grads, sums = one.gradients(b)  # what step([b]) hands to the update
+    two.accumulate(b)
+    for grad, accumulator in zip(grads, two.accumulators, strict=True):
+        np.testing.assert_array_equal(grad.numpy(), accumulator.numpy())
+    np.testing.assert_array_equal(sums.numpy(), two.sums.numpy())
+    two.apply()
+    one.update(grads, sums)
+    for i in range(21, 24):  # Adam moments and clipping carry the state on: any difference would grow
+        got = one.step([batch(i)])
+        two.accumulate(batch(i))
+        want = two.apply()
+        for key in ("loss", "nll", "tokens", "grad_norm"):
+            assert float(got[key]) == float(want[key]), key
+    for new, old in zip(state(one), state(two), strict=True):
+        np.testing.assert_array_equal(new, old)
+    assert one.accumulate.experimental_get_tracing_count() == 0  # no accumulator round trip
+    assert one.apply.experimental_get_tracing_count() == 0
+    assert not any(np.any(a.numpy()) for a in one.accumulators)
+
+
+def numpy_smoothed_loss(logits, labels, eps):
+    """(mean smoothed loss, mean nll, tokens) over the non-pad positions, in float64 NumPy."""
+    logits = logits.astype(np.float64)
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    log_p = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+    one_hot = np.eye(VOCAB)[labels]
+    real = labels != PAD_ID
+    loss = -(((1.0 - eps) * one_hot + eps / VOCAB) * log_p).sum(-1)[real]
+    nll = -(one_hot * log_p).sum(-1)[real]
+    return loss.mean(), nll.mean(), real.sum()
+
+
+@pytest.mark.parametrize("jit_compile", [False, True])  # real tokens only; XLA: every position, weighted
+def test_loss_on_real_tokens_equals_the_padded_loss_in_numpy(jit_compile):
+    model = tiny_model()
+    b = batch(25, batch_size=4, length=9, pad_tail=4)
+    inputs = {"source": b["source"], "target_in": b["target_in"]}
+    labels = b["target_out"].numpy()
+    logits = model(inputs, training=False).numpy()  # (batch, length, vocab): every position, padding included
+    want_loss, want_nll, tokens = numpy_smoothed_loss(logits, labels, 0.1)
+
+    real = tf.not_equal(b["target_out"], PAD_ID)
+    projected = model.masked_logits(inputs, real).numpy()  # the projection of the real positions only
+    assert projected.shape == (tokens, VOCAB) and tokens < labels.size
+    np.testing.assert_allclose(projected, logits[labels != PAD_ID], rtol=1e-5, atol=1e-5)
+
+    metrics = make_step(model, label_smoothing=0.1, jit_compile=jit_compile).step(
+        [b]
+    )  # loss before the update
+    assert float(metrics["tokens"]) == tokens
+    np.testing.assert_allclose(float(metrics["loss"]), want_loss, rtol=1e-5)
+    np.testing.assert_allclose(float(metrics["nll"]), want_nll, rtol=1e-5)

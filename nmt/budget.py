@@ -1,0 +1,199 @@
+"""The run's plan: how many optimizer steps its budget allows, and the global batch its checkpoints belong to.
+
+Both are decided once and saved in every training checkpoint (as `plan/...` variables), so a resumed run keeps
+its learning-rate schedule and averaging window (and stays exact), and a resume with another global batch is
+refused. See README "Training" for the user's view.
+
+Planned steps. With `train.max_steps` alone the plan is max_steps, made at the start. With `train.max_minutes`,
+each process times `budget_probe_steps` optimizer steps after skipping its first `budget_probe_skip` (tracing and
+compilation), and the plan is the step count at the end of that probe plus the rest of the budget at the probed
+rate (at most max_steps). Until then every schedule is the same warmup (then its peak), so the decision affects
+only the steps after it; if it comes after the warmup, the decay starts where it was made. The clock is the
+trainer's training clock (time in steps, not in evaluations or checkpoints); in a multi-worker run `StopControl`
+gives every worker the same clock after each step, so every worker takes the same decision. The time budget and
+max_steps still decide when training stops: the log says how far from the plan that was.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import tensorflow as tf
+
+from nmt.schedule import make_schedule, scaled_learning_rate
+
+log = logging.getLogger("nmt.train")
+
+
+class BatchChanged(RuntimeError):
+    """A checkpoint was trained with another global batch (replicas x batch_tokens x accumulate_steps)."""
+
+
+def _key(name: str) -> str:
+    return f"plan/{name}/.ATTRIBUTES/VARIABLE_VALUE"
+
+
+def _variable(value, dtype, name: str) -> tf.Variable:
+    return tf.Variable(value, dtype=dtype, trainable=False, name=name)
+
+
+class TrainingPlan:
+    """The planned number of steps and the global batch of one run; `state` goes into every checkpoint.
+
+    Create it in the strategy's scope. Args:
+      train: the `train:` config section.
+      replicas: replicas in sync (all workers).
+      batch_tokens: `data.batch_tokens`, the budget per replica and micro-batch.
+      record: called with the decision's JSON record (the chief's metrics.jsonl), or None.
+    """
+
+    def __init__(
+        self, train, replicas: int, batch_tokens: int, *, record: Callable[[dict], None] | None = None
+    ):
+        self.train = train
+        self.record = record
+        self.replicas = int(replicas)
+        self.global_tokens = self.replicas * int(batch_tokens) * train.accumulate_steps
+        self.reference_tokens = train.reference_batch_tokens or int(batch_tokens) * train.accumulate_steps
+        self.peak = scaled_learning_rate(
+            train.learning_rate, self.global_tokens, self.reference_tokens, train.learning_rate_scaling
+        )
+        self.state = tf.Module(name="plan")
+        self.state.total_steps = _variable(0, tf.int64, "total_steps")  # 0: not decided yet
+        self.state.decided_at = _variable(0, tf.int64, "decided_at")  # the step the plan was made at
+        self.state.steps_per_second = _variable(0.0, tf.float64, "steps_per_second")  # the probe's (0: none)
+        self.state.replicas = _variable(self.replicas, tf.int64, "replicas")
+        self.state.global_tokens = _variable(self.global_tokens, tf.int64, "global_tokens")
+        self._probe: tuple[int, float] | None = None  # (step, clock) where this process' probe started
+        self._probe_start = 0  # the step after which this process' probe starts
+        log.info(
+            "global batch: %d tokens per step = %d replica(s) x %d tokens x %d accumulation step(s); peak "
+            "learning rate %.4g (train.learning_rate %g for %d tokens, learning_rate_scaling: %s)",
+            self.global_tokens, self.replicas, batch_tokens, train.accumulate_steps, self.peak,
+            train.learning_rate, self.reference_tokens, train.learning_rate_scaling,
+        )  # fmt: skip
+
+    @property
+    def total_steps(self) -> int:
+        """The planned number of steps (0 while undecided, or for a run with neither max_steps nor max_minutes)."""
+        return int(self.state.total_steps.numpy())
+
+    def schedule(self):
+        t = self.train
+        return make_schedule(
+            t.schedule, self.peak, t.warmup_steps, floor=t.min_learning_rate_fraction,
+            total_steps=self.state.total_steps, decided_at=self.state.decided_at,
+        )  # fmt: skip
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Resuming
+    def restorable(self, prefix: str, objects: dict) -> dict:
+        """The parts of `objects` (name -> trackable) to restore from checkpoint `prefix`.
+
+        Raises BatchChanged if it was trained with another replica count or global batch, unless
+        `train.allow_batch_change`; then the data-iterator position is not restored (it belongs to other batches).
+        A checkpoint written before the plan existed restores without it (nothing to compare).
+        """
+        reader = tf.train.load_checkpoint(prefix)
+        if not reader.has_tensor(_key("replicas")):
+            log.info("%s holds no plan (an older checkpoint): the global batch is not checked", prefix)
+            return {name: part for name, part in objects.items() if name != "plan"}
+        replicas = int(reader.get_tensor(_key("replicas")))
+        tokens = int(reader.get_tensor(_key("global_tokens")))
+        if (replicas, tokens) == (self.replicas, self.global_tokens):
+            return objects
+        change = (
+            f"{prefix} was trained with a global batch of {tokens} tokens on {replicas} replica(s); this run has "
+            f"{self.global_tokens} tokens on {self.replicas} replica(s)"
+        )
+        if not self.train.allow_batch_change:
+            raise BatchChanged(
+                f"{change}. Resuming would change the learning rate and the data order: resume with the original "
+                "devices, train.distribute and train.accumulate_steps, or pass --set train.allow_batch_change=true "
+                "to go on with the new batch (the data order then restarts from the seed)"
+            )
+        log.warning("%s: going on with the new batch (train.allow_batch_change); data order restarts", change)
+        return {name: part for name, part in objects.items() if name != "iterator"}
+
+    def start(self, step: int, clock: float) -> None:
+        """After the restore (at `step`, training clock `clock`): keeps a restored plan, else plans from max_steps
+        or sets up the step-rate probe."""
+        t = self.train
+        self.state.replicas.assign(self.replicas)
+        self.state.global_tokens.assign(self.global_tokens)
+        total = self.total_steps
+        if total:
+            log.info(
+                "plan: %d steps (decided at step %d%s), kept from the checkpoint", total,
+                int(self.state.decided_at.numpy()), self._rate_text(),
+            )  # fmt: skip
+            if t.max_steps and not t.max_minutes and t.max_steps != total and t.schedule != "inverse_sqrt":
+                log.warning(
+                    "train.max_steps is %d but the run was planned for %d steps: the %s decay keeps its plan "
+                    "(the learning rate stays at its floor after step %d)", t.max_steps, total, t.schedule, total,
+                )  # fmt: skip
+        elif t.max_minutes:
+            self._probe_start = step + t.budget_probe_skip
+            self._probe = (step, clock) if t.budget_probe_skip == 0 else None
+        elif t.max_steps:
+            self._decide(t.max_steps, at=0, rate=0.0)
+
+    # ------------------------------------------------------------------------------------------------------------
+    # The time budget
+    def after_step(self, step: int, clock: float) -> None:
+        """Called after every applied step with the training clock (seconds, the same on every worker)."""
+        if self.total_steps or not self.train.max_minutes:
+            return
+        if step == self._probe_start:
+            self._probe = (step, clock)
+        elif self._probe and step == self._probe[0] + self.train.budget_probe_steps:
+            rate = (step - self._probe[0]) / max(clock - self._probe[1], 1e-9)
+            left = max(self.train.max_minutes * 60 - clock, 0.0)
+            total = step + int(left * rate)
+            if self.train.max_steps:
+                total = min(total, self.train.max_steps)
+            self._decide(total, at=step, rate=rate, clock=clock)
+
+    def _decide(self, total: int, *, at: int, rate: float, clock: float = 0.0) -> None:
+        self.state.total_steps.assign(max(total, 1))
+        self.state.decided_at.assign(at)
+        self.state.steps_per_second.assign(rate)
+        t = self.train
+        if rate:
+            log.info(
+                "plan: %d steps for the %g-minute budget%s: %.4g steps/s over steps %d-%d, %.1f s of training "
+                "clock left at step %d", total, t.max_minutes,
+                f" (max_steps {t.max_steps})" if t.max_steps and total == t.max_steps else "",
+                rate, self._probe[0] + 1, at, t.max_minutes * 60 - clock, at,
+            )  # fmt: skip
+        else:
+            log.info("plan: %d steps (train.max_steps)", total)
+        if self.record is not None and rate:
+            self.record({
+                "tag": "plan", "step": at, "total_steps": total, "steps_per_second": rate,
+                "elapsed_seconds": clock, "budget_seconds": t.max_minutes * 60, "max_steps": t.max_steps,
+                "schedule": t.schedule, "global_batch_tokens": self.global_tokens,
+            })  # fmt: skip
+
+    def _rate_text(self) -> str:
+        rate = float(self.state.steps_per_second.numpy())
+        return f", {rate:.4g} steps/s measured" if rate else ""
+
+    def report_end(self, step: int, *, out_of_time: bool) -> None:
+        """Logs how far from the plan the time budget stopped the run (time stays the authority)."""
+        total = self.total_steps
+        if not (out_of_time and total):
+            if out_of_time and self.train.max_minutes:
+                log.warning("the time budget ran out at step %d, before the step-rate probe ended", step)
+            return
+        if step == total:
+            log.info("the time budget ended the run at step %d, as planned", step)
+            return
+        rate = float(self.state.steps_per_second.numpy())
+        log.warning(
+            "the time budget ended the run at step %d, %d steps %s the planned %d (planned from %.4g steps/s%s)",
+            step, abs(total - step), "before" if step < total else "after", total, rate,
+            "; the learning rate stayed at its floor after the plan" if step > total and self.train.schedule
+            != "inverse_sqrt" else "",
+        )  # fmt: skip

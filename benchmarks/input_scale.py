@@ -1,17 +1,32 @@
-"""Preparation and start-up at scale: a synthetic folder corpus of N pairs, prepared, then read (benchmarks only).
+"""Preparation, start-up and training at scale: a synthetic folder corpus of N pairs, prepared, then trained on.
 
-For each N: `benchmarks.synthetic_corpus` writes the corpus (reused when present), then two fresh processes each
-build `make_train_dataset` for it and take the first batch: the first with an empty cache (cold: tokenizer training
-and preparation included), the second with the cache it left (warm). Each process reports its seconds from start
-to the first batch and its peak RSS. The record:
+For each N: `benchmarks.synthetic_corpus` writes the corpus (reused when present), then, all in fresh processes:
+
+1. cold first batch: builds `make_train_dataset` with an empty cache (tokenizer training and preparation included)
+   and takes the first batch; reports its seconds from start and its peak RSS (VmHWM: its own, whereas
+   `ru_maxrss` of a vfork-spawned child includes its parent's peak);
+2. warm first batch: the same with the cache it left;
+3. warm training: the real `train.py` on the config's model for `train_steps` steps (`benchmarks.train_start`):
+   seconds from its start to its first training step (TensorBoard's step-1 event), to its imports and to the
+   train split opened (its log), and its peak RSS (the kernel's VmHWM of the child, plus the sampled anonymous
+   part: mapped files, mostly TensorFlow's shared libraries, count in RSS but are page cache);
+4. prepared vs in-memory training speed (`benchmarks.prepared_speed`): tokens/s of the same training step fed the
+   same batches from the split read from its files (what large corpora get) and from the split loaded into memory
+   (what splits under 64 MB get), interleaved in one process.
+
+The record (one per N; the last one also compares the training peak RSS with the first N's):
 
     {"bench": "input_scale", "pairs": N, "corpus_bytes": ..., "prepare_pairs_per_sec": ..., "prepare_seconds": ...,
      "prepared_seconds_cold": ..., "cache_bytes": ..., "first_batch_seconds_cold": ...,
-     "first_batch_seconds_warm": ..., "peak_rss_mb_cold": ..., "peak_rss_mb_warm": ...}
+     "first_batch_seconds_warm": ..., "peak_rss_mb_cold": ..., "peak_rss_mb_warm": ...,
+     "first_step_seconds_warm": ..., "train_peak_rss_mb": ..., "train_peak_rss_anon_mb": ..., "train": {...},
+     "prepared_vs_memory": ..., "prepared_speed": {...}, "machine": {...}}
 
 `prepare_pairs_per_sec` is the train split's preparation rate (pairs read / seconds, tokenizer excluded) from its
 manifest; `prepared_seconds_cold` is the cold process's time to a prepared cache (imports, tokenizer training and
-preparation); `cache_bytes` excludes the tokenizer. Not measured here (yet): time to the first training step and training tokens/s on this path.
+preparation); `cache_bytes` excludes the tokenizer. `prepared_vs_memory` is from-file tokens/s over in-memory
+tokens/s (target >= 0.97). Not measured: the first training step from a cold cache (the cold first batch plus the
+warm difference between first batch and first step is a close estimate).
 """
 
 from __future__ import annotations
@@ -24,13 +39,21 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks.prepared_speed import MARK as SPEED_MARK
 from benchmarks.synthetic_corpus import write_corpus
+from benchmarks.train_start import run_child, run_train
 
 REPO = Path(__file__).resolve().parents[1]
 MARK = "INPUT_SCALE "
 FIRST_BATCH = """
-import json, resource, sys, time
+import json, sys, time
 start = float(sys.argv[1])
+
+def peak_rss_mb():  # this process's own peak (ru_maxrss would include a vfork parent's)
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+
 from data.config import load_data_config
 from data.pipeline import make_train_dataset
 from data.prepare import cached_tokenizer, prepare
@@ -41,7 +64,7 @@ next(iter(make_train_dataset(cfg, tokenizer, seed=1234)))
 print("INPUT_SCALE " + json.dumps({
     "seconds": time.time() - start,
     "prepared_seconds": tokenized - start,
-    "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    "rss_mb": peak_rss_mb(),
     "train_dir": str(splits[cfg.train_split]),
 }), file=sys.stderr)
 """
@@ -63,42 +86,107 @@ def _size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
+def _prepared_speed(config: str, overrides: list[str], log_path: Path, **settings) -> dict:
+    flags = [f"--{name.replace('_', '-')}={value}" for name, value in settings.items()]
+    command = [
+        sys.executable,
+        "-m",
+        "benchmarks.prepared_speed",
+        "--config",
+        config,
+        *flags,
+        "--set",
+        *overrides,
+    ]
+    child = run_child(command, log_path, finished=SPEED_MARK)
+    lines = [line for line in child["log"].splitlines() if line.startswith(SPEED_MARK)]
+    if child["returncode"] or not lines:
+        raise RuntimeError(f"prepared_speed child failed ({child['returncode']}): {child['log'][-2000:]}")
+    return json.loads(lines[-1][len(SPEED_MARK) :])
+
+
 def bench_input_scale(
-    emit, *, config: str, pairs: tuple[int, ...], workdir: str | Path, overrides: list[str] = ()
+    emit,
+    *,
+    config: str,
+    pairs: tuple[int, ...],
+    workdir: str | Path,
+    overrides: list[str] = (),
+    train_steps: int = 30,
+    speed_rounds: int = 6,
+    speed_block: int = 10,
 ) -> list[dict]:
-    """Emits one `{"bench": "input_scale", ...}` record per corpus size; returns them."""
+    """Emits one `{"bench": "input_scale", ...}` record per corpus size; returns them.
+
+    `train_steps`: steps of the warm train.py run (first step, peak RSS); `speed_rounds` x `speed_block`: timed
+    steps per path of the from-file vs in-memory comparison (0 rounds: skipped).
+    """
+    from benchmarks.machine import machine_facts
+
     workdir = Path(workdir)
     records = []
     for size in pairs:
+        machine = machine_facts()  # the load average before this size's measurements
         corpus = write_corpus(workdir / f"corpus-{size}", size)
-        cache_dir = workdir / f"cache-{size}-{time.time_ns()}"  # a fresh cache: the first child is cold
+        stamp = time.time_ns()
+        cache_dir = workdir / f"cache-{size}-{stamp}"  # a fresh cache: the first child is cold
         settings = [
             *overrides,
             "data.dataset=folder", f"data.folder={corpus}", f"data.cache_dir={cache_dir}",
             "data.source=en", "data.target=de", "data.validation_split=validation", "data.test_split=validation",
         ]  # fmt: skip
-        cold = _first_batch(config, settings)
-        warm = _first_batch(config, settings)
-        manifest = json.loads((Path(cold["train_dir"]) / "manifest.json").read_text())
-        tokenizer_dirs = list(cache_dir.glob("tokenizer-*"))
-        records.append(
-            emit(
-                {
-                    "bench": "input_scale",
-                    "pairs": size,
-                    "corpus_bytes": _size(corpus),
-                    "prepare_pairs_per_sec": round(
-                        manifest["drops"]["total"] / max(manifest["seconds"], 1e-9)
-                    ),
-                    "prepare_seconds": manifest["seconds"],
-                    "prepared_seconds_cold": round(cold["prepared_seconds"], 2),
-                    "cache_bytes": _size(cache_dir) - sum(_size(d) for d in tokenizer_dirs),
-                    "first_batch_seconds_cold": round(cold["seconds"], 2),
-                    "first_batch_seconds_warm": round(warm["seconds"], 2),
-                    "peak_rss_mb_cold": round(cold["rss_mb"]),
-                    "peak_rss_mb_warm": round(warm["rss_mb"]),
-                }
+        try:
+            cold = _first_batch(config, settings)
+            warm = _first_batch(config, settings)
+            train = run_train(config, settings, workdir / f"train-{size}-{stamp}", steps=train_steps)
+            speed = (
+                _prepared_speed(
+                    config,
+                    settings,
+                    workdir / f"train-{size}-{stamp}-speed.log",
+                    rounds=speed_rounds,
+                    block=speed_block,
+                )
+                if speed_rounds
+                else {}
             )
-        )
-        shutil.rmtree(cache_dir, ignore_errors=True)  # a fresh one per run: keep only the (reusable) corpora
+            manifest = json.loads((Path(cold["train_dir"]) / "manifest.json").read_text())
+            tokenizer_dirs = list(cache_dir.glob("tokenizer-*"))
+            cache_bytes = _size(cache_dir) - sum(_size(d) for d in tokenizer_dirs)
+        finally:  # a fresh cache and run per size: keep only the (reusable) corpora
+            shutil.rmtree(cache_dir, ignore_errors=True)
+            for leftover in workdir.glob(f"train-{size}-{stamp}*"):
+                if leftover.is_dir():
+                    shutil.rmtree(leftover, ignore_errors=True)
+                else:
+                    leftover.unlink()
+        record = {
+            "bench": "input_scale",
+            "pairs": size,
+            "corpus_bytes": _size(corpus),
+            "prepare_pairs_per_sec": round(manifest["drops"]["total"] / max(manifest["seconds"], 1e-9)),
+            "prepare_seconds": manifest["seconds"],
+            "prepared_seconds_cold": round(cold["prepared_seconds"], 2),
+            "cache_bytes": cache_bytes,
+            "first_batch_seconds_cold": round(cold["seconds"], 2),
+            "first_batch_seconds_warm": round(warm["seconds"], 2),
+            "peak_rss_mb_cold": round(cold["rss_mb"]),
+            "peak_rss_mb_warm": round(warm["rss_mb"]),
+            "first_step_seconds_warm": train["first_step_seconds"],
+            "train_peak_rss_mb": train["peak_rss_mb"],
+            "train_peak_rss_anon_mb": train["peak_rss_anon_mb"],
+            "train": train,
+            "prepared_vs_memory": speed.get("prepared_vs_memory"),
+            "prepared_speed": speed,
+            "config": config,
+            "machine": machine,
+        }
+        if records:  # the peak RSS target compares every size with the smallest one
+            record["train_peak_rss_vs_first"] = round(
+                train["peak_rss_mb"] / records[0]["train_peak_rss_mb"], 3
+            )
+            record["train_peak_rss_anon_vs_first"] = round(
+                train["peak_rss_anon_mb"] / max(records[0]["train_peak_rss_anon_mb"], 1), 3
+            )
+        records.append(emit(record))
     return records

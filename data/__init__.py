@@ -10,7 +10,7 @@
 - `data.cleaning`: empty, invalid UTF-8, over-long and one-sided pairs, counted and dropped.
 - `data.tokenizer`: `train_tokenizer` (SentencePiece) and `Tokenizer` (applied in-graph with tensorflow_text).
 - `data.prepare`: `python -m data.prepare --config CONFIG`: tokenizer trained once, splits tokenized once.
-- `data.cache`, `data.store`: where prepared splits live and their memory-mapped token arrays.
+- `data.cache`, `data.store`: where prepared splits live, their token arrays and length index, and reading them.
 - `data.batching`: the seeded, checkpointable sampler of bucketed batches over a prepared split.
 - `data.pipeline`: `make_train_dataset`, `make_eval_dataset`, `bucket_edges` and composable transforms.
 - `data.stats`: `python -m data.stats --config CONFIG` prints one JSON line of corpus and pipeline statistics.

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +21,7 @@ from data import cache
 from data.cleaning import MAX_LINE_BYTES
 from data.config import DataConfig
 from data.errors import DataError
-from data.pipeline import train_batches
+from data.pipeline import eval_batches, train_batches
 from data.prepare import main, prepare
 from data.store import MANIFEST, PreparedSplit
 from tests.data.conftest import sentences
@@ -104,18 +105,50 @@ def test_prepares_a_folder_corpus_counts_bad_lines_and_reuses_the_cache(tmp_path
     assert "split train already prepared" in caplog.text and "training the SentencePiece" not in caplog.text
 
 
-def test_memory_mapped_and_in_memory_reads_give_the_same_batches(tmp_path):
+def test_file_and_in_memory_reads_give_the_same_batches(tmp_path):
     cfg = folder_cfg(tmp_path)
     _, splits = prepare(cfg, progress=False)
-    mapped = PreparedSplit.open(splits["train"], in_memory=False)
+    from_file = PreparedSplit.open(splits["train"], in_memory=False)
     loaded = PreparedSplit.open(splits["train"], in_memory=True)
-    assert mapped.origin == "memory-mapped" and loaded.origin == "memory"
-    first = list(train_batches(cfg, mapped, seed=4, repeat=False).as_numpy_iterator())
-    second = list(train_batches(cfg, loaded, seed=4, repeat=False).as_numpy_iterator())
-    assert len(first) == len(second) > 1
-    for a, b in zip(first, second):
-        for key in a:
-            np.testing.assert_array_equal(a[key], b[key])
+    assert from_file.origin == "from file" and loaded.origin == "memory"
+    short = dataclasses.replace(
+        cfg, max_length=8, eval_batch_tokens=64
+    )  # sides cut to 7 pieces: partial reads
+    for make in (
+        lambda split: train_batches(cfg, split, seed=4, repeat=False),
+        lambda split: eval_batches(short, split),
+    ):
+        first = list(make(from_file).as_numpy_iterator())
+        second = list(make(loaded).as_numpy_iterator())
+        assert len(first) == len(second) > 1
+        for a, b in zip(first, second):
+            for key in a:
+                np.testing.assert_array_equal(a[key], b[key])
+    for side in ("source", "target"):  # and both equal the pieces as written, by an independent reading
+        offsets = np.fromfile(splits["train"] / f"{side}.offsets", np.int64)
+        values = np.fromfile(splits["train"] / f"{side}.values", np.dtype(from_file.manifest["dtype"]))
+        expected = [values[a:b].tolist() for a, b in zip(offsets[:-1], offsets[1:])]
+        assert from_file.pieces(side) == expected == loaded.pieces(side)
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="needs Linux /proc")
+def test_reading_from_file_maps_only_the_length_index_and_releases_it(tmp_path):
+    """Token and offset files are read with pread (a memory map keeps every page it touched in the RSS), and the
+    mapped length index leaves the RSS once the epochs are planned."""
+    cfg = folder_cfg(tmp_path)
+    _, splits = prepare(cfg, progress=False)
+    split = PreparedSplit.open(splits["train"], in_memory=False)
+    assert int(split.source_lengths.sum()) > 0  # reads the whole index: its pages are resident now
+    batches = list(train_batches(cfg, split, seed=1, repeat=False).as_numpy_iterator())
+    assert batches
+    resident, name = {}, None
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        fields = line.split()
+        if re.fullmatch(r"[0-9a-f]+-[0-9a-f]+", fields[0]):  # a mapping's header: address range ... [path]
+            name = Path(fields[-1]).name if str(splits["train"]) in line else None
+        elif name is not None and fields[0] == "Rss:":
+            resident[name] = resident.get(name, 0) + int(fields[1])
+    assert resident == {"lengths": 0}
 
 
 KILLER = """
@@ -218,7 +251,7 @@ def test_non_chief_waits_for_the_chief_and_times_out_clearly(tmp_path, monkeypat
         )
 
 
-def test_resume_mid_epoch_on_the_memory_mapped_split_equals_the_uninterrupted_iterator(tmp_path):
+def test_resume_mid_epoch_on_a_split_read_from_file_equals_the_uninterrupted_iterator(tmp_path):
     cfg = folder_cfg(tmp_path, batch_tokens=128)
     _, splits = prepare(cfg, progress=False)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import shutil
 
+import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
@@ -98,3 +99,15 @@ def test_corrupt_offsets_are_named(tmp_path):
     offsets.write_bytes(bytes(data))
     with pytest.raises(DataError, match=r"source\.offsets is corrupt"):
         PreparedSplit.open(splits["train"])
+
+
+def test_a_token_file_cut_after_opening_is_named_when_read(tmp_path):
+    cfg = folder_cfg(tmp_path)
+    _, splits = prepare(cfg, progress=False)
+    split = PreparedSplit.open(splits["train"], in_memory=False)
+    values = splits["train"] / "source.values"
+    values.write_bytes(values.read_bytes()[:2])  # cut while a training run has the split open
+    with pytest.raises(
+        DataError, match=r"source\.values is shorter than its manifest says: delete .* prepare again"
+    ):
+        split.gather(np.arange(len(split)))

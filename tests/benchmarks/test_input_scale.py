@@ -1,0 +1,94 @@
+"""The input_scale benchmark's measuring parts: a child's peak RSS and exit watchdog, the first step read from
+train.py's TensorBoard events and log, and (slow) the whole record at a tiny size. No timing assertions."""
+
+import io
+import json
+
+import pytest
+
+CHILD = """
+import sys, time
+block = bytearray(int(sys.argv[1]) * 2**20)  # touched: resident
+print("child: finished", flush=True)
+if sys.argv[2] == "hang":
+    time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("ending", ["exit", "hang"])
+def test_run_child_reports_peak_rss_and_kills_a_child_stuck_after_its_last_line(tmp_path, ending):
+    import sys
+
+    from benchmarks.train_start import run_child
+
+    result = run_child(
+        [sys.executable, "-c", CHILD, "300", ending],
+        tmp_path / "child.log",
+        finished="child: finished",
+        grace=1,
+    )
+    assert result["returncode"] == 0 and "child: finished" in result["log"]
+    assert result["killed_after_finishing"] == (ending == "hang")
+    assert 300 <= result["peak_rss_mb"] < 300 + 200  # the kernel's peak: the block plus an interpreter
+    assert result["peak_rss_anon_mb"] <= result["peak_rss_mb"]
+
+
+def test_first_step_time_is_read_from_train_py_tensorboard_events_and_log(tmp_path):
+    import logging
+    import time
+
+    import tensorflow as tf
+
+    from benchmarks.train_start import log_seconds, train_events
+
+    start = time.time()
+    writer = tf.summary.create_file_writer(str(tmp_path / "tensorboard" / "train"))
+    for step in (1, 10):
+        with writer.as_default(step=step):
+            tf.summary.scalar("loss", 9.0 / step)
+            tf.summary.scalar("tokens_per_sec", 100.0 * step)
+    writer.flush()
+    events = train_events(tmp_path)
+    assert [step for step, _, _ in events["loss"]] == [1, 10]
+    assert [value for _, _, value in events["loss"]] == pytest.approx([9.0, 0.9])  # float32 scalars
+    assert [value for _, _, value in events["tokens_per_sec"]] == [100.0, 1000.0]
+    assert start - 1 <= events["loss"][0][1] <= time.time() + 1  # wall_time: epoch seconds of the write
+
+    record = logging.LogRecord("nmt.train", logging.INFO, "", 0, "run directory X (new run)", None, None)
+    record.created = start + 2.5
+    record.msecs = (record.created % 1) * 1000
+    line = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s").format(record)  # train.py's
+    log = "\n".join(["some output", line, "more"])
+    assert log_seconds(log, "nmt.train: run directory", start) == pytest.approx(2.5, abs=0.002)
+    assert log_seconds(log, "absent", start) is None
+
+
+@pytest.mark.slow
+def test_input_scale_emits_its_record_at_a_tiny_size(tmp_path):
+    """The whole input_scale measurement on 600 synthetic pairs with tiny.yaml (minutes on a loaded machine)."""
+    from benchmarks.common import JsonLines
+    from benchmarks.input_scale import bench_input_scale
+    from benchmarks.synthetic_corpus import DEFAULT_MIRROR
+
+    if not (DEFAULT_MIRROR / "train.en.gz").is_file():
+        pytest.skip(f"no Multi30k mirror at {DEFAULT_MIRROR}")
+    out = io.StringIO()
+    (record,) = bench_input_scale(
+        JsonLines(out), config="tiny.yaml", pairs=(600,), workdir=tmp_path, train_steps=3, speed_rounds=2,
+        speed_block=2,
+    )  # fmt: skip
+    assert json.loads(out.getvalue()) == record
+    assert record["bench"] == "input_scale" and record["pairs"] == 600 and record["config"] == "tiny.yaml"
+    train, speed = record["train"], record["prepared_speed"]
+    assert train["steps"] == 3 and train["train_split_read"] == "memory"  # a tiny split is loaded
+    assert 0 < train["imports_seconds"] <= train["train_split_open_seconds"] <= train["first_step_seconds"]
+    assert record["first_step_seconds_warm"] == train["first_step_seconds"]
+    assert 0 < train["peak_rss_anon_mb"] <= train["peak_rss_mb"] == record["train_peak_rss_mb"]
+    assert speed["train_split_pairs"] == 600 and speed["traces_while_timed"] >= 0
+    assert speed["prepared_vs_memory"] == record["prepared_vs_memory"] > 0
+    assert len(speed["prepared_vs_memory_per_round"]) == 2
+    assert set(record["machine"]) >= {"cpu_model", "cpus", "memory_gib", "gpu", "load_average"}
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["corpus-600"]  # caches and runs removed
+
+
+# --- decode rows of other engines (benchmarks.decode_engines, benchmarks.significance) ---------------------------

@@ -9,6 +9,7 @@ import pytest
 CHILD = """
 import sys, time
 block = bytearray(int(sys.argv[1]) * 2**20)  # touched: resident
+time.sleep(2)  # RSS is sampled while the child lives (every 50 ms): time for a loaded machine to sample it
 print("child: finished", flush=True)
 if sys.argv[2] == "hang":
     time.sleep(600)

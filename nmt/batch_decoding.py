@@ -29,6 +29,35 @@ _FORCED = -1e9  # logit of every non-EOS token once a sentence has reached its l
 COMPACT = 0.0
 
 
+def source_ids(
+    lines: list[str],
+    beam_size: int,
+    nbest: int,
+    encode: Callable[[list[str]], list[list[int]]],
+    max_source_length: int,
+    on_truncated: Callable[[int, int], None] | None = None,
+) -> tuple[list[int], list[list[int]]]:
+    """What every engine's `translate` decodes: checks `beam_size`/`nbest`, skips blank lines, truncates.
+
+    Returns (indices of the non-blank lines, their subword ids cut to `max_source_length - 1`, room for EOS);
+    `on_truncated(index, num_subwords)` is called for each line that was cut.
+    """
+    if beam_size < 1:
+        raise ValueError(f"beam_size must be at least 1, got {beam_size}")
+    if not 1 <= nbest <= beam_size:
+        raise ValueError(f"nbest must be between 1 and the beam size ({beam_size}), got {nbest}")
+    todo = [i for i, line in enumerate(lines) if line.strip()]
+    keep = max_source_length - 1
+    sources = []
+    for index, ids in zip(todo, encode([lines[i] for i in todo])):
+        if len(ids) > keep:
+            if on_truncated is not None:
+                on_truncated(index, len(ids))
+            ids = ids[:keep]
+        sources.append(ids)
+    return todo, sources
+
+
 def limit_lengths(step_fn: Callable, eos_id: int = EOS_ID) -> Callable:
     """Wraps a step function so that row `n` emits EOS at output position `state["limit"][n]`.
 

@@ -45,7 +45,7 @@ from pathlib import Path
 import numpy as np
 
 from common.special_ids import EOS_ID, PAD_ID
-from nmt.batch_decoding import output_limits
+from nmt.batch_decoding import output_limits, source_ids
 from nmt.ctranslate2_export import COMPUTE_TYPES, ExportError, import_ctranslate2, read_export_metadata
 
 log = logging.getLogger(__name__)
@@ -217,21 +217,9 @@ class CTranslate2Translator:
           on_truncated: called as `on_truncated(index, num_subwords)` for each line longer than the model allows.
         """
         beam_size = self.eval_config.beam_size if beam_size is None else beam_size
-        if beam_size < 1:
-            raise ValueError(f"beam_size must be at least 1, got {beam_size}")
-        if not 1 <= nbest <= beam_size:
-            raise ValueError(f"nbest must be between 1 and the beam size ({beam_size}), got {nbest}")
         lines = list(lines)
         results: list = ["" if nbest == 1 else [] for _ in lines]
-        todo = [i for i, line in enumerate(lines) if line.strip()]
-        keep = self.max_source_length - 1  # room for EOS
-        sources = []
-        for index, ids in zip(todo, self.encode([lines[i] for i in todo])):
-            if len(ids) > keep:
-                if on_truncated is not None:
-                    on_truncated(index, len(ids))
-                ids = ids[:keep]
-            sources.append(ids)
+        todo, sources = source_ids(lines, beam_size, nbest, self.encode, self.max_source_length, on_truncated)
         hypotheses = self.decode_ids(sources, beam_size=beam_size, nbest=nbest, progress=progress)
         texts = self._detokenize([ids for best in hypotheses for ids, _ in best])
         position = 0

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from nmt.batch_decoding import decode_batch, limit_lengths, output_limits
+from nmt.batch_decoding import decode_batch, limit_lengths, output_limits, source_ids
 from nmt.validation import validation_loss
 from transformer.vocab import BOS_ID, EOS_ID, PAD_ID
 
@@ -189,21 +189,10 @@ class Translator:
           on_truncated: called as `on_truncated(index, num_subwords)` for each line longer than the model allows.
         """
         beam_size = self.eval_config.beam_size if beam_size is None else beam_size
-        if beam_size < 1:
-            raise ValueError(f"beam_size must be at least 1, got {beam_size}")
-        if not 1 <= nbest <= beam_size:
-            raise ValueError(f"nbest must be between 1 and the beam size ({beam_size}), got {nbest}")
         lines = list(lines)
         results: list = ["" if nbest == 1 else [] for _ in lines]
-        todo = [i for i, line in enumerate(lines) if line.strip()]
-        keep = self.max_source_length - 1  # room for EOS
-        sources: dict[int, list[int]] = {}
-        for index, ids in zip(todo, self.encode([lines[i] for i in todo])):
-            if len(ids) > keep:
-                if on_truncated is not None:
-                    on_truncated(index, len(ids))
-                ids = ids[:keep]
-            sources[index] = ids
+        todo, ids = source_ids(lines, beam_size, nbest, self.encode, self.max_source_length, on_truncated)
+        sources = dict(zip(todo, ids))
         keys = list(sources)
         batches = [[keys[j] for j in batch] for batch in self.batches([len(sources[i]) for i in keys])]
         xla = self.uses_xla(len(keys), beam_size)

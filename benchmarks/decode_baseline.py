@@ -1,0 +1,170 @@
+"""Decoding speed of this tree against an earlier commit of it, on the same trained model, in one run.
+
+    python -m benchmarks.decode_baseline --baseline 250e915 --run-dir runs/base          # ~10 min on 2 cores
+    python -m benchmarks.decode_baseline --baseline 250e915 --beams 4 --rounds 1 --max-sentences 50
+
+The decoding issue's targets are ratios against "today's" decoder, the one of the commit it was filed against. This
+bench checks that commit out into a temporary `git worktree`, and runs the same command line the issue measured,
+`evaluate.py --model-dir RUN --split test --beam B --json`, once with the baseline's code and once with this tree's,
+plus this tree's `--engine ctranslate2` on an export of the same weights (float32 and int8, exported here with
+`export.py --format ctranslate2`). Each engine runs with its own defaults (XLA setting, batching), rounds are
+interleaved (baseline, current, CTranslate2, ... then again), and every figure is the `sentences_per_sec` that
+evaluate.py itself reports for the whole test split (decoding time of the split, compilation included, process
+start-up excluded). The baseline reads a copy of the run directory (config, tokenizer, weights), so nothing it
+writes lands in RUN.
+
+One JSON object per line on stdout: a `machine` record, one `decode_baseline` row per (engine, beam, round), and one
+`decode_baseline_summary` per beam with the median sentences/s of each engine and the ratios against the baseline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from benchmarks.machine import machine_facts
+from benchmarks.worktree import ROOT, baseline_worktree
+
+RUN_FILES = ("config.yaml", "tokenizer", "final", "best", "checkpoints")
+
+
+def _run_json(command: list[str], cwd: Path) -> dict:
+    """Runs one evaluate.py/export.py command; its last stdout line is the JSON result (evaluate.py --json)."""
+    completed = subprocess.run(command, cwd=cwd, capture_output=True, text=True)
+    if completed.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} exited {completed.returncode}:\n{completed.stderr[-3000:]}")
+    lines = [line for line in completed.stdout.splitlines() if line.strip()]
+    return json.loads(lines[-1]) if lines and lines[-1].startswith("{") else {}
+
+
+def _copy_run(run_dir: Path, into: Path) -> Path:
+    into.mkdir(parents=True)
+    for name in RUN_FILES:
+        if (run_dir / name).is_dir():
+            shutil.copytree(run_dir / name, into / name)
+        elif (run_dir / name).is_file():
+            shutil.copy2(run_dir / name, into / name)
+    return into
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--baseline", required=True, help="commit (or any git revision) of the baseline decoder"
+    )
+    parser.add_argument("--run-dir", default="runs/base", help="trained run directory (default runs/base)")
+    parser.add_argument("--beams", default="4,1", help="comma-separated beam sizes (default 4,1)")
+    parser.add_argument(
+        "--rounds", type=int, default=2, help="interleaved rounds (default 2; median reported)"
+    )
+    parser.add_argument(
+        "--max-sentences", type=int, default=0, help="first N test sentences (default 0 = all)"
+    )
+    parser.add_argument(
+        "--engines",
+        default="baseline,current,ctranslate2_float32,ctranslate2_int8",
+        help="which rows (default all four)",
+    )
+    args = parser.parse_args(argv)
+    run_dir = Path(args.run_dir).resolve()
+    if not (run_dir / "config.yaml").is_file():
+        parser.error(f"{run_dir} is not a run directory (no config.yaml); train one with train.py")
+    beams = [int(b) for b in args.beams.split(",") if b.strip()]
+    engines = [e for e in args.engines.split(",") if e.strip()]
+    python = sys.executable
+    emit = lambda record: print(json.dumps(record), flush=True)  # noqa: E731
+    emit({"bench": "machine", **machine_facts()})
+
+    with (
+        tempfile.TemporaryDirectory(prefix="nmt-decode-baseline-") as scratch,
+        baseline_worktree(args.baseline) as (worktree, commit),
+    ):
+        scratch = Path(scratch)
+        baseline_run = _copy_run(run_dir, scratch / "run")
+        exports = {}
+        for quantization in ("float32", "int8"):
+            if f"ctranslate2_{quantization}" in engines:
+                exports[quantization] = scratch / f"ct2-{quantization}"
+                _run_json(
+                    [
+                        python,
+                        "export.py",
+                        "--model-dir",
+                        str(run_dir),
+                        "--output",
+                        str(exports[quantization]),
+                        "--format",
+                        "ctranslate2",
+                        "--quantization",
+                        quantization,
+                    ],
+                    ROOT,
+                )
+        limit = ["--max-sentences", str(args.max_sentences)] if args.max_sentences else []
+        rows: list[dict] = []
+        for round_index in range(args.rounds):
+            for beam in beams:
+                for engine in engines:
+                    common = ["--split", "test", "--beam", str(beam), "--json", *limit]
+                    output = ["--output", str(scratch / f"hyp-{engine}-{beam}.txt")]
+                    if engine == "baseline":
+                        command, cwd = [python, "evaluate.py", "--model-dir", str(baseline_run)], worktree
+                    else:
+                        command, cwd = [python, "evaluate.py", "--model-dir", str(run_dir)], ROOT
+                        if engine.startswith("ctranslate2_"):
+                            quantization = engine.removeprefix("ctranslate2_")
+                            command += [
+                                "--engine",
+                                "ctranslate2",
+                                "--engine-dir",
+                                str(exports[quantization]),
+                            ]
+                    result = _run_json(command + common + output, cwd)
+                    row = {
+                        "bench": "decode_baseline",
+                        "engine": engine,
+                        "commit": commit if engine == "baseline" else "HEAD",
+                        "beam_size": beam,
+                        "round": round_index,
+                        "sentences": result.get("num_sentences"),
+                        "sentences_per_sec": result.get("sentences_per_sec"),
+                        "seconds": result.get("seconds"),
+                        "bleu": result.get("bleu"),
+                        "xla": result.get("xla"),
+                    }
+                    rows.append(emit(row) or row)
+        for beam in beams:
+            speed = {
+                engine: statistics.median(
+                    r["sentences_per_sec"] for r in rows if r["engine"] == engine and r["beam_size"] == beam
+                )
+                for engine in engines
+            }
+            bleu = {
+                engine: next(r["bleu"] for r in rows if r["engine"] == engine and r["beam_size"] == beam)
+                for engine in engines
+            }
+            summary = {"bench": "decode_baseline_summary", "beam_size": beam, "baseline_commit": commit}
+            for engine in engines:
+                summary[f"{engine}_sentences_per_sec"] = round(speed[engine], 1)
+                summary[f"{engine}_bleu"] = round(bleu[engine], 2)
+                if "baseline" in speed and engine != "baseline":
+                    summary[f"{engine}_vs_baseline"] = round(speed[engine] / speed["baseline"], 2)
+            if "current" in speed and "ctranslate2_float32" in speed:
+                summary["current_vs_ctranslate2_float32"] = round(
+                    speed["current"] / speed["ctranslate2_float32"], 2
+                )
+            emit(summary)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

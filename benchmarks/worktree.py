@@ -1,0 +1,40 @@
+"""An earlier commit of this repository, checked out beside it for a same-run comparison (benchmarks only)."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@contextlib.contextmanager
+def baseline_worktree(revision: str) -> Iterator[tuple[Path, str]]:
+    """Yields (directory, full commit hash) of `revision` checked out with `git worktree add --detach` in a temporary
+    directory; the worktree is removed (and pruned from git's list) on exit, whatever happens inside."""
+    resolved = subprocess.run(
+        ["git", "rev-parse", "--verify", f"{revision}^{{commit}}"], cwd=ROOT, capture_output=True, text=True
+    )
+    if resolved.returncode != 0:
+        raise SystemExit(f"unknown git revision {revision!r}: {resolved.stderr.strip()}")
+    commit = resolved.stdout.strip()
+    parent = Path(tempfile.mkdtemp(prefix="nmt-baseline-"))
+    directory = parent / "tree"
+    try:
+        subprocess.run(
+            ["git", "worktree", "add", "--detach", str(directory), commit],
+            cwd=ROOT,
+            capture_output=True,
+            check=True,
+        )
+        yield directory, commit
+    finally:
+        subprocess.run(
+            ["git", "worktree", "remove", "--force", str(directory)], cwd=ROOT, capture_output=True
+        )
+        subprocess.run(["git", "worktree", "prune"], cwd=ROOT, capture_output=True)
+        shutil.rmtree(parent, ignore_errors=True)

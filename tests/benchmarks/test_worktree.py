@@ -1,0 +1,56 @@
+"""benchmarks.worktree: an earlier commit checked out beside the tree, and always removed."""
+
+import subprocess
+
+import pytest
+
+from benchmarks import decode_baseline, train_baseline
+from benchmarks.worktree import ROOT, baseline_worktree
+
+
+def _worktrees() -> str:
+    return subprocess.run(["git", "worktree", "list"], cwd=ROOT, capture_output=True, text=True).stdout
+
+
+def test_checks_out_the_commit_and_removes_it():
+    first = subprocess.run(
+        ["git", "rev-list", "--max-parents=0", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()[0]
+    with baseline_worktree(first) as (directory, commit):
+        assert commit == first
+        expected = subprocess.run(
+            ["git", "ls-tree", "-r", "--name-only", first],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split()
+        assert sorted(
+            str(p.relative_to(directory)) for p in directory.rglob("*") if p.is_file() and ".git" != p.name
+        ) == sorted(expected)
+        assert str(directory) in _worktrees()
+    assert not directory.exists()
+    assert str(directory) not in _worktrees()
+
+
+def test_removed_when_the_body_fails():
+    with pytest.raises(RuntimeError), baseline_worktree("HEAD") as (directory, _):
+        raise RuntimeError("inside")
+    assert not directory.exists()
+    assert str(directory) not in _worktrees()
+
+
+def test_unknown_revision_is_a_clear_error():
+    with pytest.raises(SystemExit, match="unknown git revision 'no-such-commit'"):
+        with baseline_worktree("no-such-commit"):
+            pass
+
+
+def test_clis_refuse_bad_arguments(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        decode_baseline.main(["--baseline", "HEAD", "--run-dir", str(tmp_path)])
+    assert exit_info.value.code == 2
+    assert "not a run directory" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        train_baseline.main(["--baseline", "HEAD", "--steps", "1"])
+    assert exit_info.value.code == 2

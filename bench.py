@@ -3,11 +3,13 @@
     python bench.py                         # everything (make bench); input_scale prepares 0.5M and 5M pairs
     python bench.py --quick                 # ~1-minute smoke on configs/tiny.yaml
     python bench.py --only train,input --precisions float32 --xla off
+    python bench.py --only train --precisions mixed_bfloat16 --xla off --train-batch-tokens 1024,2048,4096
 
-Records: {"bench": "train"} per precision x XLA (our TrainStep vs a stock-Keras reference of the same size,
-tokens/s, ratio, MFU), {"bench": "decode"} per search x cache x XLA, then per search in CTranslate2 (float32, int8,
-patiences) and TensorFlow int8, with BLEU, speed-ups and paired bootstraps, and {"bench": "decode_targets"}
-(benchmarks/decode_engines.py), {"bench": "attention"} per variant x length,
+Records: {"bench": "train"} per precision x XLA (and per --train-batch-tokens x --train-bucket-steps value: the
+batch-shape sweep) (our TrainStep vs a stock-Keras reference of the same size, tokens/s, ratio, MFU, the matmul-only
+lower bound and overhead ratio), {"bench": "decode"} per search x cache x XLA, then per search in CTranslate2
+(float32, int8, patiences) and TensorFlow int8, with BLEU, speed-ups and paired bootstraps, and
+{"bench": "decode_targets"} (benchmarks/decode_engines.py), {"bench": "attention"} per variant x length,
 {"bench": "input"}, {"bench": "input_scale"} per synthetic corpus size (preparation pairs/s, cache size, first
 batch cold/warm, peak RSS), {"bench": "refusal"} (train.py refusing a run directory in use). Logs go to stderr. Exit codes: 0 ok, 2 bad arguments or config.
 """
@@ -55,6 +57,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--train-batches", type=int, help="batches per timed training pass")
     parser.add_argument("--train-shapes", type=int, help="distinct batch shapes among them")
     parser.add_argument("--train-rounds", type=int, help="timed passes per model (median)")
+    parser.add_argument(
+        "--train-batch-tokens", type=_list(int), help="train rows per data.batch_tokens, e.g. 1024,2048,4096"
+    )
+    parser.add_argument(
+        "--train-bucket-steps",
+        type=_list(int),
+        help="train rows per bucket step: edges n, 2n, ... (0 = automatic)",
+    )
     parser.add_argument("--decode-all", type=int, help="test sentences for cached decoding (0 = all)")
     parser.add_argument("--decode-sentences", type=int, help="test sentences for no-cache decoding")
     parser.add_argument("--decode-xla", type=_list(_switch), help="XLA settings for decode (default: --xla)")
@@ -81,8 +91,9 @@ def options_from_args(args):
     from benchmarks.runner import BenchOptions
 
     names = ("config", "run_dir", "tokenizer_dir", "precisions", "xla", "train_batches", "train_shapes",
-             "train_rounds", "decode_all", "decode_sentences", "decode_xla", "beams", "decode_engines",
-             "ct2_patience", "ct2_dir", "attention_lengths", "memory_budget_mb", "chunk_size", "window", "only")  # fmt: skip
+             "train_rounds", "train_batch_tokens", "train_bucket_steps", "decode_all", "decode_sentences",
+             "decode_xla", "beams", "decode_engines", "ct2_patience", "ct2_dir", "attention_lengths",
+             "memory_budget_mb", "chunk_size", "window", "only")  # fmt: skip
     changes = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
     changes["overrides"] = args.overrides
     return BenchOptions.quick(**changes) if args.quick else BenchOptions(**changes)

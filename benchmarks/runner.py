@@ -40,6 +40,10 @@ class BenchOptions:
     train_shapes: int = 1  # distinct batch shapes among them, the most common (XLA compiles one per shape)
     train_rounds: int = 2  # timed passes per model (median)
     peak_size: int = 2048  # matmul size of the peak measurement
+    # batch-shape sweep: the train rows again per data.batch_tokens x bucket step (empty: the config's own value;
+    # a bucket step n: edges n, 2n, ... below data.max_length; 0: the automatic edges)
+    train_batch_tokens: tuple[int, ...] = ()
+    train_bucket_steps: tuple[int, ...] = ()
     # decode
     decode_all: int = 0  # test sentences for the cached settings (0 = all)
     decode_sentences: int = 16  # test sentences for the no-cache settings (quadratic; 100 took 8 of 34 min)
@@ -117,6 +121,10 @@ def check_options(options: BenchOptions) -> None:
         unknown = sorted(set(given) - set(known))
         if unknown:
             raise ValueError(f"unknown {kind} {', '.join(unknown)}; choose from {', '.join(known)}")
+    if any(tokens < 1 for tokens in options.train_batch_tokens):
+        raise ValueError(f"train batch tokens must be positive, got {options.train_batch_tokens}")
+    if any(step < 0 for step in options.train_bucket_steps):
+        raise ValueError(f"train bucket steps must be >= 0 (0 = automatic), got {options.train_bucket_steps}")
 
 
 def run_benchmarks(options: BenchOptions, emit=None, config=None) -> list[dict]:
@@ -135,18 +143,20 @@ def run_benchmarks(options: BenchOptions, emit=None, config=None) -> list[dict]:
     try:
         with contextlib.redirect_stdout(sys.stderr):  # TFDS prints progress on stdout: keep it for JSON
             if "train" in options.only:
-                from benchmarks.train_speed import bench_train
+                from benchmarks.train_speed import bench_train, train_variants
 
-                records += bench_train(
-                    context,
-                    emit,
-                    precisions=options.precisions,
-                    xla_settings=options.xla,
-                    num_batches=options.train_batches,
-                    max_shapes=options.train_shapes,
-                    rounds=options.train_rounds,
-                    peak_size=options.peak_size,
-                )
+                for variant in train_variants(config, options.train_batch_tokens, options.train_bucket_steps):
+                    records += bench_train(
+                        context,
+                        emit,
+                        precisions=options.precisions,
+                        xla_settings=options.xla,
+                        num_batches=options.train_batches,
+                        max_shapes=options.train_shapes,
+                        rounds=options.train_rounds,
+                        peak_size=options.peak_size,
+                        config=variant,
+                    )
             if "decode" in options.only:
                 from benchmarks.decode_speed import bench_decode
 

@@ -10,7 +10,11 @@ protobuf, read with the `xplane_pb2` TensorFlow ships) are summed per category o
 summed over TensorFlow's inter-op threads, so it can exceed the wall time, and it includes the time an op's thread
 waits for a core: on a loaded machine compare shares, not milliseconds.
 
-Prints a markdown table and one JSON line prefixed `TRAIN_PROFILE ` (ms per step per category, wall ms per step).
+Also times the step's matmuls alone (`benchmarks.matmul_bound.MatmulOnly`, same shapes and compute dtype, median of
+3 passes after a warm-up, outside the profiler): the lower bound the matmul categories of the table are compared to.
+
+Prints a markdown table and one JSON line prefixed `TRAIN_PROFILE ` (ms per step per category, wall ms per step,
+matmul-only ms per step).
 """
 
 from __future__ import annotations
@@ -149,6 +153,8 @@ def sample_batches(config, tokenizer, *, num_batches: int, max_shapes: int = 3) 
 def main(argv: list[str] | None = None) -> int:
     import keras
 
+    from benchmarks.common import timed
+    from benchmarks.matmul_bound import MatmulOnly
     from benchmarks.train_speed import make_train_step
     from data.prepare import prepare
     from nmt.cli import add_set_argument
@@ -171,12 +177,23 @@ def main(argv: list[str] | None = None) -> int:
     keras.utils.set_random_seed(config.train.seed)
     model = build_model(config.model, tokenizer.source_vocab_size, tokenizer.target_vocab_size)
     profile = profile_step(make_train_step(model, config, precision=precision, xla=False), batches)
+    bound = MatmulOnly(
+        batches, config.model, tokenizer.target_vocab_size, precision=precision, xla=False, masked=True
+    )
+    bound.run()  # warm-up: traces every shape
+    matmul_ms = statistics.median(timed(bound.run)[0] for _ in range(3)) * 1000 / len(batches)
     tokens = sum(int((b["target_out"].numpy() != 0).sum()) for b in batches) / len(batches)
     print(f"precision {precision}, {len(batches)} batches, {tokens:.0f} target tokens per step")
     print(markdown_table({"step": profile}, tokens))
+    print(
+        f"matmul-only (the step's matmuls alone, same shapes): {matmul_ms:.0f} ms/step, "
+        f"wall / matmul-only = {profile['wall_ms'] / matmul_ms:.2f}"
+    )
     record = {"precision": precision, "steps": len(batches), "target_tokens_per_step": round(tokens, 1)}
     record.update(
-        wall_ms=round(profile["wall_ms"], 1), op_ms={k: round(v, 1) for k, v in profile["op_ms"].items()}
+        wall_ms=round(profile["wall_ms"], 1),
+        op_ms={k: round(v, 1) for k, v in profile["op_ms"].items()},
+        matmul_only_ms=round(matmul_ms, 1),
     )
     record["load_average"] = round(os.getloadavg()[0], 2)
     print(MARK + json.dumps(record), file=sys.stderr, flush=True)

@@ -14,11 +14,20 @@ MFU divides the model FLOPs/s (`benchmarks.flops`) by a matmul peak measured in 
 dtype of the precision. Batches: the first `num_batches` of the seeded epoch whose shape is among the epoch's
 `max_shapes` most common shapes, so XLA compiles at most `max_shapes` programs per model, on the shapes training
 meets most.
+
+The matmul-only lower bound (`benchmarks.matmul_bound`): the step's matmuls alone (same shapes and compute dtype,
+forward and backward, jit-compiled when the row is), timed in the same rounds as a third entry after ours and the
+reference. `overhead_ratio` = our seconds per step / its seconds per step; `matmul_only_gflops` (its own FLOP count,
+`matmul_gflops_per_pass`, over its time) and `matmul_only_peak_fraction` sit beside the MFU;
+`matmul_over_model_flops` compares the two FLOP counts (they differ by padding, source-vs-target rows and biases).
+`train_variants`: the config with other `data.batch_tokens` and bucket edges, for the batch-shape sweep
+(`bench.py --train-batch-tokens`, `--train-bucket-steps`).
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 
 import keras
@@ -32,16 +41,38 @@ from benchmarks.flops import (
     target_tokens,
     train_flops,
 )
+from benchmarks.matmul_bound import MatmulOnly
 from benchmarks.reference_model import build_reference_model, parameter_difference
 
 log = logging.getLogger("benchmarks")
 
 
-def sample_batches(context: BenchContext, *, num_batches: int, max_shapes: int) -> list[dict]:
-    """The first `num_batches` batches of the seeded epoch whose shape is among its `max_shapes` most common ones."""
+def train_variants(config, batch_tokens=(), bucket_steps=()) -> list:
+    """`config` with each `data.batch_tokens` x bucket edges asked for (empty: the config's own value).
+
+    A bucket step ``n > 0`` gives the edges ``n, 2n, ...`` below `data.max_length` (which is always the last edge);
+    ``0`` the automatic edges (`data.pipeline.bucket_edges`).
+    """
+    variants = []
+    for tokens in batch_tokens or (config.data.batch_tokens,):
+        for step in bucket_steps or (None,):
+            data = dataclasses.replace(config.data, batch_tokens=int(tokens))
+            if step is not None:
+                if step < 0:
+                    raise ValueError(f"bucket step must be >= 0, got {step}")
+                data.bucket_boundaries = list(range(step, data.max_length, step)) if step else []
+            variants.append(dataclasses.replace(config, data=data))
+    return variants
+
+
+def sample_batches(context: BenchContext, *, num_batches: int, max_shapes: int, config=None) -> list[dict]:
+    """The first `num_batches` batches of the seeded epoch whose shape is among its `max_shapes` most common ones.
+
+    `config`: the config whose data settings batch the epoch (default: the context's).
+    """
     from data.pipeline import make_train_dataset
 
-    cfg = context.config
+    cfg = config or context.config
     dataset = make_train_dataset(cfg.data, context.tokenizer, seed=cfg.train.seed, repeat=False)
     counts = collections.Counter(tuple(b["source"].shape) for b in dataset.as_numpy_iterator())
     shapes = {shape for shape, _ in counts.most_common(max_shapes)}
@@ -93,11 +124,11 @@ def _train_pass(step, batches) -> float:
     return float(metrics["loss"])
 
 
-def build_pair(context: BenchContext, precision: str):
+def build_pair(context: BenchContext, precision: str, config=None):
     """(ours, reference), built under `precision` with the same seed."""
     from transformer.model import build_model
 
-    cfg, tokenizer = context.config, context.tokenizer
+    cfg, tokenizer = config or context.config, context.tokenizer
     keras.mixed_precision.set_global_policy(precision)
     keras.utils.set_random_seed(cfg.train.seed)
     ours = build_model(cfg.model, tokenizer.source_vocab_size, tokenizer.target_vocab_size)
@@ -116,11 +147,17 @@ def bench_train(
     max_shapes: int = 1,
     rounds: int = 2,
     peak_size: int = 2048,
+    config=None,
 ) -> list[dict]:
-    """Emits one `{"bench": "train", ...}` record per (precision, XLA) setting; returns them."""
-    cfg = context.config
+    """Emits one `{"bench": "train", ...}` record per (precision, XLA) setting; returns them.
+
+    `config`: the config to train with (default: the context's), e.g. one of `train_variants`; the context's
+    tokenizer is used either way (batch sizes and bucket edges do not change it).
+    """
+    cfg = config or context.config
     model_cfg = cfg.model
-    batches = sample_batches(context, num_batches=num_batches, max_shapes=max_shapes)
+    vocab_size = context.tokenizer.target_vocab_size
+    batches = sample_batches(context, num_batches=num_batches, max_shapes=max_shapes, config=cfg)
     tokens = sum(target_tokens(b) for b in batches)
     shapes = sorted({tuple(b["source"].shape) for b in batches})
     # Warm-up: one step per distinct shape traces (and under XLA compiles) everything the timed passes run.
@@ -129,10 +166,10 @@ def bench_train(
     try:
         for precision in precisions:
             peak = matmul_peak_gflops(precision, size=peak_size)
-            ours, reference = build_pair(context, precision)
+            ours, reference = build_pair(context, precision, cfg)
             non_embedding = non_embedding_parameters(
                 ours,
-                target_vocab_size=context.tokenizer.target_vocab_size,
+                target_vocab_size=vocab_size,
                 d_model=model_cfg.d_model,
                 tie_output=model_cfg.tie_output,
             )
@@ -156,12 +193,21 @@ def bench_train(
                     name: timed(lambda s=step: _train_pass(s, warmup_batches))[0]
                     for name, step in steps.items()
                 }
-                seconds = {name: [] for name in steps}
+                # Our step projects the real target tokens only, except under XLA (static shapes).
+                bound = MatmulOnly(
+                    batches, model_cfg, vocab_size, precision=precision, xla=xla, masked=not xla
+                )
+                warmup["matmul_only"] = timed(bound.run)[0]  # traces (and compiles) every shape
+                seconds = {name: [] for name in (*steps, "matmul_only")}
                 losses = {}
                 for _ in range(rounds):
-                    for name, step in steps.items():  # ours, reference, ours, reference, ...
+                    for name, step in steps.items():  # ours, reference, matmul-only, ours, reference, ...
                         elapsed, losses[name] = timed(lambda s=step: _train_pass(s, batches))
                         seconds[name].append(elapsed)
+                    seconds["matmul_only"].append(timed(bound.run)[0])
+                step_seconds = median(seconds["ours"]) / len(batches)
+                bound_seconds = median(seconds["matmul_only"]) / len(batches)
+                bound_gflops = bound.flops / median(seconds["matmul_only"]) / 1e9
                 ours_rate = tokens / median(seconds["ours"])
                 reference_rate = tokens / median(seconds["reference"])
                 record = {
@@ -175,6 +221,18 @@ def bench_train(
                     "reference_mfu": rounded(flops / median(seconds["reference"]) / (peak * 1e9), 4),
                     "peak_gflops": rounded(peak),
                     "model_gflops_per_pass": rounded(flops / 1e9, 2),
+                    "step_seconds": rounded(step_seconds, 6),
+                    "matmul_only_seconds": rounded(bound_seconds, 6),  # per step, same batches
+                    "overhead_ratio": rounded(step_seconds / bound_seconds, 2),
+                    "matmul_only_gflops": rounded(bound_gflops),
+                    "matmul_only_peak_fraction": rounded(bound_gflops / peak, 4),  # beside "mfu"
+                    "matmul_gflops_per_pass": rounded(bound.flops / 1e9, 3),
+                    "matmul_over_model_flops": rounded(
+                        bound.flops / flops, 3
+                    ),  # padding, source rows, biases
+                    "seconds_matmul_only": [round(s, 3) for s in seconds["matmul_only"]],
+                    "batch_tokens": cfg.data.batch_tokens,
+                    "bucket_boundaries": list(cfg.data.bucket_boundaries),
                     "params": count_parameters(ours),
                     "reference_params": count_parameters(reference),
                     "expected_param_difference": parameter_difference(model_cfg),
@@ -192,7 +250,7 @@ def bench_train(
                     "final_loss": {name: rounded(loss, 4) for name, loss in losses.items()},
                 }
                 records.append(emit(record))
-                if precision == "float32" and not xla:
+                if precision == "float32" and not xla and cfg.data == context.config.data:
                     context.results["train_tokens_per_sec_float32"] = record["tokens_per_sec"]
     finally:
         keras.mixed_precision.set_global_policy("float32")

@@ -115,6 +115,11 @@ def test_quick_benchmarks_emit_json_lines_with_the_required_fields(tiny):
         assert isinstance(train[key], NUMBER) and train[key] > 0, key
     assert train["params"] == train["reference_params"] and train["expected_param_difference"] == 0
     assert train["non_embedding_params"] < train["params"] + 48 * 32  # embeddings out, tied projection in
+    for record in (train, train_xla):  # the matmul-only lower bound, timed in the same rounds
+        for key in ("step_seconds", "matmul_only_seconds", "overhead_ratio", "matmul_only_gflops"):
+            assert isinstance(record[key], NUMBER) and record[key] > 0, key
+        assert len(record["seconds_matmul_only"]) == record["rounds"]
+    assert train_xla["matmul_gflops_per_pass"] >= train["matmul_gflops_per_pass"]  # XLA projects padding too
 
     decode = by_bench["decode"]
     assert {(r["search"], r["cache"]) for r in decode} == {("greedy", True), ("greedy", False)}

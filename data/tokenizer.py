@@ -21,17 +21,20 @@ from __future__ import annotations
 import hashlib
 import io
 import logging
+import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import sentencepiece as spm
 import tensorflow as tf
-import tensorflow_text as tf_text
-from tensorflow_text.python.ops.sentencepiece_tokenizer import gen_sentencepiece_tokenizer
 
 from common.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from data.config import DataConfig
 from data.errors import DataError
+
+if TYPE_CHECKING:
+    import tensorflow_text as tf_text
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +43,7 @@ SOURCE_MODEL = "spm.source.model"
 TARGET_MODEL = "spm.target.model"
 BYTE_FALLBACK_MIN_VOCAB = 2048  # below this, 256 byte pieces would crowd out real subwords
 _SPECIAL_IDS = {"pad_id": PAD_ID, "unk_id": UNK_ID, "bos_id": BOS_ID, "eos_id": EOS_ID}
+_BUILDING = threading.RLock()  # the TF Text tokenizers of a `Tokenizer` are built once, on first use
 
 
 def padded_size(size: int, multiple: int = 8) -> int:
@@ -80,10 +84,14 @@ class _SharedSentencepieceModel(tf.saved_model.experimental.TrackableResource):
         _ = self.resource_handle  # creates the resource
 
     def _create_resource(self):
+        from tensorflow_text.python.ops.sentencepiece_tokenizer import gen_sentencepiece_tokenizer
+
         return gen_sentencepiece_tokenizer.sentencepiece_op(model=self._model, shared_name=self._shared_name)
 
 
 def _sentencepiece(model: bytes) -> tf_text.SentencepieceTokenizer:
+    import tensorflow_text as tf_text  # here: its import takes 0.3-1 s; training reads prepared ids
+
     tokenizer = tf_text.SentencepieceTokenizer(model=model, out_type=tf.int32)
     tokenizer._model_resource = _SharedSentencepieceModel(model)  # see _SharedSentencepieceModel
     return tokenizer
@@ -93,7 +101,9 @@ class Tokenizer(tf.Module):
     """Source and target SentencePiece tokenizers (one shared model if the vocabulary is joint).
 
     A `tf.Module`: the SentencePiece models are tracked resources (and, when loaded from files, assets), so a
-    SavedModel holding a `Tokenizer` maps raw strings to ids and back with no Python at serving time.
+    SavedModel holding a `Tokenizer` maps raw strings to ids and back with no Python at serving time. The TF Text
+    tokenizers (and the `tensorflow_text` import) are built on the first tokenize/detokenize call or SavedModel
+    save, not when loading: a training run needs only the vocabulary sizes and the fingerprint until it translates.
 
     Args:
       source_model: serialized SentencePiece `ModelProto` for the source language (or both, if joint).
@@ -116,9 +126,24 @@ class Tokenizer(tf.Module):
             self._source_pieces if self.joint else _piece_count(target_model, "target model")
         )
         self._models = (source_model, target_model)
-        self._source = _sentencepiece(source_model)
-        self._target = self._source if self.joint else _sentencepiece(target_model)
+        self._source = self._target = None  # TF Text tokenizers, built by _in_graph()
         self.assets = [tf.saved_model.Asset(str(path)) for path in files or []]
+
+    def _in_graph(self) -> tuple[tf_text.SentencepieceTokenizer, tf_text.SentencepieceTokenizer]:
+        """(source, target) TF Text tokenizers (the same one twice if joint), built once, outside any tf.function."""
+        if self._source is None:
+            # init_scope: the resources are created eagerly even on a first call while tracing a tf.function
+            with _BUILDING, tf.init_scope():
+                if self._source is None:
+                    source_model, target_model = self._models
+                    source = _sentencepiece(source_model)
+                    self._target = source if self.joint else _sentencepiece(target_model)
+                    self._source = source  # last: other threads take a non-None _source as built
+        return self._source, self._target
+
+    def _trackable_children(self, save_type="checkpoint", **kwargs):
+        self._in_graph()  # a SavedModel holds the SentencePiece resources even if nothing was tokenized yet
+        return super()._trackable_children(save_type, **kwargs)
 
     @classmethod
     def load(cls, directory: str | Path) -> Tokenizer:
@@ -168,15 +193,15 @@ class Tokenizer(tf.Module):
 
     def tokenize_source(self, strings) -> tf.RaggedTensor:
         """tf.string (B,) -> int32 RaggedTensor (B, None) of piece ids, no BOS/EOS (a scalar gives (None,))."""
-        return self._source.tokenize(strings)
+        return self._in_graph()[0].tokenize(strings)
 
     def tokenize_target(self, strings) -> tf.RaggedTensor:
         """tf.string (B,) -> int32 RaggedTensor (B, None) of piece ids, no BOS/EOS (a scalar gives (None,))."""
-        return self._target.tokenize(strings)
+        return self._in_graph()[1].tokenize(strings)
 
     def detokenize_source(self, ids) -> tf.Tensor:
         """Like `detokenize_target`, with the source model."""
-        return _detokenize(self._source, ids, self._source_pieces)
+        return _detokenize(self._in_graph()[0], ids, self._source_pieces)
 
     def detokenize_target(self, ids) -> tf.Tensor:
         """Ids -> text. Drops PAD and BOS and ids outside the vocabulary; stops at the first EOS.
@@ -187,7 +212,7 @@ class Tokenizer(tf.Module):
         Returns:
           tf.string (B,) (or a scalar for (L,) input).
         """
-        return _detokenize(self._target, ids, self._target_pieces)
+        return _detokenize(self._in_graph()[1], ids, self._target_pieces)
 
 
 def _detokenize(tokenizer: tf_text.SentencepieceTokenizer, ids, pieces: int) -> tf.Tensor:

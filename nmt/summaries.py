@@ -8,9 +8,20 @@ import tensorflow as tf
 
 
 def peak_memory_mb() -> float:
-    """Peak device memory on a GPU, else the process's peak resident set size, in MiB."""
+    """Peak device memory on a GPU, else this process's peak resident set size, in MiB.
+
+    On Linux the peak is /proc/self/status's VmHWM: `ru_maxrss` of a process started by vfork (subprocess does)
+    starts from its parent's peak, so a small run launched by a big one would report the parent's figure.
+    """
     if tf.config.list_logical_devices("GPU"):
         return tf.config.experimental.get_memory_info("GPU:0")["peak"] / 2**20
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 

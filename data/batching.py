@@ -10,6 +10,12 @@ epoch is planned in NumPy from the split's length index and the epoch number alo
               each batch: gather its pieces from the split (read from its files, or in memory)
                           -> {"source": (B, None), "target": (B, None), "edge": ()}
 
+A reader can take only its `part` of every batch (one worker of a multi-worker run, for its replicas): the plan
+stays global (every reader computes the same plan from the length index, a few bytes per pair), and the reader
+gathers, reads and pads only its rows of each batch. Its iterator checkpoint is then symbolic (tf.data's
+`experimental_symbolic_checkpoint`: positions only, no prefetched batches), so it holds the same integers for every
+part and any part can resume from another part's checkpoint (the workers of a run restore the chief's).
+
 Everything is a pure function of (seed, epoch), so the iterator state is a few integers (epoch, batch position,
 prefetched batches): `tf.train.Checkpoint(iterator=it)` stays small, and restoring it into a fresh iterator of a
 freshly built dataset resumes at the exact batch, re-reading or re-tokenizing nothing. The corpus never becomes a
@@ -214,6 +220,12 @@ class EpochPlan:
         return grouped
 
 
+def part_rows(rows, first: int, end: int, total: int):
+    """Rows `[start, stop)` of shares `first .. end - 1` of a batch of `rows` cut into `total` near-equal shares
+    (share i: rows `[rows * i // total, rows * (i + 1) // total)`). Python ints or integer tensors."""
+    return rows * first // total, rows * end // total
+
+
 def bucketed_batches(
     split: PreparedSplit,
     *,
@@ -225,6 +237,7 @@ def bucketed_batches(
     seed: int = 0,
     shuffle: bool = True,
     repeat: bool = False,
+    part: tuple[int, int, int] | None = None,
 ) -> tf.data.Dataset:
     """Batches of pairs of similar length, as ragged piece ids plus the bucket edge to pad them to.
 
@@ -239,11 +252,22 @@ def bucketed_batches(
       seed: with the epoch number, fixes the order of pairs and batches (independent of TF's global seed).
       shuffle: False keeps corpus order within each bucket and the buckets in order (evaluation).
       repeat: epochs without end (a fresh order each epoch); else one epoch.
+      part: `(first, count, total)`: read only this share of every batch, rows
+        `[B * first // total, B * (first + count) // total)` of a batch of B pairs (the whole batch's order and
+        size are the same for every part; `part_rows` gives the rows of each share; the iterator checkpoint is
+        symbolic, see above); None reads whole batches.
     Returns:
-      A dataset of `{"source": int32 ragged (B, None), "target": int32 ragged (B, None), "edge": int32 ()}`.
+      A dataset of `{"source": int32 ragged (B, None), "target": int32 ragged (B, None), "edge": int32 ()}`; with
+      a `part`, B is the part's rows and `"batch_rows": int64 ()` is the whole batch's.
     """
     if len(edges) != len(batch_sizes):
         raise ValueError(f"{len(edges)} bucket edges but {len(batch_sizes)} batch sizes")
+    if part is not None:
+        first, count, total = part
+        if not (total >= 1 and count >= 1 and 0 <= first and first + count <= total):
+            raise ValueError(
+                f"part (first, count, total) needs 0 <= first, 1 <= count, first + count <= total: {part}"
+            )
     # the length index saturates at MAX_INDEXED_LENGTH: a larger limit changes nothing
     cap = None if max_pieces is None else min(max_pieces, MAX_INDEXED_LENGTH)
     pairs, buckets = rows_in_play(split, edges, extra_tokens, cap, truncate)
@@ -267,7 +291,10 @@ def bucketed_batches(
         )
 
     def gather_numpy(epoch: np.ndarray, start: np.ndarray, rows: np.ndarray):
-        return split.gather(plan.rows(epoch, start, rows), limit)
+        if part is None:
+            return split.gather(plan.rows(epoch, start, rows), limit)
+        first, end = part_rows(int(rows), part[0], part[0] + part[1], part[2])
+        return split.gather(plan.rows(epoch, int(start) + first, end - first), limit)
 
     @tf.autograph.experimental.do_not_convert
     def gather(batch: dict) -> dict:
@@ -279,10 +306,12 @@ def bucketed_batches(
         )
         for tensor in (source, source_len, target, target_len):
             tensor.set_shape([None])
+        batch_rows = {} if part is None else {"batch_rows": batch["rows"]}  # the whole batch's, int64 ()
         return {
             "source": tf.RaggedTensor.from_row_lengths(source, source_len, validate=False),  # (B, None)
             "target": tf.RaggedTensor.from_row_lengths(target, target_len, validate=False),  # (B, None)
             "edge": tf.gather(edges_t, batch["bucket"]),  # ()
+            **batch_rows,
         }
 
     epochs = tf.data.Dataset.counter() if repeat else tf.data.Dataset.range(1)
@@ -290,4 +319,6 @@ def bucketed_batches(
     options = tf.data.Options()
     # the NumPy functions are pure: restoring an iterator re-runs them on the same inputs
     options.experimental_external_state_policy = tf.data.experimental.ExternalStatePolicy.IGNORE
+    if part is not None:  # positions only, no batches of this part (the whole batches' checkpoint: unchanged)
+        options.experimental_symbolic_checkpoint = True
     return dataset.with_options(options)

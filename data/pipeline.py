@@ -78,7 +78,8 @@ def pad_with_special_tokens() -> Transform:
 
     In: {"source": int32 ragged (B, None), "target": int32 ragged (B, None), "edge": int32 ()}, every side at
     most edge - 1 pieces. Out: {"source", "target_in", "target_out"}, each int32 (B, edge), PAD_ID-filled:
-    source = pieces + [EOS], target_in = [BOS] + pieces, target_out = pieces + [EOS].
+    source = pieces + [EOS], target_in = [BOS] + pieces, target_out = pieces + [EOS]. A "batch_rows" entry (a
+    part of a batch, `data.batching.bucketed_batches`) is passed on unchanged.
     """
 
     @tf.autograph.experimental.do_not_convert
@@ -101,6 +102,7 @@ def pad_with_special_tokens() -> Transform:
             # pieces <= edge - 1, so the dropped last column is PAD
             "target_in": tf.concat([bos, target[:, :-1]], axis=1),
             "target_out": with_eos(batch["target"]),
+            **{key: batch[key] for key in ("batch_rows",) if key in batch},
         }
 
     return lambda ds: ds.map(convert, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
@@ -120,7 +122,12 @@ def open_split(cfg: DataConfig, tokenizer: Tokenizer, split: str) -> PreparedSpl
 
 
 def make_train_dataset(
-    cfg: DataConfig, tokenizer: Tokenizer, *, seed: int, repeat: bool = True
+    cfg: DataConfig,
+    tokenizer: Tokenizer,
+    *,
+    seed: int,
+    repeat: bool = True,
+    part: tuple[int, int, int] | None = None,
 ) -> tf.data.Dataset:
     """Bucketed, token-budget training batches; deterministic for a given seed, reshuffled every epoch.
 
@@ -129,15 +136,24 @@ def make_train_dataset(
       tokenizer: the trained `Tokenizer` (the prepared split is the one tokenized with it).
       seed: fixes the order of pairs and batches in every epoch.
       repeat: endless epochs (training) or exactly one (statistics, tests).
+      part: `(first, count, total)`: this reader's share of every batch, in 1/total units (the batches are the
+        same for every reader; one reads, pads and yields only its rows; `data.batching.bucketed_batches`).
     Returns:
-      `{"source", "target_in", "target_out"}`, each int32 (B, E). The iterator can be saved and restored with
+      `{"source", "target_in", "target_out"}`, each int32 (B, E), plus `"batch_rows": int64 ()` (the whole
+      batch's pairs) with a `part`. The iterator can be saved and restored with
       `tf.train.Checkpoint(iterator=iter(ds))`; a freshly built dataset resumes at the exact batch.
     """
-    return train_batches(cfg, open_split(cfg, tokenizer, cfg.train_split), seed=seed, repeat=repeat)
+    split = open_split(cfg, tokenizer, cfg.train_split)
+    return train_batches(cfg, split, seed=seed, repeat=repeat, part=part)
 
 
 def train_batches(
-    cfg: DataConfig, split: PreparedSplit, *, seed: int, repeat: bool = True
+    cfg: DataConfig,
+    split: PreparedSplit,
+    *,
+    seed: int,
+    repeat: bool = True,
+    part: tuple[int, int, int] | None = None,
 ) -> tf.data.Dataset:
     """`make_train_dataset` from an opened split: pairs over cfg.max_length tokens are left out (and counted)."""
     max_pieces = cfg.max_length - 1  # + EOS (source, target_out) or BOS (target_in)
@@ -160,6 +176,7 @@ def train_batches(
         seed=seed,
         shuffle=True,
         repeat=repeat,
+        part=part,
     )
     return batches.apply(pad_with_special_tokens()).prefetch(tf.data.AUTOTUNE)
 

@@ -5,7 +5,9 @@ splits the CPU into two logical devices so the same code path is exercised (and 
 
 The workers of a multi-worker run take every decision together: they restore the same (the chief's) checkpoint
 and refuse to start if they disagree on its step, and they stop after the same step (`StopControl`), combining
-their signals and clocks through a small collective (`gather_from_workers`).
+their signals and clocks through a small collective (`gather_from_workers`). Every worker plans the same global
+batches, reads only its replicas' part of each (`worker_part`) and hands each local replica its rows
+(`replica_batches`).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import functools
 import json
 import logging
 import os
+import platform
 import signal
 
 log = logging.getLogger("nmt.train")  # the trainer's messages
@@ -103,6 +106,67 @@ def _gather_function(strategy):
     return run
 
 
+def worker_part(strategy) -> tuple[int, int, int] | None:
+    """This worker's share of every global batch, `(first replica, local replicas, replicas in sync)`, for the
+    `part` argument of `data.pipeline.make_train_dataset`; None when this process runs every replica (single
+    device, mirrored on one machine, a one-worker cluster). Global replica r's rows of a batch of n pairs are
+    `[n * r // R, n * (r + 1) // R)`, so a worker's replicas (consecutive ids) read one contiguous range.
+    """
+    replicas = strategy.num_replicas_in_sync
+    # a part's iterator needs tf.data's symbolic checkpoints (data.batching), which macOS does not have
+    if replicas == 1 or platform.system() == "Darwin":
+        return None
+    ids = strategy.experimental_local_results(
+        strategy.experimental_distribute_values_from_function(
+            lambda context: context.replica_id_in_sync_group
+        )
+    )
+    ids = sorted(int(replica) for replica in ids)
+    if len(ids) == replicas:
+        return None
+    if ids != list(range(ids[0], ids[0] + len(ids))):
+        raise ValueError(f"this worker's replicas are not consecutive: {ids}")
+    log.info(
+        "this worker reads only its part of every global batch: the rows of replicas %d-%d of %d",
+        ids[0], ids[-1], replicas,
+    )  # fmt: skip
+    return ids[0], len(ids), replicas
+
+
+def replica_rows(rows, replica: int, replicas: int, part: tuple[int, int, int] | None):
+    """Rows `[start, end)` of global replica `replica` in a batch that is a global batch of `rows` pairs (`part`
+    None) or its `part` (then the positions are within the part): `[n * r // R, n * (r + 1) // R)` of the global
+    batch (`data.batching.part_rows`). Python ints or integer tensors."""
+    from data.batching import part_rows
+
+    start, end = part_rows(rows, replica, replica + 1, replicas)
+    if part is None:
+        return start, end
+    offset = part_rows(rows, part[0], part[0] + 1, replicas)[0]  # the part starts at its first replica's rows
+    return start - offset, end - offset
+
+
+def replica_batches(strategy, batch: dict, part: tuple[int, int, int] | None):
+    """One batch per local replica (`replica_rows`): `batch` is the global batch (`part` None), or this worker's
+    `part` of it with a "batch_rows" entry, the global batch's pairs (`data.batching.bucketed_batches`)."""
+    import tensorflow as tf
+
+    replicas = strategy.num_replicas_in_sync
+    if replicas == 1:
+        return batch
+    batch = dict(batch)
+    whole = batch.pop("batch_rows", None)
+    if (whole is None) != (part is None):
+        raise ValueError("a part of a batch needs its batch_rows, and only a part has them")
+
+    def replica_slice(context):
+        rows = tf.shape(batch["source"])[0] if whole is None else tf.cast(whole, tf.int32)
+        start, end = replica_rows(rows, context.replica_id_in_sync_group, replicas, part)
+        return {key: value[start:end] for key, value in batch.items()}
+
+    return strategy.experimental_distribute_values_from_function(replica_slice)
+
+
 def worker_of_replica(strategy, replica: int) -> int:
     """The index of the worker that runs global replica `replica` (every worker has as many replicas)."""
     workers = max(int(getattr(strategy.extended, "_num_workers", 1)), 1)
@@ -120,7 +184,8 @@ class StopControl:
     KeyboardInterrupt at once), and its own clock is its budget. The workers of a multi-worker run decide together
     (`agree`, a collective every worker runs before the first step and after each step): a signal that reached
     any worker, or a time budget spent on any worker's clock, stops all of them after the same step, and every
-    worker keeps the largest of their training clocks.
+    worker keeps the largest of their training clocks. There a repeated signal changes nothing (a worker that left
+    at once would leave the others waiting in the next collective): only SIGKILL stops a worker at once.
     """
 
     def __init__(self, strategy):
@@ -134,6 +199,10 @@ class StopControl:
         """SIGINT/SIGTERM handlers; returns the previous ones (for `uninstall`)."""
 
         def handler(signum, frame):
+            if self.received is not None and self.multi_worker:
+                name = signal.Signals(signum).name
+                log.warning("received %s again: every worker still stops after the step they agree on", name)
+                return
             if self.received is not None:  # second signal: stop now, the last checkpoint is intact
                 raise KeyboardInterrupt
             self.received = signum

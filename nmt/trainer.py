@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from nmt.budget import BatchChanged, TrainingPlan
 from nmt.config import Config
-from nmt.distribute import StopControl, WorkersDisagree, is_chief, make_strategy
+from nmt.distribute import StopControl, WorkersDisagree, is_chief, make_strategy, replica_batches, worker_part
 from nmt.final_weights import AveragingSnapshots, average_if_better
 from nmt.precision import device_kind, resolve_precision, resolve_xla, set_policy
 from nmt.run_dir import RunDir, RunDirError, save_model_weights
@@ -96,11 +96,14 @@ class Trainer:
         prepare(cfg.data, tokenizer=self.tokenizer, chief=self.chief)
 
         # data.batch_tokens is a per-replica budget: the global batch grows with the replicas (more devices, more
-        # tokens per step, and the learning rate follows: nmt.budget); every worker reads the same global batches and
-        # each replica takes its rows (_distribute).
+        # tokens per step, and the learning rate follows: nmt.budget); every worker plans the same global batches,
+        # reads only its replicas' part of each, and each local replica takes its rows (nmt.distribute).
         replicas = self.strategy.num_replicas_in_sync
         global_data = dataclasses.replace(cfg.data, batch_tokens=cfg.data.batch_tokens * replicas)
-        self.train_dataset = make_train_dataset(global_data, self.tokenizer, seed=cfg.train.seed, repeat=True)
+        self.part = worker_part(self.strategy)  # None, or this worker's share of each batch (logged)
+        self.train_dataset = make_train_dataset(
+            global_data, self.tokenizer, seed=cfg.train.seed, repeat=True, part=self.part
+        )
         self.eval_dataset = make_eval_dataset(cfg.data, self.tokenizer, cfg.data.validation_split)
         # A plain iterator, checkpointable (tf.distribute's DistributedIterator is not).
         self.iterator = iter(self.train_dataset)
@@ -226,7 +229,10 @@ class Trainer:
                     status = "stopped"
                     break
                 started = self.clock()
-                batches = [self._distribute(next(self.iterator)) for _ in range(cfg.accumulate_steps)]
+                batches = [
+                    replica_batches(self.strategy, next(self.iterator), self.part)
+                    for _ in range(cfg.accumulate_steps)
+                ]
                 metrics = self.step_fn.step(batches)
                 applied = bool(metrics["applied"].numpy())
                 self.elapsed.assign_add(self.clock() - started)
@@ -291,20 +297,6 @@ class Trainer:
                 message += f", BLEU {final_record['bleu']:.2f}"
         log.info("training compiled the step %d time(s) (bucketed shapes)", self.step_fn.num_traces)
         return TrainResult(status, self.step, self.resumed_from, message)
-
-    def _distribute(self, batch: dict):
-        """Splits a global batch by rows into one slice per replica (all workers read identical batches)."""
-        replicas = self.strategy.num_replicas_in_sync
-        if replicas == 1:
-            return batch
-
-        def replica_slice(context):
-            rows = tf.shape(batch["source"])[0]
-            index = context.replica_id_in_sync_group
-            start, end = rows * index // replicas, rows * (index + 1) // replicas
-            return {key: value[start:end] for key, value in batch.items()}
-
-        return self.strategy.experimental_distribute_values_from_function(replica_slice)
 
     # ------------------------------------------------------------------------------------------------------------
     def save_checkpoint(self) -> None:

@@ -1,7 +1,9 @@
 """tf.distribute: MirroredStrategy over two logical CPU devices and MultiWorkerMirroredStrategy as two local
 worker processes train to the same weights as a single-device run (within float tolerance), in a multi-worker
 run only the chief writes the run directory, and two workers killed mid-run and restarted end with exactly the
-weights of the uninterrupted two-worker run.
+weights of the uninterrupted two-worker run. There each worker reads only its replicas' part of every global
+batch (the rows of each replica are checked here against the split of the whole batch; tests/data/test_parts.py
+checks the reading), and a repeated signal to a worker does not stop it at once.
 
 Each run is a real `train.py` process (logical devices must be configured before TensorFlow starts). The slower
 multi-worker scenarios (a signal to one worker, a time budget) are in test_multi_worker_resume.py.
@@ -9,6 +11,7 @@ multi-worker scenarios (a signal to one worker, a time budget) are in test_multi
 
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +21,8 @@ import pytest
 import tensorflow as tf
 import yaml
 
+from data.batching import part_rows
+from nmt.distribute import StopControl, replica_rows
 from tests.faults.helpers import assert_bit_identical, latest_step, training_state
 from tests.nmt.multi_worker import Workers, resumed_step, saved_checkpoints
 from tests.run_fixture import tiny_config_tree, write_corpus
@@ -114,6 +119,7 @@ def single_device_run(tmp_path_factory):
 def test_mirrored_on_two_cpu_devices_matches_single_device(single_device_run, tmp_path):
     err = finish(run_train(config_file(tmp_path, "mirrored"), tmp_path / "run"))
     assert "2 replica(s)" in err
+    assert "reads only its part" not in err  # one process runs both replicas: it reads whole batches
     assert "global batch: 1024 tokens per step = 2 replica(s) x 512 tokens x 1 accumulation step(s)" in err
     assert_same_training(tmp_path / "run", err, single_device_run)
 
@@ -134,6 +140,9 @@ def test_multi_worker_two_local_processes_match_single_device(single_device_run,
     _, run_dir, (chief, worker) = two_worker_run
     # Both processes trained, in one 2-replica group, to the same validation loss (same weights everywhere).
     assert "2 replica(s)" in chief and "2 replica(s)" in worker
+    # Each worker read only its half of every global batch (and still trained like the single device, below).
+    part = "reads only its part of every global batch: the rows of replicas {0}-{0} of 2"
+    assert part.format(0) in chief and part.format(1) in worker
     assert final_validation_loss(worker) == final_validation_loss(chief)
     # Only the chief (worker 0) writes the run directory; worker 1 checkpoints (at the same steps) into a private
     # temporary directory, removed when it exits.
@@ -168,3 +177,44 @@ def test_multi_worker_kill_both_and_restart_matches_uninterrupted(two_worker_run
     # Weights, Adam moments and step, loss scale, dropout RNG: no tolerance (the same float operations in the
     # same order as the uninterrupted run; a two-term all-reduce sum does not depend on the order).
     assert_bit_identical(training_state(run_dir), training_state(reference), "resumed two-worker run")
+
+
+@pytest.mark.parametrize("workers, local", [(1, 2), (2, 1), (2, 2), (3, 2), (2, 3)])
+def test_each_replica_of_a_part_gets_its_rows_of_the_global_batch(workers, local):
+    """Rows as each worker's replicas take them from its part of a batch == rows as they took them from the whole
+    global batch before parts existed (`[n * r // R, n * (r + 1) // R)`), for every batch size up to 40."""
+    replicas = workers * local
+    for rows in range(41):
+        batch = np.arange(rows)
+        taken = []
+        for worker in range(workers):
+            part = (worker * local, local, replicas)
+            first, end = part_rows(rows, worker * local, (worker + 1) * local, replicas)
+            mine = batch[first:end]  # what this worker reads
+            for replica in range(worker * local, (worker + 1) * local):
+                start, stop = replica_rows(rows, replica, replicas, part)
+                assert 0 <= start <= stop <= len(mine)
+                old = batch[rows * replica // replicas : rows * (replica + 1) // replicas]
+                np.testing.assert_array_equal(mine[start:stop], old)
+                taken.append(mine[start:stop])
+                in_graph = replica_rows(tf.constant(rows), replica, replicas, part)  # tensors, as the trainer
+                assert tuple(int(bound) for bound in in_graph) == (start, stop)
+        np.testing.assert_array_equal(np.concatenate(taken), batch)  # every row once, in order
+
+
+def test_a_repeated_signal_stops_a_single_process_at_once_but_not_a_worker():
+    control = StopControl(tf.distribute.get_strategy())
+    previous = control.install()
+    try:
+        signal.raise_signal(signal.SIGTERM)
+        assert control.requested() and control.received == signal.SIGTERM
+        with pytest.raises(KeyboardInterrupt):  # alone: the second signal stops the process now
+            signal.raise_signal(signal.SIGINT)
+        # The same handlers as a worker of a MultiWorkerMirroredStrategy (which needs a cluster) has them: a worker
+        # that left at once would leave the others waiting, so the second signal is logged and changes nothing.
+        control.multi_worker = True
+        signal.raise_signal(signal.SIGINT)
+        signal.raise_signal(signal.SIGTERM)
+        assert control.received == signal.SIGTERM and control.agreed is None
+    finally:
+        StopControl.uninstall(previous)

@@ -103,10 +103,15 @@ def main(argv=None) -> int:
         with lock:
             log.info("run directory %s (%s)", run_dir.path, "resuming" if resuming else "new run")
             print(config.to_yaml(), file=sys.stderr)
-            if chief:
+            # config.yaml describes what DIR holds: a new run writes it first (before the tokenizer goes in); a
+            # resume rewrites it only once the checkpoint is accepted (nmt.budget refuses another global batch, a
+            # corrupt checkpoint is refused...): a refused start leaves DIR as it was.
+            if chief and not resuming:
                 write_atomic(run_dir.config_path, config.to_yaml())
             trainer = Trainer(config, run_dir)
             trainer.setup()
+            if chief and resuming:
+                write_atomic(run_dir.config_path, config.to_yaml())
             if trainer.resumed_from:
                 print(f"train.py: resuming {run_dir.path} from step {trainer.resumed_from}", file=sys.stderr)
             result = trainer.train()

@@ -37,6 +37,7 @@ import tensorflow as tf
 from data.store import MAX_INDEXED_LENGTH, PreparedSplit
 
 CHUNK = 1 << 20  # rows per chunk of the passes over the length index and the plan: temporaries of a few MB
+GROUP_CHUNK = 1 << 18  # rows per chunk of the grouping: its argsort's int64 temporaries stay at 2 MB
 MAPPED_BYTES = 1 << 24  # arrays from this size on get their own memory map (_empty)
 
 
@@ -205,18 +206,22 @@ class EpochPlan:
         return grouped, batch_order
 
     def _group_by_bucket(self, order: np.ndarray) -> np.ndarray:
-        """`order` bucket by bucket, in `order` within each: a stable counting sort, chunk by chunk (temporaries
-        of one chunk, not of the corpus; they are gone when it returns)."""
+        """`order` bucket by bucket, in `order` within each: a stable sort by bucket, chunk by chunk (each chunk's
+        rows sorted by a stable argsort of their buckets, a radix sort for uint8, then each bucket's run copied to
+        its place; temporaries of one chunk, not of the corpus, gone when it returns)."""
         grouped = _empty(len(order), order.dtype)
         cursor = (np.cumsum(self.counts) - self.counts).tolist()  # where each bucket's next rows go
-        present = np.flatnonzero(self.counts).tolist()
-        for start in range(0, len(order), CHUNK):
-            part = order[start : start + CHUNK]
+        for start in range(0, len(order), GROUP_CHUNK):
+            part = order[start : start + GROUP_CHUNK]
             keys = self.buckets[part]
-            for bucket in present:
-                rows = part[keys == bucket]
-                grouped[cursor[bucket] : cursor[bucket] + len(rows)] = rows
-                cursor[bucket] += len(rows)
+            counts = np.bincount(keys, minlength=len(self.counts)).tolist()
+            part = part[np.argsort(keys, kind="stable")]
+            done = 0  # rows of this chunk placed
+            for bucket, count in enumerate(counts):
+                if count:
+                    grouped[cursor[bucket] : cursor[bucket] + count] = part[done : done + count]
+                    cursor[bucket] += count
+                    done += count
         return grouped
 
 

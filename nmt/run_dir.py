@@ -2,7 +2,7 @@
 
 Layout::
 
-    DIR/config.yaml          the resolved config (written atomically before training starts)
+    DIR/config.yaml          the resolved config (written atomically; a resume rewrites it once accepted)
     DIR/tokenizer/           SentencePiece model(s), trained on the train split
     DIR/checkpoints/         step, model, optimizer, loss scale, RNG and data-iterator state (CheckpointManager)
     DIR/best/                model weights with the best validation BLEU so far

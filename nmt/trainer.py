@@ -215,9 +215,9 @@ class Trainer:
             tf.summary.create_file_writer(str(self.run_dir.tensorboard_dir / "train")) if self.chief else None
         )
         previous = self.stop.install()
-        total = cfg.max_steps or None
-        bar = tqdm(
-            total=total, initial=self.step, unit="step", dynamic_ncols=True, mininterval=2.0, desc="train",
+        planned = self.plan.total_steps  # 0 until a time budget's plan is fixed (then the bar's total)
+        self.progress = bar = tqdm(
+            total=planned or cfg.max_steps or None, initial=self.step, unit="step", dynamic_ncols=True, mininterval=2.0, desc="train",
             disable=not self.chief,
         )  # fmt: skip
         status, message = "done", ""
@@ -253,6 +253,8 @@ class Trainer:
                         )
                     continue
                 self.plan.after_step(step, float(self.elapsed.numpy()))
+                if not planned and (planned := self.plan.total_steps):
+                    bar.total = planned
                 window_tokens += float(metrics["tokens"].numpy())
                 bar.update(1)
                 if step % cfg.log_every == 0 or step == 1:

@@ -12,7 +12,8 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from data.batching import CHUNK, EpochPlan, bucket_of, bucketed_batches, rows_in_play
+import data.batching
+from data.batching import CHUNK, GROUP_CHUNK, EpochPlan, bucket_of, bucketed_batches, rows_in_play
 from data.store import PreparedSplit
 
 
@@ -92,6 +93,51 @@ def test_plan_gives_the_reference_batches_across_chunks():
     plan = EpochPlan(pairs.astype(np.int32), buckets.astype(np.uint8), batch_sizes, 2, True, rows + 5000)
     for mine, theirs in zip(plan(3), reference_plan(pairs, buckets, batch_sizes, 2, True, 3), strict=True):
         np.testing.assert_array_equal(mine, theirs)
+
+
+def masked_grouping(order: np.ndarray, buckets: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """The grouping as first written (one mask pass per bucket and chunk): the reference of `_group_by_bucket`."""
+    grouped = np.empty(len(order), order.dtype)
+    cursor = (np.cumsum(counts) - counts).tolist()
+    present = np.flatnonzero(counts).tolist()
+    for start in range(0, len(order), CHUNK):
+        part = order[start : start + CHUNK]
+        keys = buckets[part]
+        for bucket in present:
+            rows = part[keys == bucket]
+            grouped[cursor[bucket] : cursor[bucket] + len(rows)] = rows
+            cursor[bucket] += len(rows)
+    return grouped
+
+
+@pytest.mark.parametrize("chunk", [1, 7, GROUP_CHUNK])
+@pytest.mark.parametrize("num_buckets", [1, 5, 300])  # 300: int32 bucket ids
+@pytest.mark.parametrize("rows", [0, 1, 2, 500])
+def test_grouping_by_bucket_is_the_masked_one(rows, num_buckets, chunk, monkeypatch):
+    """The stable sort by bucket gives the very same order as the mask passes it replaced, chunked or not, with
+    empty buckets (first, last and between: only the odd buckets are used)."""
+    monkeypatch.setattr(data.batching, "GROUP_CHUNK", chunk)  # many chunks on a small input
+    rng = np.random.default_rng(rows + num_buckets)
+    dtype = np.uint8 if num_buckets < 256 else np.int32
+    used = np.arange(1, num_buckets, 2) if num_buckets > 1 else np.zeros(1, np.int64)
+    buckets = rng.choice(used, rows).astype(dtype)
+    plan = EpochPlan(None, buckets, [3] * num_buckets, seed=0, shuffle=True, index_size=rows)
+    assert num_buckets == 1 or not plan.counts.all()  # some buckets are empty
+    for _ in range(3):
+        order = rng.permutation(rows).astype(np.int32)
+        got = plan._group_by_bucket(order)
+        assert got.dtype == order.dtype
+        np.testing.assert_array_equal(got, masked_grouping(order, buckets, plan.counts))
+
+
+def test_grouping_by_bucket_is_the_masked_one_across_chunks():
+    """Beyond one chunk of the sort (and of the old passes), 24 buckets of unequal sizes, one empty."""
+    rng = np.random.default_rng(3)
+    rows = CHUNK + GROUP_CHUNK + 11
+    buckets = np.minimum(rng.geometric(0.15, rows), 23).astype(np.uint8)  # bucket 0 empty
+    plan = EpochPlan(None, buckets, [1] * 24, seed=0, shuffle=True, index_size=rows)
+    order = rng.permutation(rows).astype(np.int32)
+    np.testing.assert_array_equal(plan._group_by_bucket(order), masked_grouping(order, buckets, plan.counts))
 
 
 def test_bucket_of_matches_numpy():

@@ -279,6 +279,11 @@ def snapshot(path: Path) -> dict[str, tuple[int, int, str]]:
     }
 
 
+def snapshot_run(run_dir: Path) -> dict[str, tuple[int, int, str]]:
+    """`snapshot` of a run directory but its lock file (a start that gets the lock writes its pid there)."""
+    return {name: state for name, state in snapshot(run_dir).items() if name != "train.lock"}
+
+
 def run_main(module, argv: list[str]) -> int:
     """Runs a CLI's `main` in this process through `nmt.cli.run` (same error handling); returns the exit code."""
     from nmt.cli import run

@@ -10,7 +10,7 @@ import pytest
 import evaluate
 import train as train_cli
 import translate
-from tests.faults.helpers import MAX_STEPS, run_main, snapshot, train
+from tests.faults.helpers import MAX_STEPS, run_main, snapshot, snapshot_run, train
 
 
 def truncate(path: Path) -> None:
@@ -27,8 +27,9 @@ def test_truncated_training_checkpoint_is_refused(fault_config, reference_copy, 
     """train.main in this process (exit code and stderr as train.py's; saves a process start)."""
     run_dir = reference_copy
     truncate(data_file(run_dir / "checkpoints", MAX_STEPS))
-    before = snapshot(run_dir / "checkpoints") | snapshot(run_dir / "final")
+    before = snapshot_run(run_dir)
     # More steps than were trained: a silent re-init (or a silent skip of the bad file) would write checkpoints.
+    # A changed train section: the refused start must not rewrite config.yaml with it either.
     argv = [
         "--config",
         str(fault_config),
@@ -45,7 +46,7 @@ def test_truncated_training_checkpoint_is_refused(fault_config, reference_copy, 
         f"train.py: training failed: cannot resume from checkpoint {run_dir / 'checkpoints' / f'ckpt-{MAX_STEPS}'}: "
     )
     assert "corrupt" in last
-    assert snapshot(run_dir / "checkpoints") | snapshot(run_dir / "final") == before
+    assert snapshot_run(run_dir) == before  # config.yaml included: still the run's own config
     assert not [r for r in caplog.records if "saved checkpoint" in r.getMessage()]
 
 

@@ -29,7 +29,7 @@ from tests.faults.helpers import (
     assert_bit_identical,
     final_weights,
     read_checkpoint,
-    snapshot,
+    snapshot_run,
     train,
     training_state,
     write_config,
@@ -250,8 +250,8 @@ def train_in_process(config, run_dir: Path, clock):
 @pytest.fixture(scope="module")
 def uninterrupted(budget_config, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("uninterrupted") / "run"
-    _, result, log = train_in_process(budget_config, run_dir, StepClock())
-    return run_dir, result, log
+    trainer, result, log = train_in_process(budget_config, run_dir, StepClock())
+    return run_dir, result, log, trainer
 
 
 def read_records(run_dir: Path) -> list[dict]:
@@ -264,8 +264,9 @@ def snapshot_steps(run_dir: Path) -> list[int]:
 
 
 def test_time_budget_run_plans_its_steps_and_decays_to_the_floor_at_the_plan(uninterrupted):
-    run_dir, result, log = uninterrupted
+    run_dir, result, log, trainer = uninterrupted
     assert result.status == "done" and result.step == PLANNED, (result, log[-2000:])
+    assert trainer.progress.total == PLANNED  # the progress bar's total: the plan, once fixed (no max_steps)
     (plan,) = [r for r in read_records(run_dir) if r["tag"] == "plan"]
     assert (plan["step"], plan["total_steps"], plan["steps_per_second"]) == (SKIP + PROBE, PLANNED, 4.0)
     assert f"plan: {PLANNED} steps for the {BUDGET_MINUTES:g}-minute budget" in log
@@ -279,7 +280,7 @@ def test_time_budget_run_plans_its_steps_and_decays_to_the_floor_at_the_plan(uni
 
 
 def test_final_weights_average_the_window_over_the_last_fraction(uninterrupted):
-    run_dir, _, log = uninterrupted
+    run_dir, _, log, _ = uninterrupted
     assert snapshot_steps(run_dir) == [20, 22, 24]  # window_steps(24, 0.25, 3): 2 apart, the last at the plan
     prefixes = [str(run_dir / "checkpoints" / "average" / f"ckpt-{step}") for step in (20, 22, 24)]
     snapshots = [read_checkpoint(prefix) for prefix in prefixes]
@@ -297,13 +298,13 @@ def test_final_weights_average_the_window_over_the_last_fraction(uninterrupted):
 
 
 def test_resumed_run_keeps_the_plan_and_ends_bit_identical(budget_config, uninterrupted, tmp_path):
-    reference, _, _ = uninterrupted
+    reference, _, _, _ = uninterrupted
     run_dir = tmp_path / "run"
     _, stopped, _ = train_in_process(budget_config, run_dir, StepClock(signal_at=10))
     assert stopped.status == "stopped" and stopped.step == 10, stopped
     # A slower machine after the restart: the plan stays (the time budget would now stop the run early).
     trainer, done, log = train_in_process(budget_config, run_dir, StepClock())
-    assert trainer.resumed_from == 10
+    assert trainer.resumed_from == 10 and trainer.progress.total == PLANNED  # the kept plan, from the start
     assert "plan: 24 steps (decided at step 6, 4 steps/s measured), kept from the checkpoint" in log
     assert done.status == "done" and done.step == PLANNED, (done, log[-2000:])
     assert [r["total_steps"] for r in read_records(run_dir) if r["tag"] == "plan"] == [
@@ -345,7 +346,7 @@ def test_two_replicas_scale_the_learning_rate_and_another_replica_count_is_refus
         assert logged[step] == pytest.approx(scaled * min(step / 2, math.sqrt(2 / step)), rel=1e-6), step
 
     # One replica now (half the global batch): refused with both batches named, nothing written.
-    before = snapshot(run_dir / "checkpoints")
+    before = snapshot_run(run_dir)  # config.yaml included: a refused start rewrites nothing
     args = [
         "--config",
         str(config),
@@ -362,7 +363,7 @@ def test_two_replicas_scale_the_learning_rate_and_another_replica_count_is_refus
         in err
     )
     assert "train.allow_batch_change=true" in err
-    assert snapshot(run_dir / "checkpoints") == before
+    assert snapshot_run(run_dir) == before
 
     # The explicit override: resumes at step 4 with the learning rate of the new global batch (the reference).
     assert train_cli.main([*args, "train.allow_batch_change=true"]) == 0

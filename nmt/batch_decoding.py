@@ -72,7 +72,10 @@ def limit_lengths(step_fn: Callable, eos_id: int = EOS_ID) -> Callable:
         vocab = tf.shape(logits)[-1]
         eos_only = tf.where(tf.equal(tf.range(vocab), eos_id), 0.0, _FORCED)  # (V,)
         force = tf.greater_equal(index, state["limit"])[:, tf.newaxis]  # (N, 1)
-        logits = tf.where(force, eos_only[tf.newaxis, :], logits)
+        # Most steps force no row: skip the pass over the (N, V) logits then.
+        logits = tf.cond(
+            tf.reduce_any(force), lambda: tf.where(force, eos_only[tf.newaxis, :], logits), lambda: logits
+        )
         return logits, {"inner": inner, "limit": state["limit"]}
 
     return step
@@ -96,7 +99,8 @@ def decode_batch(
       model: the Transformer (`encode`, `init_cache`, `decode_step`).
       source: (B, S) int32 source ids ending with EOS, padded with PAD.
       limits: (B,) int32, maximum output subwords (EOS excluded) per sentence; each < `max_length`.
-      max_length: static size of the output buffer.
+      max_length: size of the output buffer: a python int, or (with `static_shapes=False`) a scalar int32 tensor,
+        so that one trace serves every buffer size.
       beam_size, alpha: beam width and GNMT length penalty exponent.
       use_cache: incremental decoding with the key/value cache, or a full decoder pass per step (same results).
       search: "greedy", "beam", or "auto" (greedy for beam_size 1).
@@ -129,7 +133,17 @@ def decode_batch(
     if search == "greedy" or (search == "auto" and beam_size == 1):
         ids, scores = greedy_search(step_fn, state, batch_size=batch_size, **common)
         return ids[:, tf.newaxis, :], scores[:, tf.newaxis]
-    return beam_search(step_fn, state, batch_size=batch_size, beam_size=beam_size, alpha=alpha, **common)
+    # No hypothesis outlives its sentence's limit (EOS forced there): the early-stopping bound knows it.
+    max_lengths = state["limit"] + 1
+    return beam_search(
+        step_fn,
+        state,
+        batch_size=batch_size,
+        beam_size=beam_size,
+        alpha=alpha,
+        max_lengths=max_lengths,
+        **common,
+    )
 
 
 def output_limits(source_lengths, a: float, b: int, cap: int):

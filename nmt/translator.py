@@ -6,9 +6,10 @@ weights); `Translator.from_run_dir` loads everything a run directory holds.
 Batches and traces: sentences are sorted by length (longest first) and batched under a token budget: at most
 `batch_size` sentences and `batch_tokens` padded source tokens per batch, so batches of long sentences are smaller.
 Source lengths are padded up to fixed edges (16, 32, 64, ... up to the position table) and the output buffer follows
-from the edge, so decoding is traced once per (search setting, length edge), not per batch. The batch dimension is
-dynamic, except under XLA, where batch sizes are padded to edges too (1, 4, 16, ... batch_size) since XLA compiles
-one program per shape: at most (length edges x batch edges) programs per search setting. The
+from the edge. Without XLA every dimension (batch, source length, output buffer) is dynamic, so decoding is traced
+once per search setting (each trace of the while loops costs seconds: tracing per length edge was a third of
+`evaluate.py`'s greedy time on Multi30k). Under XLA, which compiles one program per shape, batch sizes are padded to
+edges too (1, 4, 16, ... batch_size): at most (length edges x batch edges) programs per search setting. The
 traced functions are cached per model: a new `Translator` around the same model (the trainer makes one per
 evaluation) reuses them. `num_traces` counts the traces of this model's decoding functions.
 
@@ -62,11 +63,12 @@ _DECODERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> _
 # Sentences of up to 31 subwords fill `batch_size` sentences per batch; longer ones make smaller batches.
 DEFAULT_BATCH_TOKENS_PER_SENTENCE = 32
 # xla="auto" on a CPU: XLA for greedy search from this many lines, never for beam search. Measured on the shared
-# 2-core Xeon, random base-size model (3+3 layers, d_model 256, vocab 8k), 32 sentences per batch, all variants
-# interleaved in one process: beam 4 took 1.6x longer under XLA (2.66 s vs 1.68 s per batch), greedy 1.6x less
-# (0.44 s vs 0.70 s); compiling costs ~3 s more per padded (batch, length) shape than tracing, and XLA compiles
-# each batch shape too (15-25 s a corpus), repaid by greedy's ~8 ms per sentence after a few thousand lines.
-XLA_AUTO_MIN_LINES = 4000
+# 2-core AMD EPYC (AVX-512), under load, with `runs/base` (3+3 layers, d_model 256, 8k vocab) on Multi30k test2016
+# (1,000 lines), two interleaved rounds, after this decoder's single non-XLA trace, growing cache and dropping of
+# finished sentences: beam 4 warm 42.4-42.6 s under XLA vs 26.9-27.1 s without (1.6x slower); greedy warm 8.8-10.2 s
+# vs 9.6-11.3 s (1.1x faster) but 13-17 s more to compile its (batch, length) shapes, repaid after ~15,000 lines.
+# (The former rule, 4,000 lines, predates the non-XLA path's single trace and compaction.)
+XLA_AUTO_MIN_LINES = 16000
 
 
 def _edges(smallest: int, largest: int, factor: int) -> list[int]:
@@ -288,8 +290,9 @@ class Translator:
             source[row, : len(ids)] = ids
             source[row, len(ids)] = EOS_ID
             limits[row] = output_limits(len(ids), cfg.max_length_a, cfg.max_length_b, max_length)
-        function = self._function(beam_size, use_cache, float(cfg.alpha), max_length, xla)
-        ids, scores = function(tf.constant(source), tf.constant(limits))
+        function = self._function(beam_size, use_cache, float(cfg.alpha), max_length if xla else None, xla)
+        inputs = (source, limits) if xla else (source, limits, np.int32(max_length))
+        ids, scores = function(*(tf.constant(x) for x in inputs))
         return ids.numpy()[:count], scores.numpy()[:count]
 
     # ------------------------------------------------------------------------------------------------------------
@@ -325,27 +328,26 @@ class Translator:
         return [text.decode("utf-8", errors="replace") or "\u2581" for text in texts]
 
     def _function(
-        self, beam_size: int, use_cache: bool, alpha: float, max_length: int, xla: bool
+        self, beam_size: int, use_cache: bool, alpha: float, max_length: int | None, xla: bool
     ) -> Callable:
-        """The decoding tf.function for one search setting and output buffer size (one per length edge)."""
+        """The decoding tf.function of one search setting: `f(source, limits)` for the output buffer `max_length`
+        under XLA (one per length edge); without XLA `f(source, limits, max_length)` (max_length None here) for
+        every buffer size."""
         key = (beam_size, use_cache, alpha, max_length, xla)
         decoders = self._decoders
         if key not in decoders.functions:
             model_ref = weakref.ref(self.model)  # the cache must not keep the model (its key) alive
 
-            def decode(source, limits):
+            def decode(source, limits, buffer=max_length):
                 decoders.num_traces += 1
                 log.debug(
-                    "tracing the decoder: source %s, beam %d, max_length %d",
-                    source.shape,
-                    beam_size,
-                    max_length,
+                    "tracing the decoder: source %s, beam %d, max_length %s", source.shape, beam_size, buffer
                 )
                 return decode_batch(
                     model_ref(),
                     source,
                     limits,
-                    max_length=max_length,
+                    max_length=buffer,
                     beam_size=beam_size,
                     alpha=alpha,
                     use_cache=use_cache,
@@ -356,8 +358,12 @@ class Translator:
             # only makes every trace several times slower.
             if xla:  # one trace per padded (batch, length) shape
                 function = tf.function(decode, jit_compile=True, autograph=False)
-            else:  # dynamic batch and length: one trace per output buffer size
-                spec = [tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([None], tf.int32)]
+            else:  # dynamic batch, source length and output buffer: one trace
+                spec = [
+                    tf.TensorSpec([None, None], tf.int32),
+                    tf.TensorSpec([None], tf.int32),
+                    tf.TensorSpec([], tf.int32),
+                ]
                 function = tf.function(decode, input_signature=spec, autograph=False)
             decoders.functions[key] = function
         return decoders.functions[key]

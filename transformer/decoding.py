@@ -65,7 +65,8 @@ def greedy_search(
         step_fn: ``(ids (B, max_length), index, cache) -> (logits (B, V), new_cache)``, see the module docstring.
         cache: initial cache (leading dimension ``B``), or None.
         batch_size: python int or scalar int32 tensor ``B``.
-        max_length: python int, the buffer length (and the maximum number of generated tokens).
+        max_length: python int, the buffer length (and the maximum number of generated tokens); with
+            ``static_shapes=False`` also a scalar int32 tensor.
         eos_id, bos_id: special ids.
         max_steps: optional scalar int (tensor), number of steps, clipped to ``max_length``.
         memory: optional per-sentence state (leading dimension ``B``), passed to the step function as its fourth
@@ -138,6 +139,7 @@ def beam_search(
     eos_id=EOS_ID,
     bos_id=BOS_ID,
     max_steps=None,
+    max_lengths=None,
     memory=None,
     compact=None,
     static_shapes=True,
@@ -149,18 +151,27 @@ def beam_search(
     ``len`` counting EOS) and continues with the best ``beam_size`` that did not end. The cache is reordered with
     ``tf.gather`` by the origin beam of each survivor. The search stops after ``max_steps`` steps, or early once for
     every batch entry the best alive hypothesis, even with the most favourable length penalty, cannot beat the worst
-    of a full finished set (this bound is exact: ``length_penalty(max_steps)`` for ``alpha >= 0``, the next length
-    for ``alpha < 0``).
+    of a full finished set (this bound is exact: ``length_penalty`` of the longest possible hypothesis,
+    ``min(max_steps, max_lengths[b])`` tokens, for ``alpha >= 0``; the next length for ``alpha < 0``).
+
+    The ``2 * beam`` best continuations are found in two exact stages: the ``2 * beam`` best of each hypothesis's
+    row, then the best of those ``beam * 2 * beam`` per sentence (the same candidates, in the same order, ties to
+    the lower beam and token, as one `tf.math.top_k` over the ``beam * V`` scores, at a fraction of its cost).
 
     Args:
         step_fn: ``(ids (B * beam, max_length), index, cache) -> (logits (B * beam, V), new_cache)``.
         cache: initial cache with leading dimension ``B`` (tiled to ``B * beam`` here), or None.
         batch_size: python int ``B`` (or a scalar int32 tensor).
         beam_size: python int.
-        max_length: python int, buffer length and maximum number of generated tokens.
+        max_length: python int, buffer length and maximum number of generated tokens (with
+            ``static_shapes=False`` also a scalar int32 tensor).
         alpha: float, length penalty exponent (0 = no penalty).
         eos_id, bos_id: special ids.
         max_steps: optional scalar int (tensor), clipped to ``max_length``.
+        max_lengths: optional int ``(B,)``: no hypothesis of sentence ``b`` gets longer than ``max_lengths[b]``
+            tokens, EOS included, because the step function forces EOS there (`nmt.batch_decoding.limit_lengths`).
+            Only tightens the early-stopping bound: the search stops sooner with the same results (a value below
+            what the step function enforces could change them).
         memory: optional per-sentence state (leading dimension ``B``, not tiled), passed to the step function as its
             fourth argument.
         compact: None, or drop done sentences (see the module docstring) after a step where at least this fraction
@@ -185,12 +196,15 @@ def beam_search(
     cache = {} if cache is None else cache
     cache = tf.nest.map_structure(lambda x: tf.repeat(x, k, axis=0), cache)  # (B * beam, ...)
 
-    def bound_penalty(t):
-        return length_penalty(limit, alpha) if alpha >= 0 else length_penalty(t + 1, alpha)
+    def bound_penalty(t, s):
+        """(M,) the most favourable length penalty a hypothesis alive before step ``t`` can still get."""
+        if alpha >= 0:  # the longest possible hypothesis
+            return length_penalty(tf.minimum(limit, s["max_length"]), alpha)
+        return length_penalty(t + 1, alpha)
 
     def can_improve(t, s):
         """(M,) bool: sentence may still change its result (the early-stopping test before step ``t``)."""
-        best_alive = s["alive_log_prob"][:, 0] / bound_penalty(t)  # (M,)
+        best_alive = s["alive_log_prob"][:, 0] / bound_penalty(t, s)  # (M,)
         full = tf.reduce_all(s["finished_flag"], axis=1)
         worst_finished = tf.where(full, tf.reduce_min(s["finished_score"], axis=1), 2.0 * NEG_INF)  # (M,)
         alive_real = s["alive_log_prob"][:, 0] > 0.5 * NEG_INF
@@ -212,6 +226,7 @@ def beam_search(
     #   finished_seq    (M, beam, max_length + 1)    hypotheses that ended with EOS, best first
     #   finished_score  (M, beam) float32            their length-penalised scores (NEG_INF = empty slot)
     #   finished_flag   (M, beam) bool               slot holds a real finished hypothesis
+    #   max_length      (M,) int32                   longest possible hypothesis (EOS included)
     #   cache           nested, leading M * beam     row m * beam + i belongs to alive_seq[m, i]
     #   memory          nested, leading M
     #   with `compact`: original (M,) int32, the sentence of each in the batch; out {"seq", "scores"}: (B, beam, ...)
@@ -224,13 +239,9 @@ def beam_search(
         logits, cache = call(
             tf.reshape(alive_seq, [m * k, length + 1])[:, :length], t, s["cache"], s["memory"]
         )
-        vocab = tf.shape(logits)[-1]
-        log_probs = tf.nn.log_softmax(tf.cast(logits, tf.float32), axis=-1)
-        log_probs = tf.reshape(log_probs, [m, k, vocab])  # (M, beam, V)
-        candidates = tf.reshape(s["alive_log_prob"][:, :, None] + log_probs, [m, k * vocab])  # (M, beam * V)
-        top_log_prob, top_index = tf.math.top_k(candidates, k=2 * k)  # (M, 2 * beam)
-        origin = top_index // vocab  # (M, 2 * beam) beam each candidate extends
-        token = top_index % vocab  # (M, 2 * beam)
+        log_probs = tf.nn.log_softmax(tf.cast(logits, tf.float32), axis=-1)  # (M * beam, V)
+        candidates = tf.reshape(s["alive_log_prob"], [m * k, 1]) + log_probs  # (M * beam, V)
+        top_log_prob, origin, token = _best_candidates(candidates, m, k, 2 * k)  # (M, 2 * beam) each
         top_seq = tf.gather(alive_seq, origin, batch_dims=1)  # (M, 2 * beam, max_length + 1)
         top_seq = _write(top_seq, t + 1, token)
         ends = tf.equal(token, eos_id)
@@ -270,6 +281,7 @@ def beam_search(
         "finished_seq": _initial_sequences([b, k], length, PAD_ID),
         "finished_score": tf.fill([b, k], NEG_INF),
         "finished_flag": tf.zeros([b, k], tf.bool),
+        "max_length": tf.fill([b], limit) if max_lengths is None else tf.cast(max_lengths, tf.int32),
         "cache": cache,
         "memory": {} if memory is None else memory,
     }
@@ -286,7 +298,24 @@ def beam_search(
 
 # Loop state with one row per running sentence (beam search: ``rank``, the cache rows of its beams).
 _GREEDY_ROWS = ("seq", "finished", "scores", "cache", "original", "memory")
-_BEAM_ROWS = "alive_seq alive_log_prob finished_seq finished_score finished_flag original rank memory".split()
+_BEAM_ROWS = "alive_seq alive_log_prob finished_seq finished_score finished_flag max_length original rank memory".split()
+
+
+def _best_candidates(candidates, m, k, n):
+    """The ``n`` best of each sentence's ``k * V`` candidate scores ``candidates (M * k, V)`` (row ``i * k + j``:
+    beam ``j`` of sentence ``i``): ``(scores, beam, token)``, each ``(M, n)``, best first.
+
+    Exactly ``tf.math.top_k`` over ``(M, k * V)`` (ties to the lower beam, then the lower token), in two stages: the
+    ``n`` best of each row, then the ``n`` best of those ``k * n`` per sentence. A sentence's best ``n`` are among its
+    rows' best ``n``, and the second stage sees them in beam order, each row's best first. Profiled on a 2-core CPU
+    (64 sentences, beam 4, 8k vocabulary) the single ``top_k`` took ~7 ms a step, 13% of the whole decoding time.
+    """
+    vocab = candidates.shape[-1]  # static under XLA, which needs a constant k
+    per_row = tf.minimum(n, tf.shape(candidates)[-1]) if vocab is None else min(n, vocab)
+    row_score, row_token = tf.math.top_k(candidates, k=per_row)  # (M * k, R)
+    score, pick = tf.math.top_k(tf.reshape(row_score, [m, -1]), k=n)  # (M, n) of (M, k * R)
+    token = tf.gather(tf.reshape(row_token, [m, -1]), pick, batch_dims=1)
+    return score, pick // per_row, token
 
 
 def _check_compact(compact, static_shapes):
@@ -345,9 +374,10 @@ def _drop(state, gone, results, names):
 
 
 def _step_limit(max_steps, max_length):
+    limit = tf.cast(max_length, tf.int32)
     if max_steps is None:
-        return tf.constant(max_length, tf.int32)
-    return tf.minimum(tf.cast(max_steps, tf.int32), max_length)
+        return limit
+    return tf.minimum(tf.cast(max_steps, tf.int32), limit)
 
 
 def _initial_sequences(leading_shape, max_length, first_id):

@@ -250,8 +250,8 @@ class Transformer(keras.Model):
             x = normalize(self.decoder_norm, x)
         return x, weights
 
-    def _logits(self, x):
-        """``(..., d_model)`` -> float32 logits ``(..., V)``.
+    def _logits(self, x, bias=None):
+        """``(..., d_model)`` -> float32 logits ``(..., V)``, plus ``bias (V,)`` if given (added to the product).
 
         The projection runs in the compute dtype (it is the largest matmul of the model, so bf16/fp16 pay off
         here most) and the logits are cast to float32 for the softmax and the loss. A 2-D matmul, not an einsum:
@@ -261,9 +261,12 @@ class Transformer(keras.Model):
             embeddings = tf.cast(self.target_embedding.embeddings, x.dtype)  # (V, d_model)
             flat = tf.reshape(x, [-1, tf.shape(x)[-1]])  # (batch * len, d_model)
             logits = tf.matmul(flat, embeddings, transpose_b=True)  # (batch * len, V)
+            if bias is not None:  # right after the product, where grappler can fuse it into the matmul
+                logits = tf.nn.bias_add(logits, tf.cast(bias, logits.dtype))
             shape = tf.concat([tf.shape(x)[:-1], tf.shape(embeddings)[:1]], axis=0)
             return tf.cast(tf.reshape(logits, shape), tf.float32)
-        return tf.cast(self.output_projection(tf.cast(x, tf.float32)), tf.float32)
+        logits = tf.cast(self.output_projection(tf.cast(x, tf.float32)), tf.float32)
+        return logits if bias is None else logits + tf.cast(bias, tf.float32)
 
     # -- incremental decoding --------------------------------------------------------------------------------------
 
@@ -273,7 +276,8 @@ class Transformer(keras.Model):
         Args:
             source: int32 ``(B, S)``.
             memory: ``encode(source)``, ``(B, S, d_model)``.
-            max_length: python int, number of decoder positions (``index`` runs over ``0 .. max_length - 1``).
+            max_length: python int, number of decoder positions (``index`` runs over ``0 .. max_length - 1``);
+                with ``growing``, only checked, and may be a scalar int32 tensor (one trace for every length).
             growing: False: self K/V buffers of ``max_length`` (static shapes, for XLA). True: empty self K/V
                 that ``decode_step(..., growing=True)`` extends by one position per step (not under XLA).
 
@@ -284,7 +288,7 @@ class Transformer(keras.Model):
             rows become the ``N = B * beam`` hypotheses) and passes ``"memory"`` unchanged: `decode_step` lets
             row ``n`` attend to sentence ``n // (N // B)`` (see `transformer.step_fns.cached_step_fn`).
         """
-        if max_length > self.max_length:
+        if not tf.is_tensor(max_length) and max_length > self.max_length:
             raise ValueError(
                 f"max_length={max_length} exceeds the position table (max_length={self.max_length})"
             )
@@ -294,7 +298,7 @@ class Transformer(keras.Model):
             "self": [c["self"] for c in layers],
         }
 
-    def decode_step(self, tokens, cache, index, growing=False):
+    def decode_step(self, tokens, cache, index, growing=False, logit_bias=None):
         """One decoding step.
 
         Args:
@@ -303,6 +307,8 @@ class Transformer(keras.Model):
             cache: from `init_cache` or the previous step, ``"self"`` with leading dimension ``N``.
             index: scalar int32 tensor (or python int).
             growing: the cache came from ``init_cache(..., growing=True)`` (self K/V: positions ``< index``).
+            logit_bias: optional float ``(V,)`` added to the logits (e.g. a large negative value for tokens that
+                must never be produced: `transformer.step_fns`).
 
         Returns:
             ``(logits (N, V) float32, new_cache)``; the logits equal ``call()``'s at position ``index`` for the same
@@ -318,7 +324,7 @@ class Transformer(keras.Model):
             new_self.append(layer_cache["self"])
         if self.norm == "pre":
             x = normalize(self.decoder_norm, x)
-        return self._logits(x[:, 0]), {"memory": memory, "self": new_self}
+        return self._logits(x[:, 0], logit_bias), {"memory": memory, "self": new_self}
 
     def get_config(self):
         config = super().get_config()

@@ -1,7 +1,10 @@
 """Adapters from a `Transformer` to the step functions of `transformer.decoding`.
 
-Both adapters forbid the ``PAD`` and ``BOS`` tokens (their logits are set to a large negative value): they are never
-valid outputs, and a generated ``PAD`` would be masked as padding by the full pass but not by the cached step.
+Both adapters forbid the ``PAD`` and ``BOS`` tokens: they are never valid outputs, and a generated ``PAD`` would be
+masked as padding by the full pass but not by the cached step. The full pass sets their logits to ``-1e9``; the
+cached step adds ``-1e9`` to them right after the output projection's matmul (`Transformer.decode_step`'s
+``logit_bias``, which grappler can fuse into the matmul: one select over the ``(N, V)`` logits less per step).
+Either way their probability is exactly 0 and every other token's logit and log-probability are the same.
 
 Example:
     >>> step_fn, cache = cached_decoding(model, source, max_length)
@@ -11,6 +14,7 @@ Example:
     >>> ids, scores = beam_search(step_fn, cache, memory=memory, compact=0.0, static_shapes=False, ...)
 """
 
+import numpy as np
 import tensorflow as tf
 
 from transformer.vocab import BOS_ID, PAD_ID
@@ -53,17 +57,18 @@ def cached_step_fn(model, memory=None, forbid=FORBIDDEN, growing=False):
         ``step_fn(ids (N, max_length), index, cache, memory=None) -> (logits (N, V) float32, new_cache)``.
     """
 
+    bias = _forbid_bias(model.target_vocab_size, forbid)
+
     def step_fn(ids, index, cache, step_memory=None):
         tokens = tf.gather(ids, index, axis=1)  # (N,)
         sentences = memory if step_memory is None else step_memory
+        options = dict(growing=growing, logit_bias=bias)
         if sentences is None:
-            logits, cache = model.decode_step(tokens, cache, index, growing=growing)
+            logits, cache = model.decode_step(tokens, cache, index, **options)
         else:
-            logits, full = model.decode_step(
-                tokens, {"memory": sentences, "self": cache}, index, growing=growing
-            )
+            logits, full = model.decode_step(tokens, {"memory": sentences, "self": cache}, index, **options)
             cache = full["self"]
-        return _forbid(logits, forbid), cache
+        return logits, cache
 
     return step_fn
 
@@ -98,6 +103,13 @@ def full_step_fn(model, source, forbid=FORBIDDEN, prefix_only=False):
         return _forbid(logits, forbid), cache
 
     return step_fn
+
+
+def _forbid_bias(vocab, ids):
+    """``(V,)`` float32: ``-1e9`` at ``ids``, 0 elsewhere; None without ids."""
+    if not ids:
+        return None
+    return tf.constant(np.where(np.isin(np.arange(vocab), list(ids)), -1.0e9, 0.0).astype(np.float32))
 
 
 def _forbid(logits, ids):

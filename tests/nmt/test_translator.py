@@ -51,6 +51,7 @@ def test_order_restored_and_independent_of_batching(translator):
     lines = [src[0] + " " + src[1], "", src[2], "   ", *src[3:], src[2]]
     translator.batch_size = 4
     before = translator.num_traces
+    traced_before = any(key[0] == 2 and not key[-1] for key in translator._decoders.functions)
     together = translator.translate(lines, beam_size=2)
     assert len(together) == len(lines)
     assert together[1] == "" and together[3] == ""
@@ -60,10 +61,12 @@ def test_order_restored_and_independent_of_batching(translator):
     alone = [translator.translate([line], beam_size=2)[0] for line in lines]
     assert together == alone
     traces = translator.num_traces
-    # One trace per source length edge in use (each edge fixes the output buffer), whatever the batch sizes.
+    # Without XLA one trace serves every batch size, source length edge and output buffer: these batches span
+    # several of each, and the first translate() traced at most once (not at all if an earlier test did).
     edges = {min(e for e in translator.length_edges if e > len(ids)) for ids in translator.encode(src) if ids}
     edges.add(min(e for e in translator.length_edges if e > len(translator.encode([lines[0]])[0])))
-    assert traces - before == len(edges) <= 3
+    assert len(edges) >= 2 and not translator.uses_xla(len(lines), 2)
+    assert traces - before == (0 if traced_before else 1)
     assert translator.translate(list(reversed(lines)), beam_size=2) == list(reversed(together))
     # A new Translator around the same model (what the trainer does at each evaluation) reuses the traces.
     fresh = Translator(translator.model, translator.tokenizer, translator.eval_config, max_source_length=64)

@@ -318,6 +318,7 @@ def test_resumed_run_keeps_the_plan_and_ends_bit_identical(budget_config, uninte
 # Two replicas (logical CPU devices): the learning rate follows the global batch; a 1-replica resume is refused
 
 
+@pytest.mark.slow  # ~26 s; the refusal rule and the sqrt scaling are also tested in-process above
 def test_two_replicas_scale_the_learning_rate_and_another_replica_count_is_refused(corpus, tmp_path, capsys):
     tree = tiny_config_tree(corpus)
     tree["data"].update(bucket_boundaries=[32], batch_tokens=512)

@@ -13,6 +13,7 @@ from tests.run_fixture import tiny_config_tree, write_corpus
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow  # ~20 s; the benchmarks' end-to-end run in make test is test_bench's quick run
 def test_ablation_of_two_variants_writes_both_tables(tmp_path):
     from benchmarks.ablation import AblationOptions, run_ablation
 

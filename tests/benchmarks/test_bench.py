@@ -217,6 +217,7 @@ def test_paired_bootstrap_reports_sacrebleus_bleu_difference_and_a_verdict():
     assert 0 < loss["p_value"] < 0.05 and loss["verdict"] == "significant loss" and loss["samples"] == 200
 
 
+@pytest.mark.slow  # ~15 s; the CTranslate2 CLI path stays in make test (tests/test_cli_evaluate.py)
 def test_decode_engine_rows_name_their_settings_and_hold_the_engines_translations(trained_tiny_run, tmp_path):
     """The decode rows of `make bench` (cached TensorFlow float32, then CTranslate2 and TensorFlow int8) on the tiny
     trained run: every row names engine, compute type, beam, alpha and patience; the CTranslate2 rows' translations

@@ -100,6 +100,7 @@ def test_translate_hostile_file(case, tiny_run_dir, tmp_path, capsys, restore_lo
     assert snapshot(tiny_run_dir) == before
 
 
+@pytest.mark.slow  # ~20 s; the other hostile-input tests stay in make test
 def test_translate_streams_100k_lines(tiny_run_dir, tmp_path):
     lines = [SENTENCE if i % 2000 == 0 else b"" for i in range(100_000)]
     head, tail = b"".join(x + b"\n" for x in lines[:50_000]), b"".join(x + b"\n" for x in lines[50_000:])

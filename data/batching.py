@@ -1,14 +1,19 @@
 """The seeded, checkpointable sampler of length-bucketed batches over a prepared split.
 
 Why not `cache() -> shuffle(buffer) -> group_by_window`: an iterator checkpoint of `cache()` holds the whole cache
-and one of `shuffle` its whole buffer (gigabytes on WMT), and a shuffle buffer is not a permutation. Here each
-epoch is planned in NumPy from the split's length index and the epoch number alone:
+and one of `shuffle` its whole buffer (gigabytes on WMT), and a shuffle buffer is not a permutation. Here the
+batches are planned from the split's length index, the seed and the epoch number alone (`EpochPlan`):
 
-    epoch e:  perm = permutation of the kept pairs, rng seeded by (seed, e)      # a full permutation, no buffer
-              group perm by bucket (stable), cut each bucket into batches of its batch size
-              shuffle the batch order with the same rng
-              each batch: gather its pieces from the split (read from its files, or in memory)
-                          -> {"source": (B, None), "target": (B, None), "edge": ()}
+    once:     group the kept pairs by bucket (stable), cut each bucket into batches of its batch size
+    epoch e:  shuffle the batch order, rng seeded by (seed, e)
+              each batch (bucket b, positions j .. j + B - 1 of the bucket):
+                  its pairs: the bucket's pairs at pi(j), ..., pi(j + B - 1), pi a keyed permutation of the
+                  bucket (tf.random_index_shuffle, key (seed, e, b))      # a full permutation, no buffer
+                  gather their pieces from the split (read from its files, or in memory)
+                  -> {"source": (B, None), "target": (B, None), "edge": ()}
+
+The permutation is evaluated at a batch's positions only, so an epoch starts (and training starts) without any
+pass over the corpus, whatever its size.
 
 A reader can take only its `part` of every batch (one worker of a multi-worker run, for its replicas): the plan
 stays global (every reader computes the same plan from the length index, a few bytes per pair), and the reader
@@ -19,17 +24,17 @@ part and any part can resume from another part's checkpoint (the workers of a ru
 Everything is a pure function of (seed, epoch), so the iterator state is a few integers (epoch, batch position,
 prefetched batches): `tf.train.Checkpoint(iterator=it)` stays small, and restoring it into a fresh iterator of a
 freshly built dataset resumes at the exact batch, re-reading or re-tokenizing nothing. The corpus never becomes a
-graph constant: planning and gathering run in `tf.numpy_function`s (deterministic, so restoring re-plans the
-same epoch); the input pipeline carries only (epoch, start, size, bucket) per batch, and the plan keeps an epoch's
-grouped rows in NumPy (4 bytes per pair). The batch layout (sizes and buckets) is the same every epoch; only
-which pairs go where changes.
+graph constant: the batch order and the gathering run in `tf.numpy_function`s (deterministic, so restoring
+re-plans the same epoch); the input pipeline carries only (epoch, start, size, bucket) per batch, and the plan keeps
+the bucket-grouped rows in NumPy (4 bytes per pair), computed once. The batch layout (sizes and buckets) is the
+same every epoch; only which pairs go where changes. (A run checkpointed before this plan replaced the one that
+permuted the whole corpus per epoch resumes at the same batch of the same layout, with other pairs in it.)
 Each bucket ends an epoch with at most one smaller batch: at most 2 x buckets distinct batch shapes.
 """
 
 from __future__ import annotations
 
 import mmap
-import threading
 
 import numpy as np
 import tensorflow as tf
@@ -58,19 +63,22 @@ def index_dtype(size: int) -> np.dtype:
 def bucket_of(lengths: np.ndarray, edges: list[int], extra: int = 0) -> np.ndarray:
     """Index of the smallest edge >= each `length + extra`; ValueError if one exceeds the last edge.
 
-    uint8 when there are fewer than 256 edges (else int32), computed chunk by chunk: memory is one byte per row
-    plus a fixed chunk, whatever the number of rows.
+    uint8 when there are fewer than 256 edges (else int32), computed chunk by chunk through a lookup table (one
+    entry per possible length): memory is one byte per row plus a fixed chunk, whatever the number of rows.
     """
     lengths = np.asarray(lengths)
     if lengths.size and int(lengths.max()) + extra > edges[-1]:
         raise ValueError(
             f"a sequence of length {int(lengths.max()) + extra} exceeds the last bucket edge {edges[-1]}"
         )
-    buckets = np.empty(lengths.shape, np.uint8 if len(edges) < 256 else np.int32)
-    edges_array = np.asarray(edges, np.int64)
+    if lengths.size and lengths.dtype.kind == "i" and int(lengths.min()) < 0:
+        raise ValueError(f"negative length {int(lengths.min())}")
+    dtype = np.uint8 if len(edges) < 256 else np.int32
+    table = np.searchsorted(np.asarray(edges, np.int64), np.arange(max(edges[-1] - extra + 1, 1)) + extra)
+    table = table.astype(dtype)  # table[n]: the bucket of length n
+    buckets = np.empty(lengths.shape, dtype)
     for start in range(0, lengths.size, CHUNK):
-        chunk = lengths[start : start + CHUNK].astype(np.int64) + extra
-        buckets[start : start + CHUNK] = np.searchsorted(edges_array, chunk, side="left")
+        np.take(table, lengths[start : start + CHUNK], out=buckets[start : start + CHUNK])
     return buckets
 
 
@@ -113,25 +121,30 @@ def rows_in_play(
 
 
 class EpochPlan:
-    """Which pairs form which batch in each epoch: a pure function of (seed, epoch).
+    """Which pairs form which batch in each epoch: a pure function of (seed, epoch), computed batch by batch.
 
-    The order of an epoch: a permutation of the rows in play (rng seeded by (seed, epoch)), grouped by bucket
-    (stable), cut into each bucket's batches, and the batches shuffled with the same rng. `rng.shuffle` of an
-    arange draws the same permutation as `rng.permutation(n)` for any integer dtype (tests/data/test_batching.py).
+    Once per plan (not per epoch), the rows in play are grouped by bucket (a stable counting sort, chunk by chunk)
+    and each bucket is cut into batches of its batch size: the batch layout, the same every epoch. Epoch e then
+    permutes the rows of each bucket b with the keyed bijection `tf.random_index_shuffle` (seed `(seed, e, b)`),
+    so batch k of bucket b holds the bucket's rows at positions `pi(k * size), ..., pi(k * size + size - 1)`,
+    and it shuffles the batch order with a NumPy rng seeded by (seed, e). Nothing of the corpus's size is computed
+    per epoch: the first batch of an epoch costs the same at 30k pairs and at 100M (the permutation is evaluated
+    only at a batch's positions), and the plan keeps the grouped rows (4 bytes per row in play; the buckets and
+    `pairs` it was built from can go). With `shuffle=False` the rows stay in corpus order within each bucket and the batches in
+    bucket order.
+
+    `ROUNDS` rounds of the index shuffle's block cipher: with TensorFlow's default of 4, consecutive indices of a
+    1M-row bucket land at positions close to an arithmetic progression (27350, 97223, 157910, ...: a batch would
+    sample the bucket at a nearly regular stride); with 8 they show no such structure (tests/data/test_batching.py).
 
     Args:
       pairs: the split rows in play (an index array), or None for all `len(buckets)` rows.
       buckets: bucket of each row in play (small integers).
       batch_sizes: pairs per batch of each bucket.
       index_size: rows of the split (the dtype of row indices: `index_dtype`).
-
-    Memory: one byte (the bucket) per row in play, plus `pairs` when some rows are left out, plus the grouped rows
-    of the last two epochs asked for (4 bytes per row each: `layout` and `rows` read them, the input pipeline holds
-    only each batch's (epoch, start, size)). Computing an epoch takes two such arrays and one chunk's temporaries.
-    Safe to call from several threads.
     """
 
-    KEEP_EPOCHS = 2  # an epoch's last batches may still be gathered while the next one starts
+    ROUNDS = 8
 
     def __init__(
         self,
@@ -142,80 +155,83 @@ class EpochPlan:
         shuffle: bool,
         index_size: int | None = None,
     ):
-        self.pairs, self.buckets, self.seed, self.shuffle = pairs, buckets, seed, shuffle
+        self.seed, self.shuffle = int(seed), shuffle
         self.counts = np.bincount(buckets, minlength=len(batch_sizes))
+        self.bucket_starts = np.cumsum(self.counts) - self.counts  # of each bucket's rows, in `grouped`
         row_lengths, batch_bucket = [], []  # the batch layout, in bucket order
-        for bucket, (count, size) in enumerate(zip(self.counts, batch_sizes)):
-            full, rest = divmod(int(count), int(size))
-            row_lengths += [size] * full + ([rest] if rest else [])
+        for bucket, (count, size) in enumerate(zip(self.counts.tolist(), batch_sizes)):
+            full, rest = divmod(count, int(size))
+            row_lengths += [int(size)] * full + ([rest] if rest else [])
             batch_bucket += [bucket] * (full + bool(rest))
         self.row_lengths = np.asarray(row_lengths, np.int64)
         self.row_starts = np.cumsum(self.row_lengths) - self.row_lengths  # of each batch, in `grouped`
         self.batch_bucket = np.asarray(batch_bucket, np.int32)
         self.dtype = index_dtype(max(len(buckets), index_size or 0))
-        self._epochs: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # epoch -> (grouped rows, batch order)
-        self._computing = threading.Lock()
+        self.grouped = self._group_by_bucket(buckets)
+        if pairs is not None:  # rows in play -> split rows, chunk by chunk
+            for start in range(0, len(self.grouped), CHUNK):
+                self.grouped[start : start + CHUNK] = pairs[self.grouped[start : start + CHUNK]]
+        self._bucket_starts_t = tf.constant(self.bucket_starts, tf.int64)
+        self._counts_t = tf.constant(self.counts, tf.int64)
 
     def __len__(self) -> int:
         return len(self.row_lengths)
 
     def layout(self, epoch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The epoch's batches in order: (start in `rows`, pairs, bucket), each (num_batches,)."""
-        batch_order = self._epoch(int(epoch))[1]
-        return self.row_starts[batch_order], self.row_lengths[batch_order], self.batch_bucket[batch_order]
+        """The epoch's batches in order: (start in the bucket-grouped rows, pairs, bucket), each (num_batches,)."""
+        order = np.arange(len(self.row_lengths))
+        if self.shuffle:
+            order = np.random.default_rng([self.seed, int(epoch)]).permutation(order)
+        return self.row_starts[order], self.row_lengths[order], self.batch_bucket[order]
+
+    def positions(self, epoch, bucket, start, count) -> tf.Tensor:
+        """Positions in `grouped` of the `count` rows from `start` (a position of `layout`, in `bucket`) of the
+        epoch: int64 (count,). TensorFlow ops (the input pipeline runs them in its graph); any integer scalars."""
+        epoch, bucket, start, count = (tf.cast(x, tf.int64) for x in (epoch, bucket, start, count))
+        offset = tf.gather(self._bucket_starts_t, bucket)
+        index = tf.range(start - offset, start - offset + count, dtype=tf.int64)  # within the bucket
+        if (
+            self.shuffle
+        ):  # the op refuses an empty index: a share without rows shuffles one index, then drops it
+            last = tf.gather(self._counts_t, bucket) - 1
+            padded = tf.minimum(tf.range(start - offset, start - offset + tf.maximum(count, 1)), last)
+            seed = tf.stack([tf.constant(self.seed, tf.int64), epoch, bucket])
+            shuffled = tf.raw_ops.RandomIndexShuffle(
+                index=padded, seed=seed, max_index=last, rounds=self.ROUNDS
+            )
+            index = shuffled[:count]
+        return offset + index
 
     def rows(self, epoch: int, start: int, count: int) -> np.ndarray:
-        """Split rows of one batch of the epoch (a `layout` entry)."""
-        return self._epoch(int(epoch))[0][int(start) : int(start) + int(count)]
+        """Split rows of one batch of the epoch (a `layout` entry, or a share of one), eagerly."""
+        bucket = int(np.searchsorted(self.bucket_starts + self.counts, int(start), side="right"))
+        return self.grouped[self.positions(epoch, bucket, start, count).numpy()]
 
     def __call__(self, epoch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(split rows in batch order (N,) `self.dtype`, pairs per batch (num_batches,) int64, bucket per batch)."""
+        """(split rows in batch order (N,) `self.dtype`, pairs per batch (num_batches,) int64, bucket per batch):
+        the whole epoch at once (statistics, tests), the permutation evaluated bucket by bucket."""
         starts, counts, buckets = self.layout(epoch)
-        grouped = self._epoch(int(epoch))[0]
+        epoch_rows = np.empty_like(self.grouped)  # in layout positions
+        for bucket, (offset, size) in enumerate(zip(self.bucket_starts.tolist(), self.counts.tolist())):
+            if size:
+                epoch_rows[offset : offset + size] = self.grouped[
+                    self.positions(epoch, bucket, offset, size).numpy()
+                ]
         index = np.zeros(0, self.dtype)
         if len(starts):
-            index = np.concatenate([grouped[a : a + n] for a, n in zip(starts.tolist(), counts.tolist())])
+            index = np.concatenate([epoch_rows[a : a + n] for a, n in zip(starts.tolist(), counts.tolist())])
         return index, counts, buckets
 
-    def _epoch(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
-        cached = self._epochs.get(epoch)
-        if cached is not None:
-            return cached
-        with self._computing:  # once per epoch, even when several threads ask at once
-            cached = self._epochs.get(epoch)
-            if cached is None:
-                cached = self._epochs[epoch] = self._compute(epoch)
-                while len(self._epochs) > self.KEEP_EPOCHS:
-                    del self._epochs[min(e for e in self._epochs if e != epoch)]
-            return cached
-
-    def _compute(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
-        order = _empty(len(self.buckets), self.dtype)
-        for start in range(0, len(order), CHUNK):
-            order[start : start + CHUNK] = np.arange(start, min(start + CHUNK, len(order)), dtype=self.dtype)
-        batch_order = np.arange(len(self.row_lengths))
-        if self.shuffle:
-            rng = np.random.default_rng([self.seed, epoch])
-            rng.shuffle(order)
-            batch_order = rng.permutation(batch_order)
-        grouped = self._group_by_bucket(order)
-        del order
-        if self.pairs is not None:  # rows in play -> split rows, chunk by chunk
-            for start in range(0, len(grouped), CHUNK):
-                grouped[start : start + CHUNK] = self.pairs[grouped[start : start + CHUNK]]
-        return grouped, batch_order
-
-    def _group_by_bucket(self, order: np.ndarray) -> np.ndarray:
-        """`order` bucket by bucket, in `order` within each: a stable sort by bucket, chunk by chunk (each chunk's
-        rows sorted by a stable argsort of their buckets, a radix sort for uint8, then each bucket's run copied to
-        its place; temporaries of one chunk, not of the corpus, gone when it returns)."""
-        grouped = _empty(len(order), order.dtype)
-        cursor = (np.cumsum(self.counts) - self.counts).tolist()  # where each bucket's next rows go
-        for start in range(0, len(order), GROUP_CHUNK):
-            part = order[start : start + GROUP_CHUNK]
-            keys = self.buckets[part]
+    def _group_by_bucket(self, buckets: np.ndarray) -> np.ndarray:
+        """The rows `0 .. len(buckets) - 1` bucket by bucket, in row order within each: a stable sort by bucket,
+        chunk by chunk (each chunk's rows sorted by a stable argsort of their buckets, a radix sort for uint8,
+        then each bucket's run copied to its place; temporaries of one chunk, not of the corpus)."""
+        grouped = _empty(len(buckets), self.dtype)
+        cursor = self.bucket_starts.tolist()  # where each bucket's next rows go
+        for start in range(0, len(buckets), GROUP_CHUNK):
+            keys = buckets[start : start + GROUP_CHUNK]
             counts = np.bincount(keys, minlength=len(self.counts)).tolist()
-            part = part[np.argsort(keys, kind="stable")]
+            part = np.argsort(keys, kind="stable").astype(self.dtype) + self.dtype.type(start)
             done = 0  # rows of this chunk placed
             for bucket, count in enumerate(counts):
                 if count:
@@ -295,19 +311,18 @@ def bucketed_batches(
             {"epoch": epoch, "start": start, "rows": rows, "bucket": bucket}
         )
 
-    def gather_numpy(epoch: np.ndarray, start: np.ndarray, rows: np.ndarray):
-        if part is None:
-            return split.gather(plan.rows(epoch, start, rows), limit)
-        first, end = part_rows(int(rows), part[0], part[0] + part[1], part[2])
-        return split.gather(plan.rows(epoch, int(start) + first, end - first), limit)
+    def gather_numpy(positions: np.ndarray):
+        return split.gather(plan.grouped[positions], limit)
 
     @tf.autograph.experimental.do_not_convert
     def gather(batch: dict) -> dict:
+        start, count = batch["start"], batch["rows"]
+        if part is not None:
+            first, end = part_rows(count, part[0], part[0] + part[1], part[2])
+            start, count = start + first, end - first
+        positions = plan.positions(batch["epoch"], batch["bucket"], start, count)
         source, source_len, target, target_len = tf.numpy_function(
-            gather_numpy,
-            [batch["epoch"], batch["start"], batch["rows"]],
-            (tf.int32, tf.int64, tf.int32, tf.int64),
-            stateful=False,
+            gather_numpy, [positions], (tf.int32, tf.int64, tf.int32, tf.int64), stateful=False
         )
         for tensor in (source, source_len, target, target_len):
             tensor.set_shape([None])

@@ -46,6 +46,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--output", help="hypotheses file (default: DIR/hypotheses.<split>.txt)")
     parser.add_argument("--weights", default="auto", choices=["auto", "final", "best", "latest"])
     parser.add_argument("--max-sentences", type=int, default=0, help="only the first N sentences (0 = all)")
+    parser.add_argument(
+        "--batch-size", type=int, default=None, help="sentences per decoding batch; default: eval.batch_size"
+    )
     cli.add_xla_argument(parser)
     cli.add_engine_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print the result as one JSON line on stdout")
@@ -64,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
         raise cli.CliError(f"--alpha must be between 0 and 5, got {args.alpha}", exit_code=2)
     if args.max_sentences < 0:
         raise cli.CliError(f"--max-sentences must be >= 0, got {args.max_sentences}", exit_code=2)
+    if args.batch_size is not None and args.batch_size < 1:
+        raise cli.CliError(f"--batch-size must be at least 1, got {args.batch_size}", exit_code=2)
     cli.check_input_file(args.source)
     cli.check_input_file(args.reference)
     if args.source is not None:
@@ -94,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
             output=args.output,
             weights=args.weights,
             max_sentences=args.max_sentences,
+            batch_size=args.batch_size,
             alpha=args.alpha,
             xla=cli.xla_setting(args.xla),
             progress=sys.stderr.isatty(),

@@ -121,7 +121,9 @@ class EvalConfig:
     alpha: float = 0.6  # GNMT length penalty exponent
     max_length_a: float = 1.5  # maximum output length = a * source length + b
     max_length_b: int = 10  # see max_length_a
-    batch_size: int = 64  # sentences per decoding batch
+    batch_size: int = (
+        256  # sentences per decoding batch (test2016 on the Zen 4: 1.3x greedy, 1.4x beam 4 vs 64)
+    )
 
 
 @dataclass

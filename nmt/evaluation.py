@@ -157,6 +157,7 @@ def evaluate_run_dir(
     output: str | Path | None = None,
     weights: str = "auto",
     max_sentences: int = 0,
+    batch_size: int | None = None,
     progress: bool = False,
     warn=None,
     alpha: float | None = None,
@@ -171,6 +172,7 @@ def evaluate_run_dir(
       source_file, reference_file: evaluate on these (line-aligned) instead of a split.
       output: hypotheses file; default DIR/hypotheses.<split>.txt (DIR/hypotheses.<source file name>.txt).
       max_sentences: only the first N sentences (0 = all); the loss is then measured on those N pairs too.
+      batch_size: sentences per decoding batch (default: the run's eval.batch_size).
       warn: `warn(line_number, kind, message, source=file name)` for undecodable bytes in the files.
       alpha: GNMT length-penalty exponent of the beam search (default: the run's eval.alpha).
       xla: True, False or "auto": decode with XLA (`Translator(xla=...)`): the same translations, faster on large
@@ -188,11 +190,11 @@ def evaluate_run_dir(
     if engine == "ctranslate2":
         from nmt.ctranslate2_engine import CTranslate2Translator
 
-        translator = CTranslate2Translator.from_run_dir(model_dir, engine_dir)
+        translator = CTranslate2Translator.from_run_dir(model_dir, engine_dir, batch_size=batch_size)
         loss_model, note = _loss_model(model_dir, translator, weights)
         extra.update(engine_dir=str(engine_dir), compute_type=translator.compute_type, **note)
     else:
-        translator = Translator.from_run_dir(model_dir, weights=weights, xla=xla)
+        translator = Translator.from_run_dir(model_dir, weights=weights, xla=xla, batch_size=batch_size)
     config = translator.config
     if alpha is not None:
         translator.eval_config = dataclasses.replace(translator.eval_config, alpha=alpha)

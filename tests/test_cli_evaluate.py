@@ -32,6 +32,8 @@ def test_evaluate_json_bleu_equals_sacrebleu_on_its_hypotheses(tiny_run_dir):
             "test",
             "--beam",
             "2",
+            "--batch-size",
+            "3",  # several decoding batches: the translations do not depend on how sentences are grouped
             "--json",
         ],
         capture_output=True,
@@ -68,6 +70,16 @@ def test_evaluate_json_bleu_equals_sacrebleu_on_its_hypotheses(tiny_run_dir):
     assert 0 < record["loss"] < MAX_SENTENCE_NLL
     assert record["perplexity"] == pytest.approx(math.exp(record["loss"]), rel=1e-6)
     assert "nrefs:1|case:mixed|eff:no|tok:13a" in record["signature"]
+
+
+def test_evaluate_refuses_a_batch_size_below_one(tiny_run_dir):
+    sys.path.insert(0, str(ROOT))
+    import evaluate
+    from nmt.cli import CliError
+
+    with pytest.raises(CliError, match="--batch-size must be at least 1, got 0") as caught:
+        evaluate.main(["--model-dir", str(tiny_run_dir), "--batch-size", "0"])
+    assert caught.value.exit_code == 2
 
 
 def test_export_ctranslate2_then_evaluate_with_it(tiny_run_dir, tmp_path):

@@ -130,8 +130,8 @@ class EpochPlan:
     and it shuffles the batch order with a NumPy rng seeded by (seed, e). Nothing of the corpus's size is computed
     per epoch: the first batch of an epoch costs the same at 30k pairs and at 100M (the permutation is evaluated
     only at a batch's positions), and the plan keeps the grouped rows (4 bytes per row in play; the buckets and
-    `pairs` it was built from can go). With `shuffle=False` the rows stay in corpus order within each bucket and the batches in
-    bucket order.
+    `pairs` it was built from can go). With `shuffle=False` the rows stay in corpus order within each bucket and
+    the batches in bucket order.
 
     `ROUNDS` rounds of the index shuffle's block cipher: with TensorFlow's default of 4, consecutive indices of a
     1M-row bucket land at positions close to an arithmetic progression (27350, 97223, 157910, ...: a batch would
@@ -189,18 +189,15 @@ class EpochPlan:
         epoch: int64 (count,). TensorFlow ops (the input pipeline runs them in its graph); any integer scalars."""
         epoch, bucket, start, count = (tf.cast(x, tf.int64) for x in (epoch, bucket, start, count))
         offset = tf.gather(self._bucket_starts_t, bucket)
-        index = tf.range(start - offset, start - offset + count, dtype=tf.int64)  # within the bucket
-        if (
-            self.shuffle
-        ):  # the op refuses an empty index: a share without rows shuffles one index, then drops it
-            last = tf.gather(self._counts_t, bucket) - 1
-            padded = tf.minimum(tf.range(start - offset, start - offset + tf.maximum(count, 1)), last)
-            seed = tf.stack([tf.constant(self.seed, tf.int64), epoch, bucket])
-            shuffled = tf.raw_ops.RandomIndexShuffle(
-                index=padded, seed=seed, max_index=last, rounds=self.ROUNDS
-            )
-            index = shuffled[:count]
-        return offset + index
+        first = start - offset  # within the bucket
+        if not self.shuffle:
+            return offset + tf.range(first, first + count, dtype=tf.int64)
+        # the op refuses an empty index: a share without rows shuffles one index, then drops it
+        last = tf.gather(self._counts_t, bucket) - 1
+        padded = tf.minimum(tf.range(first, first + tf.maximum(count, 1), dtype=tf.int64), last)
+        seed = tf.stack([tf.constant(self.seed, tf.int64), epoch, bucket])
+        shuffled = tf.raw_ops.RandomIndexShuffle(index=padded, seed=seed, max_index=last, rounds=self.ROUNDS)
+        return offset + shuffled[:count]
 
     def rows(self, epoch: int, start: int, count: int) -> np.ndarray:
         """Split rows of one batch of the epoch (a `layout` entry, or a share of one), eagerly."""
@@ -292,7 +289,7 @@ def bucketed_batches(
     # the length index saturates at MAX_INDEXED_LENGTH: a larger limit changes nothing
     cap = None if max_pieces is None else min(max_pieces, MAX_INDEXED_LENGTH)
     pairs, buckets = rows_in_play(split, edges, extra_tokens, cap, truncate)
-    split.release_pages()  # the plan keeps what it needs of the length index (the buckets)
+    split.release_pages()  # the plan keeps what it needs of the length index (the bucket-grouped rows)
     plan = EpochPlan(pairs, buckets, batch_sizes, seed, shuffle, index_size=len(split))
     if repeat and not len(plan):
         raise ValueError("cannot repeat an empty corpus")

@@ -7,8 +7,10 @@ The decoding issue's targets are ratios against "today's" decoder, the one of th
 bench checks that commit out into a temporary `git worktree`, and runs the same command line the issue measured,
 `evaluate.py --model-dir RUN --split test --beam B --json`, once with the baseline's code and once with this tree's,
 plus this tree's `--engine ctranslate2` on an export of the same weights (float32 and int8, exported here with
-`export.py --format ctranslate2`). Each engine runs with its own defaults (XLA setting, batching), rounds are
-interleaved (baseline, current, CTranslate2, ... then again), and every figure is the `sentences_per_sec` that
+`export.py --format ctranslate2`). Each engine runs with its own defaults (XLA setting, batching): a run directory's
+config.yaml records the `eval.batch_size` of the code that trained it, which the baseline keeps, whereas this tree's
+rows get this tree's default (`--batch-size`, `nmt.config.EvalConfig`) unless `--current-batch-size` says otherwise.
+Rounds are interleaved (baseline, current, CTranslate2, ... then again), and every figure is the `sentences_per_sec` that
 evaluate.py itself reports for the whole test split (decoding time of the split, compilation included, process
 start-up excluded). The baseline reads a copy of the run directory (config, tokenizer, weights), so nothing it
 writes lands in RUN.
@@ -28,8 +30,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+import yaml
+
 from benchmarks.machine import machine_facts
 from benchmarks.worktree import ROOT, baseline_worktree
+from nmt.config import EvalConfig
 
 RUN_FILES = ("config.yaml", "tokenizer", "final", "best", "checkpoints")
 
@@ -73,11 +78,21 @@ def main(argv=None) -> int:
         default="baseline,current,ctranslate2_float32,ctranslate2_int8",
         help="which rows (default all four)",
     )
+    parser.add_argument(
+        "--current-batch-size",
+        type=int,
+        default=EvalConfig.batch_size,
+        help=f"decoding batch of this tree's rows (default {EvalConfig.batch_size}, this tree's eval.batch_size)",
+    )
     args = parser.parse_args(argv)
+    if args.current_batch_size < 1:
+        parser.error(f"--current-batch-size must be at least 1, got {args.current_batch_size}")
     run_dir = Path(args.run_dir).resolve()
     if not (run_dir / "config.yaml").is_file():
         parser.error(f"{run_dir} is not a run directory (no config.yaml); train one with train.py")
     beams = [int(b) for b in args.beams.split(",") if b.strip()]
+    run_config = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+    run_batch_size = (run_config.get("eval") or {}).get("batch_size")  # what the baseline decodes with
     engines = [e for e in args.engines.split(",") if e.strip()]
     python = sys.executable
     emit = lambda record: print(json.dumps(record), flush=True)  # noqa: E731
@@ -118,7 +133,9 @@ def main(argv=None) -> int:
                     if engine == "baseline":
                         command, cwd = [python, "evaluate.py", "--model-dir", str(baseline_run)], worktree
                     else:
-                        command, cwd = [python, "evaluate.py", "--model-dir", str(run_dir)], ROOT
+                        command = [python, "evaluate.py", "--model-dir", str(run_dir)]
+                        command += ["--batch-size", str(args.current_batch_size)]
+                        cwd = ROOT
                         if engine.startswith("ctranslate2_"):
                             quantization = engine.removeprefix("ctranslate2_")
                             command += [
@@ -139,6 +156,7 @@ def main(argv=None) -> int:
                         "seconds": result.get("seconds"),
                         "bleu": result.get("bleu"),
                         "xla": result.get("xla"),
+                        "batch_size": run_batch_size if engine == "baseline" else args.current_batch_size,
                     }
                     rows.append(emit(row) or row)
         for beam in beams:

@@ -2,12 +2,13 @@
 
 For each N: `benchmarks.synthetic_corpus` writes the corpus (reused when present), then, all in fresh processes:
 
-1. cold first batch: builds `make_train_dataset` with an empty cache (tokenizer training and preparation included)
+1. cold first batch: builds the training dataset (`data.pipeline.train_batches`) with an empty cache (tokenizer training and preparation included)
    and takes the first batch; reports its seconds from start and its peak RSS (VmHWM: its own, whereas
    `ru_maxrss` of a vfork-spawned child includes its parent's peak);
 2. warm first batch: the same with the cache it left, `WARM_RUNS` times (the median: the first process after the
    cold one may find TensorFlow's libraries evicted from the page cache by the preparation, and imports, about
-   3.5-4.5 s of the total, vary by a second from one process to the next);
+   3.5-4.5 s of the total, vary by a second from one process to the next); `first_batch_marks_warm` times its
+   stages;
 3. warm training: the real `train.py` on the config's model for `train_steps` steps (`benchmarks.train_start`):
    seconds from its start to its first training step (TensorBoard's step-1 event), to its imports and to the
    train split opened (its log), and its peak RSS (the kernel's VmHWM of the child, plus the sampled anonymous
@@ -57,16 +58,24 @@ def peak_rss_mb():  # this process's own peak (ru_maxrss would include a vfork p
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
 
+marks = {"started": time.time()}
+import tensorflow
+marks["tensorflow_imported"] = time.time()
 from data.config import load_data_config
-from data.pipeline import make_train_dataset
-from data.prepare import cached_tokenizer, prepare
+from data.pipeline import open_split, train_batches
+from data.prepare import prepare
 cfg, tree = load_data_config(sys.argv[2], sys.argv[3:])
+marks["imported"] = time.time()
 tokenizer, splits = prepare(cfg, progress=False)
-tokenized = time.time()
-next(iter(make_train_dataset(cfg, tokenizer, seed=1234)))
+marks["prepared"] = time.time()
+batches = train_batches(cfg, open_split(cfg, tokenizer, cfg.train_split), seed=1234)
+marks["dataset_built"] = time.time()
+next(iter(batches))
+marks["first_batch"] = time.time()
 print("INPUT_SCALE " + json.dumps({
-    "seconds": time.time() - start,
-    "prepared_seconds": tokenized - start,
+    "seconds": marks["first_batch"] - start,
+    "prepared_seconds": marks["prepared"] - start,
+    "marks": {name: round(when - start, 3) for name, when in marks.items()},
     "rss_mb": peak_rss_mb(),
     "train_dir": str(splits[cfg.train_split]),
 }), file=sys.stderr)
@@ -175,6 +184,9 @@ def bench_input_scale(
             "first_batch_seconds_cold": round(cold["seconds"], 2),
             "first_batch_seconds_warm": round(warm["seconds"], 2),  # the median run
             "first_batch_seconds_warm_runs": [round(run["seconds"], 2) for run in warm_runs],
+            # seconds from start of the median run: Python up, TensorFlow imported, the rest imported and the
+            # config read, the cache checked (prepare), the dataset built (length index, plan), first batch
+            "first_batch_marks_warm": warm["marks"],
             "peak_rss_mb_cold": round(cold["rss_mb"]),
             "peak_rss_mb_warm": round(warm["rss_mb"]),
             "first_step_seconds_warm": train["first_step_seconds"],

@@ -84,6 +84,11 @@ def test_input_scale_emits_its_record_at_a_tiny_size(tmp_path):
     assert train["steps"] == 3 and train["train_split_read"] == "memory"  # a tiny split is loaded
     assert 0 < train["imports_seconds"] <= train["train_split_open_seconds"] <= train["first_step_seconds"]
     assert record["first_step_seconds_warm"] == train["first_step_seconds"]
+    marks = record["first_batch_marks_warm"]
+    stages = ["started", "tensorflow_imported", "imported", "prepared", "dataset_built", "first_batch"]
+    assert list(marks) == stages
+    assert 0 < marks["started"] and list(marks.values()) == sorted(marks.values())
+    assert marks["first_batch"] == pytest.approx(record["first_batch_seconds_warm"], abs=0.01)
     assert 0 < train["peak_rss_anon_mb"] <= train["peak_rss_mb"] == record["train_peak_rss_mb"]
     assert speed["train_split_pairs"] == 600 and speed["traces_while_timed"] >= 0
     assert speed["prepared_vs_memory"] == record["prepared_vs_memory"] > 0

@@ -52,5 +52,9 @@ def test_clis_refuse_bad_arguments(tmp_path, capsys):
     assert exit_info.value.code == 2
     assert "not a run directory" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_info:
+        decode_baseline.main(["--baseline", "HEAD", "--current-batch-size", "0"])
+    assert exit_info.value.code == 2
+    assert "--current-batch-size must be at least 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
         train_baseline.main(["--baseline", "HEAD", "--steps", "1"])
     assert exit_info.value.code == 2

@@ -4,6 +4,7 @@
     python translate.py --model-dir runs/base --input input.en --output output.de --beam 4
     python translate.py --model-dir runs/base --input input.en --nbest 3     # "text<TAB>score" x 3 per line
     python translate.py --model-dir runs/base --engine ctranslate2 --engine-dir runs/base/ct2 < input.en
+    python translate.py --model-dir runs/base --input input.en --plot-attention attention.svg   # heat maps, 1st line
 
 Input is read as bytes: invalid UTF-8 is replaced (U+FFFD) and NUL bytes removed, each with a warning naming the
 line on stderr. Empty lines give empty lines without reaching the model; lines longer than the model's position
@@ -50,7 +51,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     cli.add_xla_argument(parser)
     cli.add_engine_arguments(parser)
     parser.add_argument(
-        "--plot-attention", metavar="FILE.png", help="cross-attention heat maps of the first line"
+        "--plot-attention",
+        metavar="FILE.svg",
+        help="cross-attention heat maps of the first non-empty line, as an SVG file",
     )
     parser.add_argument("--verbose", action="store_true", help="debug logging")
     return parser.parse_args(argv)
@@ -68,6 +71,13 @@ def _check(args: argparse.Namespace) -> None:
     cli.check_input_file(args.input)
     cli.check_output_file(args.output)
     cli.check_output_file(args.plot_attention)
+    if args.plot_attention:
+        from nmt.attention_plot import check_path
+
+        try:
+            check_path(args.plot_attention)
+        except ValueError as err:
+            raise cli.CliError(f"--plot-attention: {err}", exit_code=2) from err
     if args.plot_attention and args.engine != "tensorflow":
         raise cli.CliError("--plot-attention needs --engine tensorflow", exit_code=2)
     cli.check_engine(args)
@@ -83,8 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     from tqdm import tqdm
     from tqdm.contrib.logging import logging_redirect_tqdm
 
+    from nmt.attention_plot import plot_attention
     from nmt.text_io import LineWriter, count_lines, read_lines
-    from nmt.translator import Translator, plot_attention
+    from nmt.translator import Translator
 
     if args.engine == "ctranslate2":
         translator = cli.load_ctranslate2(args.model_dir, args.engine_dir, batch_size=args.batch_size)

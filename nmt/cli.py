@@ -38,7 +38,7 @@ def setup_logging(verbose: bool = False) -> None:
         stream=sys.stderr,
         force=True,
     )
-    for noisy in ("tensorflow", "absl", "matplotlib", "h5py"):
+    for noisy in ("tensorflow", "absl", "h5py"):
         logging.getLogger(noisy).setLevel(logging.ERROR)
 
 

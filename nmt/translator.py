@@ -43,7 +43,6 @@ __all__ = [
     "decode_batch",
     "limit_lengths",
     "output_limits",
-    "plot_attention",
     "validation_loss",
 ]
 
@@ -367,28 +366,3 @@ class Translator:
                 function = tf.function(decode, input_signature=spec, autograph=False)
             decoders.functions[key] = function
         return decoders.functions[key]
-
-
-def plot_attention(path: str | Path, maps: dict, *, title: str = "") -> None:
-    """Draws the cross-attention heat maps of `Translator.attention` (rows: decoder layers, columns: heads)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    layers, heads = len(maps["weights"]), maps["weights"][0].shape[0]
-    source, target = maps["source"], maps["target"]
-    width = max(3.0, 0.28 * len(source) + 1.5)
-    height = max(3.0, 0.28 * len(target) + 1.5)
-    figure, axes = plt.subplots(layers, heads, figsize=(width * heads, height * layers), squeeze=False)
-    for layer, weights in enumerate(maps["weights"]):
-        for head in range(heads):
-            axis = axes[layer][head]
-            axis.imshow(weights[head], cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
-            axis.set_xticks(range(len(source)), source, rotation=90, fontsize=8)
-            axis.set_yticks(range(len(target)), target, fontsize=8)
-            axis.set_title(f"layer {layer + 1}, head {head + 1}", fontsize=9)
-    figure.suptitle(title or maps["translation"], fontsize=10)
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    plt.close(figure)

@@ -5,6 +5,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from xml.etree import ElementTree
 
 import pytest
 
@@ -92,7 +93,7 @@ def test_messy_file_gives_one_line_per_line(tiny_run_dir, tmp_path):
     ]
     source = tmp_path / "input.txt"
     source.write_bytes(b"\n".join(lines))
-    output, plot = tmp_path / "output.txt", tmp_path / "attention.png"
+    output, plot = tmp_path / "output.txt", tmp_path / "attention.svg"
     before = listing(tiny_run_dir)
     done = cli(
         "translate.py",
@@ -116,7 +117,9 @@ def test_messy_file_gives_one_line_per_line(tiny_run_dir, tmp_path):
     assert "line 3: invalid UTF-8" in stderr
     assert "line 4: removed 1 NUL byte" in stderr
     assert "line 5: " in stderr and "translated only the first 63" in stderr
-    assert plot.stat().st_size > 1000 and plot.read_bytes()[:4] == b"\x89PNG"
+    svg = ElementTree.parse(plot).getroot()  # well-formed XML
+    cells = svg.findall("{http://www.w3.org/2000/svg}rect")[1:]  # after the background
+    assert svg.tag == "{http://www.w3.org/2000/svg}svg" and len(cells) > 0
     assert listing(tiny_run_dir) == before  # translating writes nothing into the run directory
 
     # stdin/stdout with --no-cache and --nbest: one line per input line, the first candidates are the same.
@@ -162,9 +165,10 @@ def ct2_export(tiny_run_dir, tmp_path_factory):
         ("translate.py", ["--engine", "ctranslate2", "--engine-dir", "{tmp}/nope"], "no such directory"),
         (
             "translate.py",
-            ["--engine", "ctranslate2", "--plot-attention", "{tmp}/a.png"],
+            ["--engine", "ctranslate2", "--plot-attention", "{tmp}/a.svg"],
             "--plot-attention needs",
         ),
+        ("translate.py", ["--plot-attention", "{tmp}/a.png"], "give a file name ending in .svg"),
         (
             "export.py",
             ["--output", "{tmp}/out", "--quantization", "int8"],

@@ -8,9 +8,11 @@ equal steps as the in-memory path it replaced (within 0.02, or within the spread
 baseline commit out into a temporary `git worktree` and runs `train.py --config CONFIG` there and in this tree, for
 each seed, with `train.max_steps=STEPS`, no time budget, validation loss every STEPS/2 steps and no BLEU; runs are
 interleaved (baseline seed 1, current seed 1, baseline seed 2, ...). Figures come from each run's own
-metrics.jsonl. The tokenizers of the two trees are compared too: a different tokenizer changes the loss per token, so
-each row also has the validation negative log-likelihood summed over the whole validation set (loss x target tokens),
-which does not depend on the segmentation.
+metrics.jsonl. This tree's runs also get the `--current-set` overrides (default `train.schedule=inverse_sqrt`,
+the baseline's only schedule: `base.yaml` has used cosine since 2026-12-02). The tokenizers of the two trees
+are compared too: a different tokenizer changes the loss per token, so each row also has the validation negative
+log-likelihood summed over the whole validation set (loss x target tokens), which does not depend on the
+segmentation.
 Quality does not depend on machine load, so this may run beside other work; it is slow, not a timing.
 
 One JSON object per line on stdout: a `train_baseline` row per (tree, seed) with the validation loss at each
@@ -64,6 +66,14 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=600, help="optimizer steps per run (default 600)")
     parser.add_argument("--seeds", default="1,2", help="comma-separated train.seed values (default 1,2)")
     parser.add_argument("--keep", help="keep the run directories under this directory (default: removed)")
+    parser.add_argument(
+        "--current-set",
+        nargs="*",
+        default=["train.schedule=inverse_sqrt"],
+        metavar="KEY=VALUE",
+        help="overrides for this tree's runs only, to match what the baseline does without them (default: "
+        "train.schedule=inverse_sqrt, the only schedule of commits before it became a setting; base.yaml uses cosine)",
+    )
     args = parser.parse_args(argv)
     if args.steps < 2:
         parser.error("--steps must be at least 2")
@@ -93,7 +103,7 @@ def main(argv=None) -> int:
                 run_dir = scratch / f"{tree}-seed{seed}"
                 command = [
                     sys.executable, "train.py", "--config", args.config, "--model-dir", str(run_dir),
-                    "--set", *overrides, f"train.seed={seed}",
+                    "--set", *overrides, f"train.seed={seed}", *(args.current_set if tree == "current" else []),
                 ]  # fmt: skip
                 completed = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True)
                 if completed.returncode != 0:

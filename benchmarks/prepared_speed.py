@@ -1,6 +1,6 @@
 """Training tokens/s reading the prepared split from its files vs loaded into memory, at equal batches, in one process.
 
-    python -m benchmarks.prepared_speed --config base.yaml [--set ...] [--rounds 6] [--block 10] [--warmup 4]
+    python -m benchmarks.prepared_speed --config base.yaml [--set ...] [--rounds 20] [--block 10] [--warmup 4]
 
 The two paths differ only in where the split's arrays live: `PreparedSplit.open(dir, in_memory=False)` reads each
 batch's pairs from the files with `pread` (what a large corpus gets), `in_memory=True` reads the files into host
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", required=True)
     add_set_argument(parser)
-    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--block", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=4)
     parser.add_argument("--input-batches", type=int, default=200)

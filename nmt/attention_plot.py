@@ -105,5 +105,8 @@ def plot_attention(path: str | Path, maps: dict, *, title: str = "") -> None:
     check_path(path)
     path = Path(path)
     partial = path.with_name(path.name + ".partial")
-    partial.write_text(attention_svg(maps, title=title), encoding="utf-8")
-    os.replace(partial, path)
+    try:
+        partial.write_text(attention_svg(maps, title=title), encoding="utf-8")
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)  # after a failed write (a full disk): nothing half-written stays

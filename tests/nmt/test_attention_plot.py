@@ -65,3 +65,15 @@ def test_other_formats_are_refused_before_anything_is_written(tmp_path, name):
     with pytest.raises(ValueError, match=r"ending in \.svg"):
         plot_attention(tmp_path / name, _maps())
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_failed_write_leaves_nothing(tmp_path, monkeypatch):
+    import nmt.attention_plot as attention_plot
+
+    def full_disk(*_):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(attention_plot.os, "replace", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        plot_attention(tmp_path / "maps.svg", _maps())
+    assert list(tmp_path.iterdir()) == []

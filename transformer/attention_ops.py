@@ -10,6 +10,17 @@ import tensorflow as tf
 _NEG = float(tf.float32.min)
 
 
+def flat_dense(dense, x):
+    """``dense`` over the rows of ``x (..., d)`` as one 2-D matmul: ``(rows, units)``, rows = all leading positions.
+
+    Keras runs a Dense on a rank-3 input through `tf.tensordot`, whose dynamic-shape bookkeeping (shape, gather,
+    prod, concat) adds about ten small ops per call: every projection of every decoding step pays them, and they
+    lengthen tracing. The product is the same 2-D matmul either way (tensordot reshapes to it), so the values are
+    unchanged; callers reshape the result back to the shape they need.
+    """
+    return dense(x if len(x.shape) == 2 else tf.reshape(x, [-1, x.shape[-1]]))  # NumPy inputs too
+
+
 def _is_auto(mask_fill):
     return isinstance(mask_fill, str) and mask_fill == "auto"
 

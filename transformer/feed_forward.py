@@ -1,6 +1,9 @@
 """Position-wise feed-forward sublayer."""
 
 import keras
+import tensorflow as tf
+
+from transformer.attention_ops import flat_dense
 
 
 @keras.saving.register_keras_serializable(package="transformer")
@@ -37,7 +40,9 @@ class FeedForward(keras.layers.Layer):
         self.built = True
 
     def call(self, x, training=False):
-        return self.output_dense(self.hidden_dropout(self.hidden(x), training=training))
+        batch, length = tf.shape(x)[0], tf.shape(x)[1]
+        hidden = self.hidden_dropout(flat_dense(self.hidden, x), training=training)  # (B * L, d_ff)
+        return tf.reshape(flat_dense(self.output_dense, hidden), [batch, length, self.d_model])
 
     def get_config(self):
         config = super().get_config()

@@ -4,6 +4,7 @@ import keras
 import tensorflow as tf
 
 from transformer.attention import chunked_attention, local_attention, scaled_dot_product_attention
+from transformer.attention_ops import flat_dense
 
 SHARE_QKV = ("none", "qk", "all")
 ATTENTION = ("full", "chunked", "local")
@@ -146,9 +147,11 @@ class MultiHeadAttention(keras.layers.Layer):
     # -- building blocks shared with the decoder ------------------------------------------------------------------
 
     def project(self, dense, x):
-        """Project ``x (B, L, d_model)`` with ``dense`` and split heads -> ``(B, heads, L, depth)``."""
-        x = dense(x)
+        """Project ``x (B, L, d_model)`` with ``dense`` and split heads -> ``(B, heads, L, depth)``.
+
+        The projection is one 2-D matmul over the ``B * L`` rows (`flat_dense`)."""
         batch, length = tf.shape(x)[0], tf.shape(x)[1]
+        x = flat_dense(dense, x)  # (batch * len, d_model)
         x = tf.reshape(x, [batch, length, self.num_heads, self.depth])  # (batch, len, heads, depth)
         return tf.transpose(x, [0, 2, 1, 3])  # (batch, heads, len, depth)
 
@@ -272,9 +275,10 @@ class MultiHeadAttention(keras.layers.Layer):
                 training=bool(training),
                 seed=self.seed_generator,
             )
+        batch, length = tf.shape(out)[0], tf.shape(out)[2]
         out = tf.transpose(out, [0, 2, 1, 3])  # (batch, Lq, heads, depth)
-        out = tf.reshape(out, [tf.shape(out)[0], tf.shape(out)[1], self.d_model])  # (batch, Lq, d_model)
-        return self.wo(out), weights
+        out = flat_dense(self.wo, tf.reshape(out, [-1, self.d_model]))  # (batch * Lq, d_model)
+        return tf.reshape(out, [batch, length, self.d_model]), weights
 
     def get_config(self):
         config = super().get_config()

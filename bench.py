@@ -23,7 +23,7 @@ import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from nmt.cli import add_set_argument  # noqa: E402
+from nmt.cli import add_set_argument, decoding_kernels  # noqa: E402
 
 
 def _list(kind):
@@ -116,6 +116,10 @@ def main(argv=None) -> int:
     except ConfigError as err:
         print(f"bench.py: config error: {err}", file=sys.stderr)
         return 2
+    if (
+        "train" not in options.only
+    ):  # decode as evaluate.py and translate.py do; bfloat16 training needs oneDNN
+        decoding_kernels()
     import tensorflow as tf
 
     tf.get_logger().setLevel("ERROR")  # per-length retracing warnings of the attention benchmark are expected

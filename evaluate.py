@@ -84,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     cli.check_model_dir(args.model_dir)
     cli.check_engine(args)
     cli.quiet_tensorflow()
+    cli.decoding_kernels()
 
     from nmt.ctranslate2_engine import EngineError, ExportError
     from nmt.evaluation import EvaluationError, evaluate_run_dir, format_report
@@ -112,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     except EngineError as err:  # a corrupt CTranslate2 model
         raise cli.CliError(str(err)) from err
     warnings.summary()
+    record["onednn"] = cli.onednn_enabled()
     if args.json:
         print(format_report(record), file=sys.stderr)
         clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}

@@ -89,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     _check(args)
     cli.check_model_dir(args.model_dir)
     cli.quiet_tensorflow()
+    cli.decoding_kernels()
 
     from tqdm import tqdm
     from tqdm.contrib.logging import logging_redirect_tqdm

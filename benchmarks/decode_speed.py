@@ -31,6 +31,7 @@ import numpy as np
 
 from benchmarks.common import BenchContext, rounded, timed
 from benchmarks.memory import measure_peak
+from nmt.cli import onednn_enabled
 
 log = logging.getLogger("benchmarks")
 
@@ -87,17 +88,17 @@ def row_name(engine: str, compute_type: str, beam: int, *, xla: bool = False, pa
 def warmup_groups(translator, lines: list[str], beam: int, num_lines: int | None = None) -> list[list[str]]:
     """One group of lines per padded batch shape that `translator.translate(lines)` will decode.
 
-    Uses `Translator.batches` (the batching of `translate`) and pads like `translate`: lengths (+ EOS) rounded up
-    to `length_edges` and, under XLA (`uses_xla(num_lines, beam)`, default `len(lines)`), batch sizes to `batch_edges`.
-    Without XLA the batch dimension is dynamic, so a group is the batch's longest line alone: it traces the same
-    function.
+    Uses `Translator.batches` (the batching of `translate`) and pads like `translate`: under XLA
+    (`uses_xla(num_lines, beam)`, default `len(lines)`) lengths (+ EOS) rounded up to `length_edges` and batch sizes
+    to `batch_edges`. Without XLA every dimension is dynamic (one trace), so a group is the batch's longest line
+    alone, one per source length.
     """
     keep = translator.max_source_length - 1
     lengths = [min(len(ids), keep) for ids in translator.encode(lines)]
     xla = translator.uses_xla(len(lines) if num_lines is None else num_lines, beam)
     groups = {}
-    for batch in translator.batches(lengths):
-        key = translator.padded_length(lengths[batch[0]])
+    for batch in translator.batches(lengths, xla=xla):
+        key = translator.padded_length(lengths[batch[0]], xla=xla)
         if xla:
             edges = translator.batch_edges
             key = (key, edges[min(sum(e < len(batch) for e in edges), len(edges) - 1)])
@@ -189,6 +190,7 @@ def measure_tensorflow(
         "peak_memory_method": timing["peak_memory_method"],
         "bleu": bleu(timing["hypotheses"], references, language) if references is not None else None,
         "precision": "float32",
+        "onednn": onednn_enabled(),  # bench.py without train rows decodes like the CLIs: Eigen kernels
         "batch_size": translator.batch_size,
         "batch_tokens": translator.batch_tokens,
     }

@@ -29,12 +29,15 @@ def _memory_gib() -> int | None:
 
 
 def machine_facts() -> dict:
-    """{"cpu_model", "cpus", "avx512f", "avx512_bf16", "amx_bf16", "memory_gib", "gpu", "load_average"}.
+    """{"cpu_model", "cpus", "avx512f", "avx512_bf16", "amx_bf16", "memory_gib", "gpu", "load_average", "onednn"}.
 
     `cpus`: the cores this process may use; `gpu`: the first GPU's name (None without one); `load_average`: the
-    1-minute load when called (an idle machine shows about 0; measurements under load are not comparable).
+    1-minute load when called (an idle machine shows about 0; measurements under load are not comparable);
+    `onednn`: whether this process runs TensorFlow's oneDNN kernels (`nmt.cli.onednn_enabled`).
     """
     import tensorflow as tf
+
+    from nmt.cli import onednn_enabled
 
     info = _cpuinfo()
     flags = set(info.get("flags", "").split())
@@ -49,4 +52,5 @@ def machine_facts() -> dict:
         "memory_gib": _memory_gib(),
         "gpu": tf.config.experimental.get_device_details(gpus[0]).get("device_name", "GPU") if gpus else None,
         "load_average": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
+        "onednn": onednn_enabled(),
     }

@@ -195,8 +195,9 @@ class Translator:
         todo, ids = source_ids(lines, beam_size, nbest, self.encode, self.max_source_length, on_truncated)
         sources = dict(zip(todo, ids))
         keys = list(sources)
-        batches = [[keys[j] for j in batch] for batch in self.batches([len(sources[i]) for i in keys])]
         xla = self.uses_xla(len(keys), beam_size)
+        lengths = [len(sources[i]) for i in keys]
+        batches = [[keys[j] for j in batch] for batch in self.batches(lengths, xla=xla)]
         if progress:
             from tqdm import tqdm
 
@@ -207,7 +208,7 @@ class Translator:
                 results[index] = text
         return results
 
-    def batches(self, lengths: Sequence[int]) -> list[list[int]]:
+    def batches(self, lengths: Sequence[int], *, xla: bool = True) -> list[list[int]]:
         """How `translate` groups sentences of these source lengths (subwords, EOS excluded): lists of indices.
 
         Longest first (memory problems show early); a batch takes the next sentence while it holds fewer than
@@ -218,16 +219,17 @@ class Translator:
         for index in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
             if batches:
                 batch = batches[-1]
-                width = self.padded_length(lengths[batch[0]])  # the batch's first sentence is its longest
+                width = self.padded_length(lengths[batch[0]], xla=xla)  # the first sentence is the longest
                 if len(batch) < self.batch_size and (len(batch) + 1) * width <= budget:
                     batch.append(index)
                     continue
             batches.append([index])
         return batches
 
-    def padded_length(self, length: int) -> int:
-        """The padded source length of a sentence of `length` subwords (EOS excluded)."""
-        return _round_up(length + 1, self.length_edges)
+    def padded_length(self, length: int, *, xla: bool = True) -> int:
+        """The padded source length of a batch whose longest sentence has `length` subwords (EOS excluded):
+        rounded up to `length_edges` under XLA (a program per shape), else just that sentence and its EOS."""
+        return _round_up(length + 1, self.length_edges) if xla else length + 1
 
     def uses_xla(self, num_lines: int, beam_size: int) -> bool:
         """Whether `translate` of `num_lines` lines with this beam decodes under XLA (see the `xla` argument)."""
@@ -278,7 +280,7 @@ class Translator:
         count = len(sources)
         # XLA compiles one program per shape: pad the batch too. Without XLA the batch dimension is dynamic.
         padded_batch = _round_up(count, self.batch_edges) if xla else count
-        padded_length = self.padded_length(max(len(ids) for ids in sources))
+        padded_length = self.padded_length(max(len(ids) for ids in sources), xla=xla)
         max_length = min(
             int(math.floor(cfg.max_length_a * padded_length + cfg.max_length_b)) + 1, self.max_target_length
         )

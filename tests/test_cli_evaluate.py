@@ -22,6 +22,7 @@ def tiny_run_dir(tmp_path_factory, request):
 
 def test_evaluate_json_bleu_equals_sacrebleu_on_its_hypotheses(tiny_run_dir):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
+    env.pop("TF_ENABLE_ONEDNN_OPTS", None)  # the decoding CLIs' own default: TensorFlow's Eigen kernels
     done = subprocess.run(
         [
             sys.executable,
@@ -56,6 +57,7 @@ def test_evaluate_json_bleu_equals_sacrebleu_on_its_hypotheses(tiny_run_dir):
         "split",
     ):
         assert key in record, key
+    assert record["onednn"] is False  # set before TensorFlow's import (nmt.cli.decoding_kernels)
     hypotheses_file = tiny_run_dir / "hypotheses.test.txt"
     assert record["hypotheses"] == str(hypotheses_file)
     hypotheses = hypotheses_file.read_text(encoding="utf-8").splitlines()

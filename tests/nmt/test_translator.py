@@ -61,8 +61,9 @@ def test_order_restored_and_independent_of_batching(translator):
     alone = [translator.translate([line], beam_size=2)[0] for line in lines]
     assert together == alone
     traces = translator.num_traces
-    # Without XLA one trace serves every batch size, source length edge and output buffer: these batches span
-    # several of each, and the first translate() traced at most once (not at all if an earlier test did).
+    # Without XLA one trace serves every batch size, source length and output buffer (sources are padded to their
+    # batch's longest only): these batches span several length edges, and the first translate() traced at most once
+    # (not at all if an earlier test did).
     edges = {min(e for e in translator.length_edges if e > len(ids)) for ids in translator.encode(src) if ids}
     edges.add(min(e for e in translator.length_edges if e > len(translator.encode([lines[0]])[0])))
     assert len(edges) >= 2 and not translator.uses_xla(len(lines), 2)
@@ -251,6 +252,10 @@ def test_batches_longest_first_within_the_sentence_and_token_budgets(translator)
     for batch in batches:
         width = max(small.padded_length(lengths[i]) for i in batch)
         assert len(batch) <= 4 and (len(batch) == 1 or len(batch) * width <= 64)
+    # Without XLA a batch is as wide as its longest sentence and its EOS: 20 opens a 21-wide batch that 15 and 5
+    # join (63 tokens; the 32-wide batch above had room for two), and 3 opens a 4-wide one with 2.
+    assert [small.padded_length(n, xla=False) for n in (40, 20, 15, 5)] == [41, 21, 16, 6]
+    assert small.batches([3, 40, 20, 5, 40, 2, 15], xla=False) == [[1], [4], [2, 6, 3], [0, 5]]
 
 
 def test_xla_auto_on_cpu_only_for_greedy_search_of_many_lines(translator):

@@ -50,6 +50,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--batch-size", type=int, default=None, help="sentences per decoding batch; default: eval.batch_size"
     )
     cli.add_xla_argument(parser)
+    cli.add_streams_argument(parser)
     cli.add_engine_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print the result as one JSON line on stdout")
     parser.add_argument("--verbose", action="store_true", help="debug logging")
@@ -69,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         raise cli.CliError(f"--max-sentences must be >= 0, got {args.max_sentences}", exit_code=2)
     if args.batch_size is not None and args.batch_size < 1:
         raise cli.CliError(f"--batch-size must be at least 1, got {args.batch_size}", exit_code=2)
+    cli.check_streams(args.streams)
     cli.check_input_file(args.source)
     cli.check_input_file(args.reference)
     if args.source is not None:
@@ -103,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
             batch_size=args.batch_size,
             alpha=args.alpha,
             xla=cli.xla_setting(args.xla),
+            streams=args.streams,
             progress=sys.stderr.isatty(),
             warn=warnings,
             engine=args.engine,

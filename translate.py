@@ -49,6 +49,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--chunk-size", type=int, default=1000, help="lines read and translated at a time")
     parser.add_argument("--weights", default="auto", choices=["auto", "final", "best", "latest"])
     cli.add_xla_argument(parser)
+    cli.add_streams_argument(parser)
     cli.add_engine_arguments(parser)
     parser.add_argument(
         "--plot-attention",
@@ -68,6 +69,7 @@ def _check(args: argparse.Namespace) -> None:
         raise cli.CliError("--nbest and --chunk-size must be at least 1", exit_code=2)
     if args.beam is not None and args.nbest > args.beam:
         raise cli.CliError(f"--nbest {args.nbest} exceeds --beam {args.beam}", exit_code=2)
+    cli.check_streams(args.streams)
     cli.check_input_file(args.input)
     cli.check_output_file(args.output)
     cli.check_output_file(args.plot_attention)
@@ -102,7 +104,11 @@ def main(argv: list[str] | None = None) -> int:
         translator = cli.load_ctranslate2(args.model_dir, args.engine_dir, batch_size=args.batch_size)
     else:
         translator = Translator.from_run_dir(
-            args.model_dir, weights=args.weights, xla=cli.xla_setting(args.xla), batch_size=args.batch_size
+            args.model_dir,
+            weights=args.weights,
+            xla=cli.xla_setting(args.xla),
+            batch_size=args.batch_size,
+            streams=args.streams,
         )
     beam = translator.eval_config.beam_size if args.beam is None else args.beam
     if args.nbest > beam:

@@ -112,6 +112,22 @@ def add_xla_argument(parser) -> None:
     )
 
 
+def add_streams_argument(parser) -> None:
+    """`--streams N`: decoding batches in flight at once (`Translator(streams=...)`); None keeps eval.streams."""
+    parser.add_argument(
+        "--streams",
+        type=int,
+        default=None,
+        help="decoding batches in flight at once, one thread each (default: the run's eval.streams; 0 = auto: "
+        "2 on a CPU with 2+ cores, 1 on a GPU); the translations are the same",
+    )
+
+
+def check_streams(streams: int | None) -> None:
+    if streams is not None and streams < 0:
+        raise CliError(f"--streams must be >= 0 (0 = auto), got {streams}", exit_code=2)
+
+
 def xla_setting(value: str) -> bool | str:
     return {"on": True, "off": False}.get(value, "auto")
 

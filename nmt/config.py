@@ -124,6 +124,9 @@ class EvalConfig:
     batch_size: int = (
         256  # sentences per decoding batch (test2016 on the Zen 4: 1.3x greedy, 1.4x beam 4 vs 64)
     )
+    streams: int = (
+        0  # decoding batches in flight at once (threads); 0 = auto: 2 on a CPU with 2+ cores, 1 on a GPU
+    )
 
 
 @dataclass
@@ -166,6 +169,8 @@ def _validate(config: Config) -> None:
     _validate_train(config.train)
     if config.eval.beam_size < 1:
         raise ConfigError("eval.beam_size: must be at least 1")
+    if config.eval.streams < 0:
+        raise ConfigError(f"eval.streams: must be >= 0 (0 = auto), got {config.eval.streams}")
 
 
 def _validate_train(train: TrainConfig) -> None:

@@ -162,6 +162,7 @@ def evaluate_run_dir(
     warn=None,
     alpha: float | None = None,
     xla: bool | str = "auto",
+    streams: int | None = None,
     engine: str = "tensorflow",
     engine_dir: str | Path | None = None,
 ) -> dict:
@@ -177,6 +178,7 @@ def evaluate_run_dir(
       alpha: GNMT length-penalty exponent of the beam search (default: the run's eval.alpha).
       xla: True, False or "auto": decode with XLA (`Translator(xla=...)`): the same translations, faster on large
         inputs once compiled; "auto" decides from the number of sentences and the device (`Translator.uses_xla`).
+      streams: decoding batches in flight at once (`Translator(streams=...)`); None: the run's eval.streams.
       engine, engine_dir: "tensorflow", or "ctranslate2" with the export `engine_dir` (`CTranslate2Translator`):
         translations from the export, the loss from the run directory's TensorFlow weights (`_loss_model`).
     Returns:
@@ -194,7 +196,10 @@ def evaluate_run_dir(
         loss_model, note = _loss_model(model_dir, translator, weights)
         extra.update(engine_dir=str(engine_dir), compute_type=translator.compute_type, **note)
     else:
-        translator = Translator.from_run_dir(model_dir, weights=weights, xla=xla, batch_size=batch_size)
+        translator = Translator.from_run_dir(
+            model_dir, weights=weights, xla=xla, batch_size=batch_size, streams=streams
+        )
+        extra["streams"] = translator.num_streams()
     config = translator.config
     if alpha is not None:
         translator.eval_config = dataclasses.replace(translator.eval_config, alpha=alpha)

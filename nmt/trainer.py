@@ -335,8 +335,13 @@ class Trainer:
             limit = self.config.train.bleu_max_sentences
             if limit:
                 sources, references = sources[:limit], references[:limit]
+            # One stream: a distribution strategy's context is per thread, and decoding threads would not see it.
             translator = Translator(
-                self.model, self.tokenizer, self.config.eval, max_source_length=self.config.data.max_length
+                self.model,
+                self.tokenizer,
+                self.config.eval,
+                max_source_length=self.config.data.max_length,
+                streams=1,
             )
             hypotheses = translator.translate(sources, beam_size=1)
             scores = self._score(hypotheses, references)

@@ -84,6 +84,16 @@ def test_evaluate_refuses_a_batch_size_below_one(tiny_run_dir):
     assert caught.value.exit_code == 2
 
 
+def test_evaluate_refuses_negative_streams(tiny_run_dir):
+    sys.path.insert(0, str(ROOT))
+    import evaluate
+    from nmt.cli import CliError
+
+    with pytest.raises(CliError, match=r"--streams must be >= 0 \(0 = auto\), got -1") as caught:
+        evaluate.main(["--model-dir", str(tiny_run_dir), "--streams", "-1"])
+    assert caught.value.exit_code == 2
+
+
 def test_export_ctranslate2_then_evaluate_with_it(tiny_run_dir, tmp_path):
     """export.py --format ctranslate2 --quantization int8, then evaluate.py --engine ctranslate2: same contract."""
     pytest.importorskip("ctranslate2")

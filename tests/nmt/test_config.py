@@ -48,6 +48,7 @@ def test_int_is_accepted_for_float_but_not_the_reverse():
         ("train.xla=sometimes", r"train\.xla"),
         ("model.num_heads=3", r"model\.d_model: 256 is not divisible by model\.num_heads=3"),
         ("data.max_length=0", r"data\.max_length: must be positive"),
+        ("eval.streams=-1", r"eval\.streams: must be >= 0 \(0 = auto\), got -1"),
         ("train", r"--set expects section\.key=value"),
     ],
 )

@@ -6,6 +6,7 @@ else (lines it never saw, cut translations) is compared between equals: same wei
 """
 
 import dataclasses
+import os
 
 import numpy as np
 import pytest
@@ -73,6 +74,35 @@ def test_order_restored_and_independent_of_batching(translator):
     fresh = Translator(translator.model, translator.tokenizer, translator.eval_config, max_source_length=64)
     assert fresh.translate(lines, beam_size=2) == together
     assert translator.num_traces == fresh.num_traces == traces
+
+
+def test_streams_decode_batches_at_once_with_the_same_translations(translator, monkeypatch):
+    src, refs = sources(12)
+    lines = [*src, *(line.upper() for line in src)]  # memorised sentences and unseen variants
+    monkeypatch.setattr(translator, "batch_size", 3)  # 8 batches
+    monkeypatch.setattr(translator, "streams", 1)
+    one = translator.translate(lines, beam_size=2)
+    assert one[: len(refs)] == refs
+    traces = translator.num_traces
+    monkeypatch.setattr(translator, "streams", 3)
+    assert translator.num_streams() == 3
+    assert translator.translate(lines, beam_size=2) == one
+    assert translator.translate(lines, beam_size=1) == translator.translate(lines, beam_size=1, nbest=1)
+    assert translator.num_traces <= traces + 1  # greedy traced at most once, by whichever stream came first
+    monkeypatch.setattr(translator, "streams", 0)  # auto: one per core on a CPU, at most 2
+    assert translator.num_streams() == min(2, len(os.sched_getaffinity(0)))
+
+    def broken(*args):
+        raise RuntimeError("this batch failed")
+
+    monkeypatch.setattr(translator, "streams", 3)
+    monkeypatch.setattr(translator, "_translate_batch", broken)
+    with pytest.raises(RuntimeError, match="this batch failed"):  # a failing stream is not swallowed
+        translator.translate(lines, beam_size=2)
+    with pytest.raises(ValueError, match="streams must be >= 0"):
+        Translator(
+            translator.model, translator.tokenizer, translator.eval_config, max_source_length=8, streams=-1
+        )
 
 
 def test_no_cache_equals_cache(translator):

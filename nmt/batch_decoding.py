@@ -4,11 +4,17 @@ the exported SavedModel (`nmt.export`).
 Maximum output length (subwords, EOS excluded) per sentence: `floor(a * source_length + b)`, capped by the output
 buffer (`output_limits`). It is enforced per sentence by forcing EOS once a sentence reaches its limit
 (`limit_lengths`), so a translation never depends on which other sentences share its batch or on the padded shape.
+
+`decoding_functions(model)`: `decode_batch` as tf.functions, one per search setting, cached per model and traced once
+even when several decoding threads ask at the same time.
 """
 
 from __future__ import annotations
 
+import logging
 import math
+import threading
+import weakref
 from collections.abc import Callable
 
 import numpy as np
@@ -18,7 +24,9 @@ from transformer.decoding import beam_search, greedy_search
 from transformer.step_fns import cached_decoding, full_step_fn
 from transformer.vocab import BOS_ID, EOS_ID
 
-__all__ = ["decode_batch", "limit_lengths", "output_limits"]
+__all__ = ["decode_batch", "decoding_functions", "limit_lengths", "output_limits"]
+
+log = logging.getLogger(__name__)
 
 _FORCED = -1e9  # logit of every non-EOS token once a sentence has reached its length limit
 # Without static shapes, finished sentences leave the batch after a step where at least this fraction of those still
@@ -153,3 +161,68 @@ def output_limits(source_lengths, a: float, b: int, cap: int):
     lengths = tf.cast(source_lengths, tf.float64)  # float64, like Python: the same floor as the int branch
     limits = tf.cast(tf.floor(a * lengths + float(b)), tf.int32)
     return tf.clip_by_value(limits, 0, cap - 1)
+
+
+class DecodingFunctions:
+    """The decoding tf.functions of one model, one per search setting, shared by every Translator around it.
+
+    Thread-safe: decoding streams (`nmt.translator`) ask for the same function at once and get one object, traced
+    once. `num_traces` counts the traces.
+    """
+
+    def __init__(self):
+        self.functions: dict[tuple, Callable] = {}
+        self.num_traces = 0
+        self._lock = threading.Lock()
+
+    def get(
+        self, model, beam_size: int, use_cache: bool, alpha: float, max_length: int | None, xla: bool
+    ) -> Callable:
+        """`decode_batch` of one search setting as a tf.function: `f(source, limits)` for the output buffer
+        `max_length` under XLA (one per length edge); without XLA `f(source, limits, max_length)` (`max_length`
+        None here) for every buffer size."""
+        key = (beam_size, use_cache, alpha, max_length, xla)
+        with self._lock:
+            if key not in self.functions:
+                self.functions[key] = self._build(weakref.ref(model), *key)
+            return self.functions[key]
+
+    def _build(self, model_ref, beam_size, use_cache, alpha, max_length, xla) -> Callable:
+        # model_ref: a weak reference, so that the cache does not keep the model (its key) alive
+
+        def decode(source, limits, buffer=max_length):
+            self.num_traces += 1
+            log.debug(
+                "tracing the decoder: source %s, beam %d, max_length %s", source.shape, beam_size, buffer
+            )
+            return decode_batch(
+                model_ref(),
+                source,
+                limits,
+                max_length=buffer,
+                beam_size=beam_size,
+                alpha=alpha,
+                use_cache=use_cache,
+                static_shapes=xla,
+            )
+
+        # autograph=False: the searches build their own tf.while_loop; converting the model's Python code only
+        # makes every trace several times slower.
+        if xla:  # one trace per padded (batch, length) shape
+            return tf.function(decode, jit_compile=True, autograph=False)
+        spec = [
+            tf.TensorSpec([None, None], tf.int32),
+            tf.TensorSpec([None], tf.int32),
+            tf.TensorSpec([], tf.int32),
+        ]
+        return tf.function(decode, input_signature=spec, autograph=False)  # dynamic shapes: one trace
+
+
+_FUNCTIONS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> DecodingFunctions
+_FUNCTIONS_LOCK = threading.Lock()
+
+
+def decoding_functions(model) -> DecodingFunctions:
+    """The `DecodingFunctions` of `model` (created on first use)."""
+    with _FUNCTIONS_LOCK:
+        return _FUNCTIONS.setdefault(model, DecodingFunctions())

@@ -31,7 +31,6 @@ import bisect
 import logging
 import math
 import os
-import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -39,7 +38,7 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from nmt.batch_decoding import decode_batch, limit_lengths, output_limits, source_ids
+from nmt.batch_decoding import decode_batch, decoding_functions, limit_lengths, output_limits, source_ids
 from nmt.validation import validation_loss
 from transformer.vocab import BOS_ID, EOS_ID, PAD_ID
 
@@ -69,16 +68,6 @@ class _Inline:
     def map(fn, items):
         return map(fn, items)
 
-
-class _Decoders:
-    """The decoding tf.functions of one model, shared by every Translator around it."""
-
-    def __init__(self):
-        self.functions: dict[tuple, Callable] = {}
-        self.num_traces = 0
-
-
-_DECODERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> _Decoders
 
 # Sentences of up to 31 subwords fill `batch_size` sentences per batch; longer ones make smaller batches.
 DEFAULT_BATCH_TOKENS_PER_SENTENCE = 32
@@ -166,7 +155,7 @@ class Translator:
         self.batch_edges = _edges(1, self.batch_size, 4)  # padded batch sizes
         self.config = None  # the run's Config, when loaded by from_run_dir
         self.weights = None  # the checkpoint prefix, when loaded by from_run_dir
-        self._decoders = _DECODERS.setdefault(model, _Decoders())
+        self._decoders = decoding_functions(model)
 
     @property
     def num_traces(self) -> int:
@@ -337,7 +326,9 @@ class Translator:
             source[row, : len(ids)] = ids
             source[row, len(ids)] = EOS_ID
             limits[row] = output_limits(len(ids), cfg.max_length_a, cfg.max_length_b, max_length)
-        function = self._function(beam_size, use_cache, float(cfg.alpha), max_length if xla else None, xla)
+        function = self._decoders.get(
+            self.model, beam_size, use_cache, float(cfg.alpha), max_length if xla else None, xla
+        )
         inputs = (source, limits) if xla else (source, limits, np.int32(max_length))
         ids, scores = function(*(tf.constant(x) for x in inputs))
         return ids.numpy()[:count], scores.numpy()[:count]
@@ -373,44 +364,3 @@ class Translator:
         detokenize = self.tokenizer.detokenize_source if source else self.tokenizer.detokenize_target
         texts = detokenize(tf.constant([[i] for i in ids], tf.int32)).numpy()
         return [text.decode("utf-8", errors="replace") or "\u2581" for text in texts]
-
-    def _function(
-        self, beam_size: int, use_cache: bool, alpha: float, max_length: int | None, xla: bool
-    ) -> Callable:
-        """The decoding tf.function of one search setting: `f(source, limits)` for the output buffer `max_length`
-        under XLA (one per length edge); without XLA `f(source, limits, max_length)` (max_length None here) for
-        every buffer size."""
-        key = (beam_size, use_cache, alpha, max_length, xla)
-        decoders = self._decoders
-        if key not in decoders.functions:
-            model_ref = weakref.ref(self.model)  # the cache must not keep the model (its key) alive
-
-            def decode(source, limits, buffer=max_length):
-                decoders.num_traces += 1
-                log.debug(
-                    "tracing the decoder: source %s, beam %d, max_length %s", source.shape, beam_size, buffer
-                )
-                return decode_batch(
-                    model_ref(),
-                    source,
-                    limits,
-                    max_length=buffer,
-                    beam_size=beam_size,
-                    alpha=alpha,
-                    use_cache=use_cache,
-                    static_shapes=xla,
-                )
-
-            # autograph=False: the searches build their own tf.while_loop; converting the model's Python code
-            # only makes every trace several times slower.
-            if xla:  # one trace per padded (batch, length) shape
-                function = tf.function(decode, jit_compile=True, autograph=False)
-            else:  # dynamic batch, source length and output buffer: one trace
-                spec = [
-                    tf.TensorSpec([None, None], tf.int32),
-                    tf.TensorSpec([None], tf.int32),
-                    tf.TensorSpec([], tf.int32),
-                ]
-                function = tf.function(decode, input_signature=spec, autograph=False)
-            decoders.functions[key] = function
-        return decoders.functions[key]

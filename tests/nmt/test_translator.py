@@ -86,9 +86,13 @@ def test_streams_decode_batches_at_once_with_the_same_translations(translator, m
     traces = translator.num_traces
     monkeypatch.setattr(translator, "streams", 3)
     assert translator.num_streams() == 3
-    assert translator.translate(lines, beam_size=2) == one
-    assert translator.translate(lines, beam_size=1) == translator.translate(lines, beam_size=1, nbest=1)
-    assert translator.num_traces <= traces + 1  # greedy traced at most once, by whichever stream came first
+    assert translator.translate(lines, beam_size=2) == one and translator.num_traces == traces
+    # A search setting never traced before (a new alpha): three streams ask for it at once, it is traced once.
+    monkeypatch.setattr(translator, "eval_config", dataclasses.replace(translator.eval_config, alpha=0.77))
+    three = translator.translate(lines, beam_size=2)
+    assert translator.num_traces == traces + 1
+    monkeypatch.setattr(translator, "streams", 1)
+    assert translator.translate(lines, beam_size=2) == three and translator.num_traces == traces + 1
     monkeypatch.setattr(translator, "streams", 0)  # auto: one per core on a CPU, at most 2
     assert translator.num_streams() == min(2, len(os.sched_getaffinity(0)))
 

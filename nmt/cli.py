@@ -41,8 +41,13 @@ DECODING_ONEDNN = "0"
 
 
 def decoding_kernels() -> None:
-    """Decoding CLIs: TensorFlow's Eigen CPU kernels (`DECODING_ONEDNN`); call before TensorFlow is imported."""
-    os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", DECODING_ONEDNN)
+    """Decoding CLIs: TensorFlow's Eigen CPU kernels (`DECODING_ONEDNN`); call before TensorFlow is imported.
+
+    Once TensorFlow is imported (a CLI's `main` called in-process, as tests do) the setting could no longer change
+    this process, only leak into the processes it starts: then nothing is set.
+    """
+    if "tensorflow" not in sys.modules:
+        os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", DECODING_ONEDNN)
 
 
 def onednn_enabled() -> bool | None:

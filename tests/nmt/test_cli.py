@@ -1,10 +1,17 @@
-"""The shared CLI plumbing: `--xla [auto|on|off]` parsing and its mapping to Translator's setting."""
+"""The shared CLI plumbing: `--xla [auto|on|off]` parsing and its mapping to Translator's setting; the decoding
+CLIs' kernel choice."""
 
 import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from nmt import cli
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize(
@@ -23,3 +30,30 @@ def test_xla_argument_rejects_other_values(capsys):
         parser.parse_args(["--xla", "yes"])
     assert exit_info.value.code == 2
     assert "invalid choice: 'yes'" in capsys.readouterr().err
+
+
+def test_decoding_kernels_set_nothing_once_tensorflow_is_imported(monkeypatch):
+    """A CLI's main() run in-process (TensorFlow already imported) must not leak its kernel choice to the
+    processes started after it (a resumed training would then run other kernels than the run it resumes)."""
+    import tensorflow  # noqa: F401
+
+    monkeypatch.delenv("TF_ENABLE_ONEDNN_OPTS", raising=False)
+    cli.decoding_kernels()
+    assert "TF_ENABLE_ONEDNN_OPTS" not in os.environ
+
+
+def test_decoding_kernels_choose_eigen_before_tensorflow_unless_told_otherwise():
+    """In a fresh interpreter the decoding CLIs' choice is made before TensorFlow's import; the user's wins."""
+    code = (
+        "import os, sys; from nmt.cli import decoding_kernels; assert 'tensorflow' not in sys.modules; "
+        "decoding_kernels(); print(os.environ['TF_ENABLE_ONEDNN_OPTS'])"
+    )
+    for preset, expected in ((None, "0"), ("1", "1")):
+        env = {k: v for k, v in os.environ.items() if k != "TF_ENABLE_ONEDNN_OPTS"}
+        if preset is not None:
+            env["TF_ENABLE_ONEDNN_OPTS"] = preset
+        done = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env, timeout=120
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert done.stdout.strip() == expected

@@ -58,15 +58,12 @@ __all__ = [
 class _Inline:
     """`ThreadPoolExecutor`'s `map` in the calling thread, for a single stream."""
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
     @staticmethod
     def map(fn, items):
         return map(fn, items)
+
+    def shutdown(self, wait=True, cancel_futures=False):
+        pass
 
 
 # Sentences of up to 31 subwords fill `batch_size` sentences per batch; longer ones make smaller batches.
@@ -223,7 +220,8 @@ class Translator:
         def decode(batch):
             return self._translate_batch([sources[i] for i in batch], beam_size, use_cache, nbest, xla)
 
-        with ThreadPoolExecutor(streams, thread_name_prefix="decode") if streams > 1 else _Inline() as pool:
+        pool = ThreadPoolExecutor(streams, thread_name_prefix="decode") if streams > 1 else _Inline()
+        try:
             done = pool.map(decode, batches)  # in order; longest batches first
             if progress:
                 from tqdm import tqdm
@@ -232,6 +230,8 @@ class Translator:
             for batch, texts in zip(batches, done):
                 for index, text in zip(batch, texts):
                     results[index] = text
+        finally:  # after an error or Ctrl-C, the batches not started yet are dropped, not decoded
+            pool.shutdown(wait=True, cancel_futures=True)
         return results
 
     def num_streams(self) -> int:

@@ -7,6 +7,7 @@ else (lines it never saw, cut translations) is compared between equals: same wei
 
 import dataclasses
 import os
+import time
 
 import numpy as np
 import pytest
@@ -96,13 +97,19 @@ def test_streams_decode_batches_at_once_with_the_same_translations(translator, m
     monkeypatch.setattr(translator, "streams", 0)  # auto: one per core on a CPU, at most 2
     assert translator.num_streams() == min(2, len(os.sched_getaffinity(0)))
 
+    calls = []
+
     def broken(*args):
+        calls.append(1)
+        if len(calls) > 1:  # the batches started with or after the first: still running when it fails
+            time.sleep(1.0)
         raise RuntimeError("this batch failed")
 
     monkeypatch.setattr(translator, "streams", 3)
     monkeypatch.setattr(translator, "_translate_batch", broken)
     with pytest.raises(RuntimeError, match="this batch failed"):  # a failing stream is not swallowed
         translator.translate(lines, beam_size=2)
+    assert len(calls) < 8  # the batches not yet started when the first one failed were dropped, not run
     with pytest.raises(ValueError, match="streams must be >= 0"):
         Translator(
             translator.model, translator.tokenizer, translator.eval_config, max_source_length=8, streams=-1

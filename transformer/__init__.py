@@ -2,7 +2,7 @@
 
 - `attention`: scaled dot-product, chunked and local attention, mask builders (pure functions).
 - `multi_head`: `MultiHeadAttention` (projections, Q/K/V sharing, KV cache).
-- `feed_forward`, `positional`, `residual`, `encoder_layer`, `decoder_layer`: the layers.
+- `feed_forward`, `positional`, `residual`, `encoder_layer`, `decoder_layer`: the layers; `dropout`: their dropout.
 - `model`: `Transformer` (`encode`, `init_cache`, `decode_step`, ...) and `build_model(config, ...)`.
 - `decoding`: greedy and beam search over a step function; `step_fns`: step functions from a model.
 - `vocab`: the special token ids.

@@ -3,8 +3,9 @@ the float32 masked softmax, and the chunk / band reshapes of the memory-efficien
 
 import math
 
-import keras
 import tensorflow as tf
+
+from transformer.dropout import dropout
 
 # Fill value for masked logits in the float32 softmax: finite, so differences never produce NaN.
 _NEG = float(tf.float32.min)
@@ -157,4 +158,4 @@ def _dropout(x, rate, seed):
     without it, from TensorFlow's process-global generator (stateless functions, tests)."""
     if seed is None:
         return tf.nn.dropout(x, rate=rate)
-    return keras.random.dropout(x, rate, seed=seed)
+    return dropout(x, rate, seed)

@@ -3,6 +3,7 @@
 import keras
 import tensorflow as tf
 
+from transformer.dropout import Dropout
 from transformer.feed_forward import FeedForward
 from transformer.multi_head import MultiHeadAttention
 from transformer.residual import NORMS, layer_norm, residual_sublayer
@@ -84,7 +85,7 @@ class DecoderLayer(keras.layers.Layer):
         self.self_attention_norm = layer_norm("self_attention_norm")
         self.cross_attention_norm = layer_norm("cross_attention_norm")
         self.feed_forward_norm = layer_norm("feed_forward_norm")
-        self.residual_dropout = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
+        self.residual_dropout = Dropout(dropout, dtype=self.dtype_policy)
 
     def build(self, x_shape, memory_shape=None):
         memory_shape = x_shape if memory_shape is None else memory_shape

@@ -2,6 +2,7 @@
 
 import keras
 
+from transformer.dropout import Dropout
 from transformer.feed_forward import FeedForward
 from transformer.multi_head import MultiHeadAttention
 from transformer.residual import NORMS, layer_norm, residual_sublayer
@@ -87,7 +88,7 @@ class EncoderLayer(keras.layers.Layer):
         )
         self.self_attention_norm = layer_norm("self_attention_norm")
         self.feed_forward_norm = layer_norm("feed_forward_norm")
-        self.residual_dropout = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
+        self.residual_dropout = Dropout(dropout, dtype=self.dtype_policy)
         self.supports_masking = True  # `mask` is an explicit attention mask, not Keras mask metadata
 
     def compute_mask(self, inputs, previous_mask=None):

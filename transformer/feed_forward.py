@@ -4,6 +4,7 @@ import keras
 import tensorflow as tf
 
 from transformer.attention_ops import flat_dense
+from transformer.dropout import Dropout
 
 
 @keras.saving.register_keras_serializable(package="transformer")
@@ -31,7 +32,7 @@ class FeedForward(keras.layers.Layer):
         self.dropout = dropout
         self.activation = activation
         self.hidden = keras.layers.Dense(d_ff, activation=activation, name="hidden", dtype=self.dtype_policy)
-        self.hidden_dropout = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
+        self.hidden_dropout = Dropout(dropout, dtype=self.dtype_policy)
         self.output_dense = keras.layers.Dense(d_model, name="output", dtype=self.dtype_policy)
 
     def build(self, x_shape):

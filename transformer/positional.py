@@ -6,6 +6,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from transformer.dropout import Dropout
+
 
 def positional_encoding(length, d_model):
     """Sinusoidal position table (Vaswani et al., 2017, section 3.5).
@@ -61,7 +63,7 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
             name="token_embedding",
             dtype=self.dtype_policy,
         )
-        self.embedding_dropout = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
+        self.embedding_dropout = Dropout(dropout, dtype=self.dtype_policy)
         self._table = positional_encoding(max_length, d_model)
 
     @property

@@ -28,7 +28,7 @@ def residual_sublayer(x, sublayer, *, norm_layer, dropout_layer, norm="post", re
         sublayer: callable ``h -> (y, extra)`` with ``y`` of ``x``'s shape; ``extra`` (e.g. attention weights or
             a new cache) is passed through.
         norm_layer: a `layer_norm`.
-        dropout_layer: a ``keras.layers.Dropout``.
+        dropout_layer: a `transformer.dropout.Dropout`.
 
     Returns:
         ``(y (B, L, d_model), extra)``.

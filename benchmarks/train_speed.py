@@ -1,7 +1,8 @@
 """Training throughput: our model against the stock-Keras reference, per precision and XLA setting.
 
 Both models train with the project's real `nmt.train_step.TrainStep` (Adam with the warmup schedule, label
-smoothing, global clipnorm, loss scaling under float16), on the same fixed list of Multi30k batches from
+smoothing, global clipnorm, loss scaling under float16; ours with the trainer's fused Adam, the reference with
+Keras' own), on the same fixed list of Multi30k batches from
 `make_train_dataset`, in the same process. For each (precision, XLA) setting:
 
     set the global Keras policy, build ours and the reference (same seed), once per precision; the XLA
@@ -91,13 +92,17 @@ def sample_batches(context: BenchContext, *, num_batches: int, max_shapes: int, 
     return batches
 
 
-def make_train_step(model, config, *, precision: str, xla: bool):
-    """The real `TrainStep` with the trainer's optimizer settings, on the default strategy."""
+def make_train_step(model, config, *, precision: str, xla: bool, stock_adam: bool = False):
+    """The real `TrainStep` with the trainer's optimizer settings, on the default strategy.
+
+    `stock_adam`: Keras' own Adam (the stock reference) instead of the trainer's `nmt.optimizer.FusedAdam`.
+    """
+    from nmt.optimizer import FusedAdam
     from nmt.schedule import WarmupInverseSqrt
     from nmt.train_step import TrainStep
 
     cfg = config.train
-    optimizer = keras.optimizers.Adam(
+    optimizer = (keras.optimizers.Adam if stock_adam else FusedAdam)(
         learning_rate=WarmupInverseSqrt(cfg.learning_rate, cfg.warmup_steps),
         beta_1=cfg.beta_1,
         beta_2=cfg.beta_2,
@@ -181,7 +186,7 @@ def bench_train(
             )
             steps = {
                 "ours": make_train_step(ours, cfg, precision=precision, xla=False),
-                "reference": make_train_step(reference, cfg, precision=precision, xla=False),
+                "reference": make_train_step(reference, cfg, precision=precision, xla=False, stock_adam=True),
             }
             for xla in xla_settings:
                 for (

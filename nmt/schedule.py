@@ -114,15 +114,3 @@ def scaled_learning_rate(learning_rate: float, global_tokens: int, reference_tok
         return float(learning_rate)
     ratio = global_tokens / reference_tokens
     return float(learning_rate) * (math.sqrt(ratio) if rule == "sqrt" else ratio)
-
-
-def adam(train, learning_rate) -> keras.optimizers.Adam:
-    """Adam with the `train:` section's betas, epsilon and EMA (`train.ema_decay`), on `learning_rate`."""
-    return keras.optimizers.Adam(
-        learning_rate=learning_rate,
-        beta_1=train.beta_1,
-        beta_2=train.beta_2,
-        epsilon=train.epsilon,
-        use_ema=train.ema_decay > 0,
-        ema_momentum=train.ema_decay if train.ema_decay > 0 else 0.99,
-    )

@@ -26,9 +26,9 @@ from nmt.budget import BatchChanged, TrainingPlan
 from nmt.config import Config
 from nmt.distribute import StopControl, WorkersDisagree, is_chief, make_strategy, replica_batches, worker_part
 from nmt.final_weights import AveragingSnapshots, average_if_better
+from nmt.optimizer import adam
 from nmt.precision import device_kind, resolve_precision, resolve_xla, set_policy
 from nmt.run_dir import RunDir, RunDirError, save_model_weights
-from nmt.schedule import adam
 from nmt.summaries import write_train_summaries, write_validation_summaries
 from nmt.train_step import TrainStep
 

@@ -15,8 +15,9 @@ evaluate.py itself reports for the whole test split (decoding time of the split,
 start-up excluded). The baseline reads a copy of the run directory (config, tokenizer, weights), so nothing it
 writes lands in RUN.
 
-One JSON object per line on stdout: a `machine` record, one `decode_baseline` row per (engine, beam, round), and one
-`decode_baseline_summary` per beam with the median sentences/s of each engine and the ratios against the baseline.
+One JSON object per line on stdout: a `machine` record, a `baseline_config` record (the keys of RUN's config.yaml
+that the baseline's code does not know, dropped from its copy), one `decode_baseline` row per (engine, beam, round),
+and one `decode_baseline_summary` per beam with the median sentences/s of each engine and the ratios against the baseline.
 """
 
 from __future__ import annotations
@@ -56,6 +57,40 @@ def _copy_run(run_dir: Path, into: Path) -> Path:
         elif (run_dir / name).is_file():
             shutil.copy2(run_dir / name, into / name)
     return into
+
+
+# Run in the baseline's worktree: the config keys its code knows, per section.
+_KNOWN_KEYS = (
+    "import dataclasses, json\n"
+    "from nmt.config import Config\n"
+    "c = Config()\n"
+    "print(json.dumps({f.name: [g.name for g in dataclasses.fields(getattr(c, f.name))] for f in dataclasses.fields(c)}))"
+)
+
+
+def _fit_config(run: Path, worktree: Path) -> list[str]:
+    """Drops from RUN/config.yaml (the baseline's copy) the keys the baseline's code does not know, which a run
+    trained by newer code records (its loader refuses unknown keys); returns them. A dropped key that mattered to
+    the model would show as weights that do not load."""
+    completed = subprocess.run(
+        [sys.executable, "-c", _KNOWN_KEYS], cwd=worktree, capture_output=True, text=True
+    )
+    if completed.returncode != 0:
+        raise RuntimeError(f"cannot read the baseline's config keys:\n{completed.stderr[-3000:]}")
+    known = json.loads(completed.stdout.strip().splitlines()[-1])
+    tree = yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8")) or {}
+    dropped = []
+    for section in list(tree):
+        if section not in known:
+            dropped.append(section)
+            del tree[section]
+            continue
+        for key in list(tree[section] or {}):
+            if key not in known[section]:
+                dropped.append(f"{section}.{key}")
+                del tree[section][key]
+    (run / "config.yaml").write_text(yaml.safe_dump(tree, sort_keys=False), encoding="utf-8")
+    return dropped
 
 
 def main(argv=None) -> int:
@@ -104,6 +139,8 @@ def main(argv=None) -> int:
     ):
         scratch = Path(scratch)
         baseline_run = _copy_run(run_dir, scratch / "run")
+        if "baseline" in engines:
+            emit({"bench": "baseline_config", "dropped_keys": _fit_config(baseline_run, worktree)})
         exports = {}
         for quantization in ("float32", "int8"):
             if f"ctranslate2_{quantization}" in engines:

@@ -58,3 +58,18 @@ def test_clis_refuse_bad_arguments(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         train_baseline.main(["--baseline", "HEAD", "--steps", "1"])
     assert exit_info.value.code == 2
+
+
+def test_baseline_copy_drops_the_keys_its_code_does_not_know(tmp_path):
+    import yaml
+
+    from nmt.config import Config
+
+    tree = Config().to_dict()
+    tree["train"]["added_later"] = 1  # what a run trained by newer code records
+    tree["later_section"] = {"x": 1}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(tree), encoding="utf-8")
+    dropped = decode_baseline._fit_config(tmp_path, ROOT)  # this tree's code as the "baseline"
+    assert sorted(dropped) == ["later_section", "train.added_later"]
+    kept = yaml.safe_load((tmp_path / "config.yaml").read_text(encoding="utf-8"))
+    assert kept == Config().to_dict()

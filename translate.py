@@ -101,7 +101,9 @@ def main(argv: list[str] | None = None) -> int:
     from nmt.translator import Translator
 
     if args.engine == "ctranslate2":
-        translator = cli.load_ctranslate2(args.model_dir, args.engine_dir, batch_size=args.batch_size)
+        translator = cli.load_ctranslate2(
+            args.model_dir, args.engine_dir, batch_size=args.batch_size, inter_threads=args.streams
+        )
     else:
         translator = Translator.from_run_dir(
             args.model_dir,

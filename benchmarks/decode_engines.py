@@ -8,7 +8,7 @@ untrained model), the same eval settings (alpha, length limits, batch size).
 - **CTranslate2**: the model exported with `nmt.ctranslate2_export.export_ctranslate2` into `export_dir/float32` and
   `export_dir/int8` (int8 weights, CTranslate2's ``int8_float32``), reused when `BENCH_KEY` there matches the
   checkpoint (a hash of its files), the tokenizer, the CTranslate2 version and the export code; decoded by
-  `nmt.ctranslate2_engine.CTranslate2Translator` (its default threads: the CPUs of this process). Beam search with
+  `nmt.ctranslate2_engine.CTranslate2Translator` (its default threads: `thread_split`; rows record both). Beam search with
   alpha != 0 gets one row per `patiences` value (the engine's default is 2; see its module docstring).
 - **TensorFlow int8**: a second copy of the model whose `keras.layers.Dense` layers are quantized by Keras 3
   (``model.quantize("int8")``: int8 weights per output channel, int8 activations per token) and whose tied
@@ -164,7 +164,7 @@ def measure_ctranslate2(
         "peak_memory_method": method,
         "bleu": bleu(hypotheses, references, language),
         "batch_size": translator.batch_size,
-        "threads": len(os.sched_getaffinity(0)),  # the engine's default intra_threads
+        "threads": len(os.sched_getaffinity(0)),  # the CPUs of this process
     }
     return record, hypotheses
 
@@ -204,8 +204,9 @@ def bench_decode_engines(
       patiences: CTranslate2 beam-search patiences (beam > 1 with alpha != 0; else one row).
       xla_settings: the TensorFlow int8 rows' XLA settings.
       export_dir: the CTranslate2 exports (`export_dir/float32`, `export_dir/int8`, reused) and the hypotheses.
-      ct2_threads: CTranslate2's threads per translation; None = the engine's default (the CPUs of this process).
-        On a loaded machine 1 is much faster than 2 (OpenMP threads spin while they wait).
+      ct2_threads: CTranslate2's threads per translation; None = the engine's default (`thread_split`: the CPUs
+        shared among its translations in flight). On a loaded machine 1 is much faster than 2 (OpenMP threads spin
+        while they wait).
     """
     unknown = sorted(set(engines) - set(ENGINES))
     if unknown:
@@ -279,7 +280,9 @@ def bench_decode_engines(
                         record, hypotheses = measure_ctranslate2(
                             translator, lines, references, beam, latency_sentences=latency_sentences
                         )
-                        record["threads"] = ct2_threads or record["threads"]
+                        record.update(
+                            inter_threads=translator.inter_threads, intra_threads=translator.intra_threads
+                        )
                         record.update({"quantization": quantization, "export_dir": str(path)})
                         record["export_reused"] = reused
                         if quantization == "float32":

@@ -124,7 +124,8 @@ def add_streams_argument(parser) -> None:
         type=int,
         default=None,
         help="decoding batches in flight at once, one thread each (default: the run's eval.streams; 0 = auto: "
-        "2 on a CPU with 2+ cores, 1 on a GPU); the translations are the same",
+        "2 on a CPU with 2+ cores, 1 on a GPU); the translations are the same. With --engine ctranslate2: its "
+        "inter_threads, the CPUs shared among them (intra_threads)",
     )
 
 

@@ -178,7 +178,8 @@ def evaluate_run_dir(
       alpha: GNMT length-penalty exponent of the beam search (default: the run's eval.alpha).
       xla: True, False or "auto": decode with XLA (`Translator(xla=...)`): the same translations, faster on large
         inputs once compiled; "auto" decides from the number of sentences and the device (`Translator.uses_xla`).
-      streams: decoding batches in flight at once (`Translator(streams=...)`); None: the run's eval.streams.
+      streams: decoding batches in flight at once (`Translator(streams=...)`, CTranslate2's `inter_threads`); None:
+        the run's eval.streams.
       engine, engine_dir: "tensorflow", or "ctranslate2" with the export `engine_dir` (`CTranslate2Translator`):
         translations from the export, the loss from the run directory's TensorFlow weights (`_loss_model`).
     Returns:
@@ -192,9 +193,12 @@ def evaluate_run_dir(
     if engine == "ctranslate2":
         from nmt.ctranslate2_engine import CTranslate2Translator
 
-        translator = CTranslate2Translator.from_run_dir(model_dir, engine_dir, batch_size=batch_size)
+        translator = CTranslate2Translator.from_run_dir(
+            model_dir, engine_dir, batch_size=batch_size, inter_threads=streams
+        )
         loss_model, note = _loss_model(model_dir, translator, weights)
         extra.update(engine_dir=str(engine_dir), compute_type=translator.compute_type, **note)
+        extra.update(streams=translator.inter_threads, intra_threads=translator.intra_threads)
     else:
         translator = Translator.from_run_dir(
             model_dir, weights=weights, xla=xla, batch_size=batch_size, streams=streams

@@ -339,3 +339,32 @@ def test_engine_refuses_a_corrupt_export_or_another_tokenizer(ours, exports, tok
     (corrupt / "model.bin").write_bytes((exports["float32"] / "model.bin").read_bytes()[:1000])
     with pytest.raises(EngineError, match="cannot load the CTranslate2 model"):
         engine(corrupt, tokenizer, ours.config.eval)
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_translations_do_not_depend_on_the_calls_in_flight(beam, ours, exports, tokenizer):
+    """Every call is submitted at once; 1 or 3 translation threads give the same outputs in the same order."""
+    lines = [s for s, _ in fixture_corpus()["test"]] + salads(60, seed=3)
+    sources = ours.encode(lines)
+    one, three = (
+        engine(exports["float32"], tokenizer, ours.config.eval, batch_size=8, inter_threads=n).decode_ids(
+            sources, beam_size=beam
+        )
+        for n in (1, 3)
+    )
+    assert one == three
+
+
+def test_thread_split(monkeypatch):
+    from nmt.ctranslate2_engine import MAX_AUTO_INTER_THREADS, thread_split
+
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(4)), raising=False)
+    assert MAX_AUTO_INTER_THREADS == 2
+    assert thread_split() == (2, 2)  # automatic: 2 translations in flight, the 4 CPUs shared between them
+    assert thread_split(0, 0) == (2, 2)
+    assert thread_split(1) == (1, 4)
+    assert thread_split(3, 1) == (3, 1)
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0}, raising=False)
+    assert thread_split() == (1, 1)
+    with pytest.raises(ValueError, match="inter_threads must be >= 0"):
+        thread_split(-1)

@@ -116,7 +116,8 @@ def main(argv=None) -> int:
     except ConfigError as err:
         print(f"bench.py: config error: {err}", file=sys.stderr)
         return 2
-    # Without train rows, decode as evaluate.py and translate.py do (Eigen kernels); bfloat16 training needs oneDNN.
+    # Without train rows, decode as evaluate.py and translate.py do (Eigen kernels, oneDNN on AMX); bf16 training needs
+    # oneDNN.
     if "train" not in options.only:
         decoding_kernels()
     import tensorflow as tf

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable
 
 from common.config_tree import add_set_argument  # noqa: F401  (the entry points import it from here)
+from common.cpu import has_amx
 
 log = logging.getLogger("nmt")
 
@@ -31,23 +32,27 @@ def quiet_tensorflow() -> None:
     os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 
-# Decoding on CPUs: TensorFlow's own (Eigen) kernels, not oneDNN's, unless TF_ENABLE_ONEDNN_OPTS says otherwise.
-# The decoder's shapes change at every step (the self-attention cache grows by one position, finished sentences
-# leave the batch), and oneDNN sets up its kernels per shape. Measured on a 2 vCPU AMD EPYC Zen 4 (AVX-512,
-# AVX512-BF16), Multi30k test2016, runs/base, one thread, interleaved processes: a whole greedy evaluate-style run
-# 6.9 -> 6.5 s, beam 4 26.2-28.0 -> 24.1-25.0 s, byte-identical translations. Training keeps oneDNN (its bfloat16
-# matmuls need it).
-DECODING_ONEDNN = "0"
+# Decoding on CPUs without AMX: TensorFlow's own (Eigen) kernels, not oneDNN's, unless TF_ENABLE_ONEDNN_OPTS says
+# otherwise. The decoder's shapes change at every step (the self-attention cache grows by one position, finished
+# sentences leave the batch), and oneDNN sets up its kernels per shape. Measured on a 2 vCPU AMD EPYC Zen 4
+# (AVX-512, AVX512-BF16), Multi30k test2016, runs/base, one thread, interleaved processes: a whole greedy
+# evaluate-style run 6.9 -> 6.5 s, beam 4 26.2-28.0 -> 24.1-25.0 s, byte-identical translations. On a 2 vCPU AMX
+# Xeon oneDNN won instead: evaluate.py on test2016, 2 rounds, 107.2 / 108.3 -> 124.2 / 121.6 sentences/s with beam
+# 4, 280 / 286 -> 313 / 314 greedy, byte-identical (2026-12-02). Training keeps oneDNN (its bfloat16 matmuls need it).
+def decoding_onednn(flags: set[str] | None = None) -> str:
+    """The decoding CLIs' TF_ENABLE_ONEDNN_OPTS: "1" on a CPU with AMX, else "0" (Eigen)."""
+    return "1" if has_amx(flags) else "0"
 
 
 def decoding_kernels() -> None:
-    """Decoding CLIs: TensorFlow's Eigen CPU kernels (`DECODING_ONEDNN`); call before TensorFlow is imported.
+    """Decoding CLIs: the CPU kernels of `decoding_onednn` (oneDNN on AMX, Eigen elsewhere); call before TensorFlow
+    is imported.
 
     Once TensorFlow is imported (a CLI's `main` called in-process, as tests do) the setting could no longer change
     this process, only leak into the processes it starts: then nothing is set.
     """
     if "tensorflow" not in sys.modules:
-        os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", DECODING_ONEDNN)
+        os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", decoding_onednn())
 
 
 def onednn_enabled() -> bool | None:

@@ -8,24 +8,12 @@ Softmax, layer norm, logits and the loss stay in float32 in every policy (see tr
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import keras
 import tensorflow as tf
 
+from common.cpu import cpu_flags
+
 _BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
-
-
-def cpu_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> set[str]:
-    """The CPU feature flags of the first processor listed in `cpuinfo` (empty if unreadable, e.g. not Linux)."""
-    try:
-        text = Path(cpuinfo).read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return set()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
-    return set()
 
 
 def device_kind(strategy: tf.distribute.Strategy | None = None, *, gpus: list | None = None) -> str:

@@ -18,10 +18,11 @@ LEVELS = 1 << 16  # the resolution of the keep decision: one 16-bit half of a Ph
 
 
 def drop_threshold(rate):
-    """The 16-bit value under which an element is dropped: ``round(rate * 65536)``, at least 1 for a rate > 0."""
+    """The 16-bit value under which an element is dropped: ``round(rate * 65536)``, between 1 and 65,535 for a
+    rate in (0, 1) (a positive rate never becomes 0, a rate under 1 never drops everything)."""
     if not 0.0 <= rate < 1.0:
         raise ValueError(f"dropout rate must be in [0, 1), got {rate}")
-    return max(1, round(rate * LEVELS)) if rate > 0.0 else 0
+    return min(LEVELS - 1, max(1, round(rate * LEVELS))) if rate > 0.0 else 0
 
 
 def keep_scale(rate):

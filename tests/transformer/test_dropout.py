@@ -39,6 +39,9 @@ def test_rate_is_quantised_to_one_in_65536():
     assert drop_threshold(0.0) == 0
     assert drop_threshold(0.1) == 6554
     assert drop_threshold(1e-9) == 1  # a positive rate never silently becomes 0
+    assert drop_threshold(1 - 1e-9) == LEVELS - 1  # fits 16 bits; one element in 65,536 is kept
+    y = dropout(tf.ones((4, 4)), 1 - 1e-9, SEED).numpy()
+    assert np.isfinite(y).all()
     assert keep_scale(0.3) == pytest.approx(LEVELS / (LEVELS - 19661))
     with pytest.raises(ValueError, match="dropout rate"):
         drop_threshold(1.0)

@@ -12,6 +12,12 @@ only the steps after it; if it comes after the warmup, the decay starts where it
 trainer's training clock (time in steps, not in evaluations or checkpoints); in a multi-worker run `StopControl`
 gives every worker the same clock after each step, so every worker takes the same decision. The time budget and
 max_steps still decide when training stops: the log says how far from the plan that was.
+
+Planned dropout. With `train.dropout_by_plan`, the plan also fixes the model's dropout (`planned_dropout`): a run
+planned for many steps over a small corpus sees it many times and needs more regularisation than one planned for
+few, and a time budget's plan depends on the machine's speed. The trainer applies it when the plan is made (after
+the probe, which runs at `model.dropout`) or, for a plan restored from a checkpoint or made from max_steps, before
+the first step.
 """
 
 from __future__ import annotations
@@ -19,11 +25,22 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+import numpy as np
 import tensorflow as tf
 
 from nmt.schedule import make_schedule, scaled_learning_rate
 
 log = logging.getLogger("nmt.train")
+
+
+def planned_dropout(points, total_steps: int) -> float | None:
+    """The dropout for a run planned for `total_steps`: piecewise linear between the ``[planned steps, dropout]``
+    points of `train.dropout_by_plan` (in increasing steps), flat beyond the first and the last; None without
+    points or without a plan."""
+    if not points or not total_steps:
+        return None
+    steps, rates = zip(*points, strict=True)
+    return round(float(np.interp(total_steps, steps, rates)), 6)
 
 
 class BatchChanged(RuntimeError):
@@ -78,6 +95,26 @@ class TrainingPlan:
     def total_steps(self) -> int:
         """The planned number of steps (0 while undecided, or for a run with neither max_steps nor max_minutes)."""
         return int(self.state.total_steps.numpy())
+
+    @property
+    def dropout(self) -> float | None:
+        """The plan's dropout (`planned_dropout`), None without `train.dropout_by_plan` or before the plan."""
+        return planned_dropout(self.train.dropout_by_plan, self.total_steps)
+
+    def apply_dropout(self, model, retrace: Callable[[], None]) -> None:
+        """Gives `model` (a `transformer.model.Transformer`) the plan's dropout once the plan is known, and calls
+        `retrace` (the training step bakes the rate into its trace) if that changed it."""
+        rate = self.dropout
+        if rate is None or rate == model.dropout:
+            return
+        log.info(
+            "dropout %g -> %g for a plan of %d steps (train.dropout_by_plan)",
+            model.dropout,
+            rate,
+            self.total_steps,
+        )
+        model.set_dropout(rate)
+        retrace()
 
     def schedule(self):
         t = self.train
@@ -170,11 +207,14 @@ class TrainingPlan:
         else:
             log.info("plan: %d steps (train.max_steps)", total)
         if self.record is not None and rate:
-            self.record({
+            record = {
                 "tag": "plan", "step": at, "total_steps": total, "steps_per_second": rate,
                 "elapsed_seconds": clock, "budget_seconds": t.max_minutes * 60, "max_steps": t.max_steps,
                 "schedule": t.schedule, "global_batch_tokens": self.global_tokens,
-            })  # fmt: skip
+            }  # fmt: skip
+            if self.dropout is not None:
+                record["dropout"] = self.dropout
+            self.record(record)
 
     def _rate_text(self) -> str:
         rate = float(self.state.steps_per_second.numpy())

@@ -91,6 +91,10 @@ class TrainConfig:
     beta_2: float = 0.98  # Adam beta_2
     epsilon: float = 1e-9  # Adam epsilon
     label_smoothing: float = 0.1  # label smoothing of the cross-entropy
+    dropout_by_plan: list[list[float]] = field(
+        default_factory=list
+    )  # [[planned steps, dropout], ...]: once the step plan is fixed, model.dropout becomes the piecewise-linear
+    # value at the planned steps (flat beyond the ends; nmt.budget); empty = model.dropout throughout
     clipnorm: float = 1.0  # global gradient-norm clip on unscaled gradients (0 = off)
     precision: str = field(
         default="auto", metadata=_choices("auto", "float32", "mixed_float16", "mixed_bfloat16")
@@ -189,6 +193,30 @@ def _validate_train(train: TrainConfig) -> None:
             raise ConfigError(f"train.{name}: must not be negative")
     if train.budget_probe_steps < 1:
         raise ConfigError("train.budget_probe_steps: must be at least 1")
+    _validate_dropout_by_plan(train.dropout_by_plan)
+    if train.dropout_by_plan and not (train.max_steps or train.max_minutes):
+        raise ConfigError(
+            "train.dropout_by_plan: needs a step plan, from train.max_steps or train.max_minutes"
+        )
+
+
+def _validate_dropout_by_plan(points: list[list[float]]) -> None:
+    previous = 0
+    for point in points:
+        if len(point) != 2:
+            raise ConfigError(
+                f"train.dropout_by_plan: expected [planned steps, dropout] pairs, got {point!r}"
+            )
+        steps, rate = point
+        if steps <= previous:
+            raise ConfigError(
+                f"train.dropout_by_plan: planned steps must be positive and increasing, got {steps:g} after {previous:g}"
+            )
+        if not 0.0 <= rate < 1.0:
+            raise ConfigError(
+                f"train.dropout_by_plan: a dropout must be in [0, 1), got {rate:g} at {steps:g} steps"
+            )
+        previous = steps
 
 
 def config_from_dict(tree: dict) -> Config:

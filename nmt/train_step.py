@@ -117,6 +117,11 @@ class TrainStep:
         self.gradients = tf.function(self._gradients_fn, reduce_retracing=not jit_compile)
         self.accumulate = tf.function(self._accumulate_fn, reduce_retracing=not jit_compile)
 
+    def retrace(self) -> None:
+        """Traces the gradient computation again on the next step (after a change to the model's Python
+        attributes, e.g. its dropout rate, which a trace bakes in)."""
+        self.set_jit_compile(self.jit_compile)
+
     def checkpoint_state(self) -> dict:
         """State that must survive a restart (accumulators are empty between optimizer steps)."""
         return {

@@ -155,6 +155,7 @@ class Trainer:
         self.snapshots = AveragingSnapshots(self.model, checkpoint_dir / "average", cfg.train)
         self.resumed_from = self._restore()
         self.plan.start(self.resumed_from, float(self.elapsed.numpy()))
+        self.plan.apply_dropout(self.model, self.step_fn.retrace)
 
     def _restore(self) -> int:
         step = self._restore_latest()
@@ -255,6 +256,7 @@ class Trainer:
                 self.plan.after_step(step, float(self.elapsed.numpy()))
                 if not planned and (planned := self.plan.total_steps):
                     bar.total = planned
+                    self.plan.apply_dropout(self.model, self.step_fn.retrace)
                 window_tokens += float(metrics["tokens"].numpy())
                 bar.update(1)
                 if step % cfg.log_every == 0 or step == 1:

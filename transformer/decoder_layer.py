@@ -96,6 +96,12 @@ class DecoderLayer(keras.layers.Layer):
             norm_layer.build(x_shape)
         self.built = True
 
+    def set_dropout(self, rate):
+        """Changes the residual and feed-forward dropout (not the attention dropout; see `Dropout.set_rate`)."""
+        self.residual_dropout.set_rate(rate)
+        self.feed_forward.set_dropout(rate)
+        self.dropout = rate
+
     def call(self, x, memory, self_mask=None, memory_mask=None, training=False):
         x, _ = self._sublayer(
             x,

@@ -83,6 +83,12 @@ class Dropout(keras.layers.Dropout):
         drop_threshold(rate)
         super().__init__(rate, **kwargs)
 
+    def set_rate(self, rate):
+        """Changes the rate (checked as in the constructor). A compiled function that already traced this layer
+        keeps the rate it traced with: trace it again."""
+        drop_threshold(rate)
+        self.rate = float(rate)
+
     def call(self, inputs, training=False):
         if training and self.rate > 0:
             return dropout(inputs, self.rate, self.seed_generator)

@@ -101,6 +101,12 @@ class EncoderLayer(keras.layers.Layer):
         self.feed_forward_norm.build(x_shape)
         self.built = True
 
+    def set_dropout(self, rate):
+        """Changes the residual and feed-forward dropout (not the attention dropout; see `Dropout.set_rate`)."""
+        self.residual_dropout.set_rate(rate)
+        self.feed_forward.set_dropout(rate)
+        self.dropout = rate
+
     def call(self, x, mask=None, training=False):
         x, _ = self._sublayer(
             x,

@@ -40,6 +40,11 @@ class FeedForward(keras.layers.Layer):
         self.output_dense.build(tuple(x_shape[:-1]) + (self.d_ff,))
         self.built = True
 
+    def set_dropout(self, rate):
+        """Changes the hidden dropout (see `Dropout.set_rate`)."""
+        self.hidden_dropout.set_rate(rate)
+        self.dropout = rate
+
     def call(self, x, training=False):
         batch, length = tf.shape(x)[0], tf.shape(x)[1]
         hidden = self.hidden_dropout(flat_dense(self.hidden, x), training=training)  # (B * L, d_ff)

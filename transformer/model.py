@@ -177,6 +177,14 @@ class Transformer(keras.Model):
             self.output_projection.build(x_shape)
         self.built = True
 
+    def set_dropout(self, rate):
+        """Changes `dropout` (embeddings, residuals, feed-forward; not `attention_dropout`) in every layer. A compiled
+        function that already traced the model keeps the old rate: trace it again."""
+        embeddings = (self.source_embedding, self.target_embedding)  # the same layer twice when shared
+        for layer in (*embeddings, *self.encoder_layers, *self.decoder_layers):
+            layer.set_dropout(rate)
+        self.dropout = rate
+
     def call(self, inputs, training=False):
         source, target_in = inputs["source"], inputs["target_in"]
         memory = self.encode(source, training=training)

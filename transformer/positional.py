@@ -76,6 +76,11 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
             self.token_embedding.build(ids_shape)
         self.built = True
 
+    def set_dropout(self, rate):
+        """Changes the embedding dropout (see `Dropout.set_rate`)."""
+        self.embedding_dropout.set_rate(rate)
+        self.dropout = rate
+
     def call(self, ids, start_index=0, training=False):
         x = self.token_embedding(ids)  # (batch, len, d_model)
         x = x * tf.cast(math.sqrt(self.d_model), x.dtype)

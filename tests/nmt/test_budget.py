@@ -9,6 +9,7 @@ must be configured before TensorFlow starts).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -21,7 +22,7 @@ import pytest
 import tensorflow as tf
 
 import train as train_cli
-from nmt.budget import BatchChanged, TrainingPlan
+from nmt.budget import BatchChanged, TrainingPlan, planned_dropout
 from nmt.config import TrainConfig, config_from_dict
 from nmt.run_dir import RunDir
 from nmt.trainer import Trainer
@@ -37,6 +38,7 @@ from tests.faults.helpers import (
 from tests.nmt.test_schedule import decay_reference
 from tests.nmt.test_trainer import read_events
 from tests.run_fixture import tiny_config_tree, write_corpus
+from transformer.dropout import Dropout
 
 SECONDS_PER_STEP = 0.25  # exact in binary: the training clock adds up without rounding
 # max_minutes 0.1 = 6 s = 24 steps. The probe skips steps 1-2 and times steps 3-6 (1 s: 4 steps/s); at step 6,
@@ -127,6 +129,29 @@ def test_the_log_says_how_far_from_the_plan_the_time_budget_stopped(caplog):
     assert "the time budget ended the run at step 15, 9 steps before the planned 24" in messages[0]
     assert "the time budget ended the run at step 30, 6 steps after the planned 24" in messages[1]
     assert messages[2] == "the time budget ended the run at step 24, as planned"
+
+
+def test_planned_dropout_is_piecewise_linear_in_the_planned_steps_and_flat_beyond():
+    points = [[100, 0.1], [300, 0.3], [400, 0.3]]
+    # Worked by hand: halfway between 100 and 300 steps is halfway between 0.1 and 0.3.
+    for steps, want in [(1, 0.1), (100, 0.1), (150, 0.15), (200, 0.2), (300, 0.3), (350, 0.3), (10**6, 0.3)]:
+        assert planned_dropout(points, steps) == pytest.approx(want, abs=1e-12), steps
+    assert planned_dropout([], 200) is None and planned_dropout(points, 0) is None  # off; no plan yet
+    plan = plan_for(dropout_by_plan=[[12, 0.1], [36, 0.5]])
+    plan.start(0, 0.0)
+    assert plan.dropout is None  # probing
+    run_steps(plan, range(1, PROBE + SKIP + 1))
+    assert plan.total_steps == PLANNED and plan.dropout == pytest.approx(
+        0.3
+    )  # 24 steps: halfway from 12 to 36
+    assert plan.records[0]["dropout"] == pytest.approx(0.3)
+    plain = plan_for()
+    plain.start(0, 0.0)
+    run_steps(plain, range(1, PROBE + SKIP + 1))
+    assert plain.dropout is None and "dropout" not in plain.records[0]  # without dropout_by_plan: none
+    steps_only = plan_for(max_minutes=0.0, max_steps=30, dropout_by_plan=[[12, 0.1], [36, 0.5]])
+    steps_only.start(0, 0.0)
+    assert steps_only.dropout == pytest.approx(0.4)  # decided at once from max_steps
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -377,3 +402,49 @@ def test_two_replicas_scale_the_learning_rate_and_another_replica_count_is_refus
     reader = tf.train.load_checkpoint(str(run_dir / "checkpoints"))
     assert reader.get_tensor("plan/replicas/.ATTRIBUTES/VARIABLE_VALUE") == 1
     assert reader.get_tensor("plan/global_tokens/.ATTRIBUTES/VARIABLE_VALUE") == 512
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Dropout from the plan (train.dropout_by_plan): applied when the plan is made, kept by a resumed run
+
+
+DROPOUT_POINTS = [[12, 0.1], [36, 0.5]]  # a plan of 24 steps: 0.3 from step 7 on (the probe runs at 0.1)
+
+
+@pytest.fixture(scope="module")
+def planned_dropout_run(budget_config, tmp_path_factory):
+    config = dataclasses.replace(
+        budget_config, train=dataclasses.replace(budget_config.train, dropout_by_plan=DROPOUT_POINTS)
+    )
+    run_dir = tmp_path_factory.mktemp("planned-dropout") / "run"
+    trainer, result, log = train_in_process(config, run_dir, StepClock())
+    return config, run_dir, result, log, trainer
+
+
+def test_the_plan_sets_the_dropout_and_the_run_trains_with_it(planned_dropout_run, uninterrupted):
+    _, run_dir, result, log, trainer = planned_dropout_run
+    assert result.status == "done" and result.step == PLANNED, (result, log[-2000:])
+    assert f"dropout 0.1 -> 0.3 for a plan of {PLANNED} steps (train.dropout_by_plan)" in log
+    (plan,) = [r for r in read_records(run_dir) if r["tag"] == "plan"]
+    assert plan["dropout"] == pytest.approx(0.3)
+    model = trainer.model
+    rates = {layer.rate for layer in model._flatten_layers() if isinstance(layer, Dropout)}
+    assert model.dropout == 0.3 and rates == {0.3}
+    assert {layer.self_attention.dropout for layer in model.encoder_layers} == {0.0}  # attention: untouched
+    # The same run without dropout_by_plan (0.1 throughout) ends elsewhere.
+    reference, ours = final_weights(uninterrupted[0]), final_weights(run_dir)
+    assert any(not np.array_equal(ours[k], reference[k]) for k in reference)
+
+
+def test_a_resumed_run_takes_the_planned_dropout_from_its_checkpoint_and_ends_bit_identical(
+    planned_dropout_run, tmp_path
+):
+    config, reference, _, _, _ = planned_dropout_run
+    run_dir = tmp_path / "run"
+    _, stopped, _ = train_in_process(config, run_dir, StepClock(signal_at=10))
+    assert stopped.status == "stopped" and stopped.step == 10, stopped
+    trainer, done, log = train_in_process(config, run_dir, StepClock())
+    assert trainer.resumed_from == 10 and "dropout 0.1 -> 0.3 for a plan of 24 steps" in log
+    assert done.status == "done" and done.step == PLANNED, (done, log[-2000:])
+    assert_bit_identical(training_state(run_dir), training_state(reference), "resumed planned-dropout run")
+    assert_bit_identical(final_weights(run_dir), final_weights(reference), "final weights")

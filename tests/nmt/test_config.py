@@ -103,6 +103,21 @@ def test_schedule_and_batch_defaults_keep_older_configs_unchanged(tmp_path):
         (["train.learning_rate_scaling=cube"], r"train\.learning_rate_scaling: 'cube' is not one of"),
         (["train.budget_probe_steps=0"], r"train\.budget_probe_steps: must be at least 1"),
         (["train.reference_batch_tokens=-1"], r"train\.reference_batch_tokens: must not be negative"),
+        (
+            ["train.dropout_by_plan=[[3000, 0.1, 2]]"],
+            r"train\.dropout_by_plan: expected \[planned steps, dropout\]",
+        ),
+        (
+            ["train.dropout_by_plan=[[3000, 0.1], [3000, 0.2]]"],
+            r"must be positive and increasing, got 3000 after",
+        ),
+        (["train.dropout_by_plan=[[0, 0.1]]"], r"train\.dropout_by_plan: planned steps must be positive"),
+        (["train.dropout_by_plan=[[3000, 1.0]]"], r"a dropout must be in \[0, 1\), got 1 at 3000 steps"),
+        (
+            ["train.dropout_by_plan=[[3000, 0.1]]", "train.max_minutes=0", "train.schedule=inverse_sqrt"],
+            r"dropout_by_plan: needs a step plan",
+        ),
+        (["train.dropout_by_plan=[3000, 0.1]"], r"train\.dropout_by_plan"),
     ],
 )
 def test_schedule_and_budget_errors_name_the_key(overrides, message):

@@ -244,3 +244,29 @@ def test_chunked_encoder_equals_full_encoder(model):
         model({"source": source, "target_in": target}).numpy(),
         atol=1e-5,
     )
+
+
+def test_set_dropout_trains_as_a_model_built_with_that_rate():
+    """`set_dropout` after building == building with the rate (same weights, same seeds): every dropout layer's
+    rate and the configs change; the attention dropout stays."""
+    source, target = batch()
+    inputs = {"source": source, "target_in": target}
+
+    def build(rate):
+        keras.utils.set_random_seed(7)  # the same weights and dropout seed generators for every model
+        return build_model(tiny_config(num_layers=2, dropout=rate, attention_dropout=0.2), VOCAB, VOCAB)
+
+    changed, reference = build(0.1), build(0.3)
+    before = changed(inputs, training=True)
+    changed = build(0.1)  # fresh seed generators
+    changed.set_dropout(0.3)
+    np.testing.assert_array_equal(changed(inputs, training=True), reference(inputs, training=True))
+    assert not np.array_equal(before, reference(inputs, training=True))  # 0.1 and 0.3 draw other masks
+    assert changed.get_config()["dropout"] == 0.3 and changed.get_config()["attention_dropout"] == 0.2
+    assert changed.encoder_layers[0].get_config()["dropout"] == 0.3
+    assert changed.decoder_layers[1].feed_forward.get_config()["dropout"] == 0.3
+    assert changed.source_embedding.get_config()["dropout"] == 0.3
+    assert {layer.self_attention.dropout for layer in changed.decoder_layers} == {0.2}
+    with pytest.raises(ValueError, match="dropout rate must be in"):
+        changed.set_dropout(1.0)
+    assert changed.dropout == 0.3  # refused: nothing changed

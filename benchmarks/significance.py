@@ -1,8 +1,16 @@
-"""sacreBLEU's paired bootstrap of two systems' translations of the same sentences, so noise is not read as a change."""
+"""sacreBLEU's paired bootstrap of two systems' translations of the same sentences, so noise is not read as a change.
+
+Also a command: ``python -m benchmarks.significance --baseline A.txt --system B.txt --references REF[.gz]`` prints
+one JSON line (the files named, then `paired_bootstrap`'s result), e.g. for two runs' ``hypotheses.test.txt``.
+"""
 
 from __future__ import annotations
 
+import argparse
+import gzip
+import json
 import logging
+import sys
 
 BOOTSTRAP_SAMPLES = 1000  # sacreBLEU's default for the paired bootstrap
 SIGNIFICANCE = 0.05
@@ -56,3 +64,47 @@ def paired_bootstrap(
         "samples": samples,
         "verdict": verdict,
     }
+
+
+def _lines(path: str) -> list[str]:
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        return f.read().splitlines()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.significance",
+        description="sacreBLEU's paired bootstrap of SYSTEM's translations against BASELINE's (the same sentences, "
+        "line by line); prints one JSON line: bleu_delta (system - baseline), p_value, verdict, ...",
+    )
+    parser.add_argument("--baseline", required=True, help="the baseline's translations, one per line")
+    parser.add_argument("--system", required=True, help="the compared system's translations, one per line")
+    parser.add_argument("--references", required=True, help="references, line-aligned (.gz is read as gzip)")
+    parser.add_argument("--target-language", default="", help="e.g. zh for sacreBLEU's Chinese tokenizer")
+    parser.add_argument("--samples", type=int, default=BOOTSTRAP_SAMPLES, help="bootstrap resamples")
+    args = parser.parse_args(argv)
+    try:
+        texts = {name: _lines(getattr(args, name)) for name in ("baseline", "system", "references")}
+    except (OSError, UnicodeDecodeError, EOFError) as error:
+        print(
+            f"significance: cannot read {getattr(error, 'filename', None) or 'a file'}: {error}",
+            file=sys.stderr,
+        )
+        return 2
+    counts = {name: len(lines) for name, lines in texts.items()}
+    if len(set(counts.values())) != 1 or not counts["references"]:
+        print(
+            f"significance: the files must have the same number of lines (and some): {counts}",
+            file=sys.stderr,
+        )
+        return 2
+    result = paired_bootstrap(
+        texts["baseline"], texts["system"], texts["references"], args.target_language, args.samples
+    )
+    print(json.dumps({"baseline": args.baseline, "system": args.system, **result}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

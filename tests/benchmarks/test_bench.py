@@ -217,6 +217,37 @@ def test_paired_bootstrap_reports_sacrebleus_bleu_difference_and_a_verdict():
     assert 0 < loss["p_value"] < 0.05 and loss["verdict"] == "significant loss" and loss["samples"] == 200
 
 
+def test_significance_command_prints_the_bootstrap_of_two_files_and_refuses_misaligned_ones(tmp_path, capsys):
+    """`python -m benchmarks.significance`: the JSON line is `paired_bootstrap` of the files' lines (references
+    read from .gz too); files of different lengths are an error that names the counts."""
+    import gzip
+    import json
+
+    from benchmarks.significance import main, paired_bootstrap
+
+    references = [f"der hund {i} sieht das haus" for i in range(30)]
+    baseline = [ref if i % 2 else "der hund" for i, ref in enumerate(references)]
+    system = [ref if i % 5 else "das haus" for i, ref in enumerate(references)]
+    for name, lines in (("baseline.txt", baseline), ("system.txt", system)):
+        (tmp_path / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    with gzip.open(tmp_path / "ref.de.gz", "wt", encoding="utf-8") as f:
+        f.write("\n".join(references) + "\n")
+    args = ["--baseline", str(tmp_path / "baseline.txt"), "--system", str(tmp_path / "system.txt")]
+    assert main([*args, "--references", str(tmp_path / "ref.de.gz"), "--samples", "100"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed == {
+        "baseline": args[1],
+        "system": args[3],
+        **paired_bootstrap(baseline, system, references, samples=100),
+    }
+    assert printed["bleu_delta"] > 0
+    (tmp_path / "short.txt").write_text("\n".join(references[:-1]) + "\n", encoding="utf-8")
+    assert main([*args, "--references", str(tmp_path / "short.txt")]) == 2
+    assert "same number of lines" in capsys.readouterr().err
+    assert main([*args, "--references", str(tmp_path / "missing.txt")]) == 2
+    assert "cannot read" in capsys.readouterr().err
+
+
 @pytest.mark.slow  # ~15 s; the CTranslate2 CLI path stays in make test (tests/test_cli_evaluate.py)
 def test_decode_engine_rows_name_their_settings_and_hold_the_engines_translations(trained_tiny_run, tmp_path):
     """The decode rows of `make bench` (cached TensorFlow float32, then CTranslate2 and TensorFlow int8) on the tiny

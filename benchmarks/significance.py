@@ -7,7 +7,6 @@ one JSON line (the files named, then `paired_bootstrap`'s result), e.g. for two 
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import logging
 import sys
@@ -66,12 +65,6 @@ def paired_bootstrap(
     }
 
 
-def _lines(path: str) -> list[str]:
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        return f.read().splitlines()
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.significance",
@@ -84,13 +77,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target-language", default="", help="e.g. zh for sacreBLEU's Chinese tokenizer")
     parser.add_argument("--samples", type=int, default=BOOTSTRAP_SAMPLES, help="bootstrap resamples")
     args = parser.parse_args(argv)
+    # gzip-aware, and splits on "\n" only, as the hypothesis files are written (not on other Unicode breaks)
+    from data.errors import DataError
+    from data.multi30k import read_lines
+
     try:
-        texts = {name: _lines(getattr(args, name)) for name in ("baseline", "system", "references")}
-    except (OSError, UnicodeDecodeError, EOFError) as error:
-        print(
-            f"significance: cannot read {getattr(error, 'filename', None) or 'a file'}: {error}",
-            file=sys.stderr,
-        )
+        texts = {name: read_lines(getattr(args, name)) for name in ("baseline", "system", "references")}
+    except DataError as error:
+        print(f"significance: {error}", file=sys.stderr)
         return 2
     counts = {name: len(lines) for name, lines in texts.items()}
     if len(set(counts.values())) != 1 or not counts["references"]:

@@ -141,9 +141,8 @@ def test_planned_dropout_is_piecewise_linear_in_the_planned_steps_and_flat_beyon
     plan.start(0, 0.0)
     assert plan.dropout is None  # probing
     run_steps(plan, range(1, PROBE + SKIP + 1))
-    assert plan.total_steps == PLANNED and plan.dropout == pytest.approx(
-        0.3
-    )  # 24 steps: halfway from 12 to 36
+    # 24 steps: halfway from 12 to 36.
+    assert plan.total_steps == PLANNED and plan.dropout == pytest.approx(0.3)
     assert plan.records[0]["dropout"] == pytest.approx(0.3)
     plain = plan_for()
     plain.start(0, 0.0)

@@ -23,6 +23,7 @@ import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import nmt.xla  # noqa: E402, F401  (TF_XLA_FLAGS before TensorFlow reads them: train.xla fusible)
 from nmt.cli import add_set_argument, decoding_kernels  # noqa: E402
 
 
@@ -34,6 +35,11 @@ def _switch(text: str) -> bool:
     if text.lower() not in ("on", "off", "true", "false"):
         raise argparse.ArgumentTypeError(f"expected on or off, got {text!r}")
     return text.lower() in ("on", "true")
+
+
+def _xla_setting(text: str) -> bool | str:
+    """on/off, or fusible (the train rows' `train.xla: fusible`)."""
+    return "fusible" if text.lower() == "fusible" else _switch(text)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -53,7 +59,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--run-dir", help="trained run for decode (and its tokenizer); default runs/base")
     parser.add_argument("--tokenizer-dir", help="tokenizer to use (default: RUN_DIR/tokenizer if compatible)")
     parser.add_argument("--precisions", type=_list(str), help="e.g. float32,mixed_bfloat16,mixed_float16")
-    parser.add_argument("--xla", type=_list(_switch), help="e.g. off,on")
+    parser.add_argument(
+        "--xla", type=_list(_xla_setting), help="e.g. off,on,fusible (fusible: train rows only)"
+    )
     parser.add_argument("--train-batches", type=int, help="batches per timed training pass")
     parser.add_argument("--train-shapes", type=int, help="distinct batch shapes among them")
     parser.add_argument("--train-rounds", type=int, help="timed passes per model (median)")

@@ -18,6 +18,7 @@ from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import nmt.xla  # noqa: E402, F401  (TF_XLA_FLAGS before TensorFlow reads them: train.xla fusible)
 from nmt.cli import add_set_argument  # noqa: E402
 from nmt.config import ConfigError, load_config  # noqa: E402
 from nmt.run_dir import RunDir, RunDirError, RunLock, write_atomic  # noqa: E402

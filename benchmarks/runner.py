@@ -33,7 +33,9 @@ class BenchOptions:
     )
     # train
     precisions: tuple[str, ...] = ("float32", "mixed_bfloat16", "mixed_float16")
-    xla: tuple[bool, ...] = (False, True)
+    # XLA settings: False, True (jit_compile) and, for the train rows only, "fusible" (`train.xla: fusible`: the
+    # fusible ops auto-clustered, the matmuls TensorFlow's; nmt.xla)
+    xla: tuple[bool | str, ...] = (False, True, "fusible")
     # Sized for `make bench` under 15 minutes on 2 CPU cores: tracing and XLA compilation, not the timed passes,
     # are most of the train benchmark's time (~20-35 s per model and setting).
     train_batches: int = 3  # batches per timed pass
@@ -48,7 +50,7 @@ class BenchOptions:
     decode_all: int = 0  # test sentences for the cached settings (0 = all)
     decode_sentences: int = 16  # test sentences for the no-cache settings (quadratic; 100 took 8 of 34 min)
     beams: tuple[int, ...] = (1, 4)
-    decode_xla: tuple[bool, ...] | None = None  # XLA settings of the decode benchmark (None = as `xla`)
+    decode_xla: tuple[bool, ...] | None = None  # XLA settings of decode (None: as `xla`, without fusible)
     # decode rows of the same model in other engines (benchmarks.decode_engines; the smoke has none): engines,
     # CTranslate2 beam patiences (alpha != 0; the engine's default is 2), CTranslate2 exports (reused for the same
     # checkpoint) and every row's hypotheses
@@ -64,6 +66,13 @@ class BenchOptions:
     # input_scale: synthetic folder corpora of these sizes, prepared and read (benchmarks.input_scale)
     input_scale_pairs: tuple[int, ...] = (500_000, 5_000_000)
     input_scale_dir: str = "runs/bench-input-scale"  # corpora (reused); each run's cache is removed after it
+
+    @property
+    def decode_xla_settings(self) -> tuple[bool, ...]:
+        """`decode_xla`, or `xla` without "fusible" (a training-step setting)."""
+        if self.decode_xla is not None:
+            return self.decode_xla
+        return tuple(setting for setting in self.xla if setting != "fusible") or (False,)
 
     @classmethod
     def quick(cls, **changes) -> BenchOptions:
@@ -167,7 +176,7 @@ def run_benchmarks(options: BenchOptions, emit=None, config=None) -> list[dict]:
                     sentences=options.decode_all,
                     no_cache_sentences=options.decode_sentences,
                     beams=options.beams,
-                    xla_settings=options.xla if options.decode_xla is None else options.decode_xla,
+                    xla_settings=options.decode_xla_settings,
                 )
             if "decode" in options.only and options.decode_engines:
                 from benchmarks.decode_engines import bench_decode_engines
@@ -180,7 +189,7 @@ def run_benchmarks(options: BenchOptions, emit=None, config=None) -> list[dict]:
                     beams=options.beams,
                     engines=options.decode_engines,
                     patiences=options.ct2_patience,
-                    xla_settings=options.xla if options.decode_xla is None else options.decode_xla,
+                    xla_settings=options.decode_xla_settings,
                     export_dir=options.ct2_dir,
                 )
             if "attention" in options.only:

@@ -1,9 +1,11 @@
 """Where a training step's time goes: a TensorFlow profiler trace of a few steps, op time by category.
 
     python -m benchmarks.train_profile --config base.yaml [--set ...] [--precision mixed_bfloat16] [--steps 6]
+        [--xla off|fusible]
 
-The config's model with the real `nmt.train_step.TrainStep` (`benchmarks.train_speed.make_train_step`, XLA off:
-an XLA cluster is one opaque op), on the first `steps` batches of the seeded epoch whose shape is among its 3 most
+The config's model with the real `nmt.train_step.TrainStep` (`benchmarks.train_speed.make_train_step`, XLA off, or
+with `--xla fusible` the fusible ops auto-clustered as `train.xla: fusible` does: each XLA cluster is one opaque op,
+counted in its own category, and the ops it fused no longer appear in theirs), on the first `steps` batches of the seeded epoch whose shape is among its 3 most
 common. Warm-up: one pass over the batches (traces every shape). Wall time per step: the median of two more passes,
 outside the profiler. Then one pass under `tf.profiler`; the TensorFlow op events of the host trace (the XSpace
 protobuf, read with the `xplane_pb2` TensorFlow ships) are summed per category of `categorize`. That is op time
@@ -33,6 +35,8 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import nmt.xla  # noqa: E402, F401  (TF_XLA_FLAGS before TensorFlow reads them: --xla fusible)
+
 MARK = "TRAIN_PROFILE "
 PROJECTION = "output projection matmuls (fwd+bwd)"
 MATMULS = "other matmuls (attention, FFN, fwd+bwd)"
@@ -40,9 +44,10 @@ LOSS = "loss over the vocabulary (log-softmax, cross-entropy, gradient, gathers)
 DROPOUT = "dropout (random masks, select)"
 LAYER_NORMS = "layer norms (fwd+bwd)"
 OTHER = "other (bias, residual, ReLU, transposes, embedding lookup, update bookkeeping)"
+CLUSTERS = "XLA clusters (the fused ops of train.xla: fusible)"
 CATEGORIES = (PROJECTION, MATMULS, LOSS, DROPOUT, "casts", LAYER_NORMS, "attention softmax, masks",
               "gradient sums (AddN)", "optimizer (Adam)", "gradient norms, clipping", "accumulator copies",
-              OTHER)  # fmt: skip
+              OTHER, CLUSTERS)  # fmt: skip
 
 
 def categorize(node: str, op_type: str) -> str:
@@ -52,6 +57,8 @@ def categorize(node: str, op_type: str) -> str:
     the model's under its layers' names; the optimizer update's under `adam/`.
     """
     path = re.sub(r"^(StatefulPartitionedCall/)?(gradient_tape/)?(transformer(_\d+)?/)?", "", node)
+    if op_type.startswith("_Xla"):  # _XlaRun (a cluster's kernels), _XlaCompile (its cache lookup)
+        return CLUSTERS
     if "dropout" in path:
         return DROPOUT
     if "MatMul" in op_type or "Einsum" in op_type:
@@ -167,6 +174,9 @@ def main(argv: list[str] | None = None) -> int:
     add_set_argument(parser)
     parser.add_argument("--precision", default=None, help="a Keras policy (default: the config's, resolved)")
     parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument(
+        "--xla", choices=("off", "fusible"), default="off", help="fusible: as train.xla: fusible (nmt.xla)"
+    )
     args = parser.parse_args(argv)
 
     config = load_config(args.config, args.overrides)
@@ -176,20 +186,25 @@ def main(argv: list[str] | None = None) -> int:
     set_policy(precision)
     keras.utils.set_random_seed(config.train.seed)
     model = build_model(config.model, tokenizer.source_vocab_size, tokenizer.target_vocab_size)
-    profile = profile_step(make_train_step(model, config, precision=precision, xla=False), batches)
+    step = make_train_step(model, config, precision=precision, xla=False)
+    step.autocluster = args.xla == "fusible"
+    profile = profile_step(step, batches)
     bound = MatmulOnly(
         batches, config.model, tokenizer.target_vocab_size, precision=precision, xla=False, masked=True
     )
     bound.run()  # warm-up: traces every shape
     matmul_ms = statistics.median(timed(bound.run)[0] for _ in range(3)) * 1000 / len(batches)
     tokens = sum(int((b["target_out"].numpy() != 0).sum()) for b in batches) / len(batches)
-    print(f"precision {precision}, {len(batches)} batches, {tokens:.0f} target tokens per step")
+    print(
+        f"precision {precision}, XLA {args.xla}, {len(batches)} batches, {tokens:.0f} target tokens per step"
+    )
     print(markdown_table({"step": profile}, tokens))
     print(
         f"matmul-only (the step's matmuls alone, same shapes): {matmul_ms:.0f} ms/step, "
         f"wall / matmul-only = {profile['wall_ms'] / matmul_ms:.2f}"
     )
-    record = {"precision": precision, "steps": len(batches), "target_tokens_per_step": round(tokens, 1)}
+    record = {"precision": precision, "xla": args.xla, "steps": len(batches)}
+    record["target_tokens_per_step"] = round(tokens, 1)
     record.update(
         wall_ms=round(profile["wall_ms"], 1),
         op_ms={k: round(v, 1) for k, v in profile["op_ms"].items()},

@@ -188,19 +188,21 @@ def bench_train(
                 "ours": make_train_step(ours, cfg, precision=precision, xla=False),
                 "reference": make_train_step(reference, cfg, precision=precision, xla=False, stock_adam=True),
             }
-            for xla in xla_settings:
+            for xla in xla_settings:  # False, True (jit_compile) or "fusible" (train.xla: fusible, nmt.xla)
                 for (
                     step
                 ) in steps.values():  # the optimizer update keeps its trace; the gradients are traced anew
-                    step.set_jit_compile(xla)
+                    step.set_jit_compile(xla is True)
+                    step.autocluster = xla == "fusible"
                 traces_before = {name: step.num_traces for name, step in steps.items()}
                 warmup = {
                     name: timed(lambda s=step: _train_pass(s, warmup_batches))[0]
                     for name, step in steps.items()
                 }
                 # Our step projects the real target tokens only, except under XLA (static shapes).
+                jit = xla is True
                 bound = MatmulOnly(
-                    batches, model_cfg, vocab_size, precision=precision, xla=xla, masked=not xla
+                    batches, model_cfg, vocab_size, precision=precision, xla=jit, masked=not jit
                 )
                 warmup["matmul_only"] = timed(bound.run)[0]  # traces (and compiles) every shape
                 seconds = {name: [] for name in (*steps, "matmul_only")}

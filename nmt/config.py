@@ -99,7 +99,9 @@ class TrainConfig:
     precision: str = field(
         default="auto", metadata=_choices("auto", "float32", "mixed_float16", "mixed_bfloat16")
     )  # auto = fastest safe policy for the device
-    xla: bool | str = "auto"  # jit_compile the train step: true, false or auto (on for GPU/TPU)
+    # The train step: true (jit_compile), false, fusible (XLA fuses all but the matmuls, nmt.xla) or auto (true on
+    # GPU/TPU, fusible on CPU under mixed_bfloat16, false otherwise)
+    xla: bool | str = "auto"
     accumulate_steps: int = 1  # batches per optimizer step (gradients normalised by true token count)
     distribute: str = field(
         default="none", metadata=_choices("none", "mirrored", "multi_worker", "tpu")
@@ -152,8 +154,8 @@ class Config:
 
 
 def _validate(config: Config) -> None:
-    if config.train.xla not in (True, False, "auto"):
-        raise ConfigError(f"train.xla: expected true, false or auto, got {config.train.xla!r}")
+    if config.train.xla not in (True, False, "auto", "fusible"):
+        raise ConfigError(f"train.xla: expected true, false, fusible or auto, got {config.train.xla!r}")
     if isinstance(config.model.mask_fill, str) and config.model.mask_fill != "auto":
         raise ConfigError(f"model.mask_fill: expected 'auto' or a number, got {config.model.mask_fill!r}")
     if config.model.d_model % config.model.num_heads:

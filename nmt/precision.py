@@ -47,10 +47,24 @@ def resolve_precision(precision: str, device: str, *, flags: set[str] | None = N
 
 
 def resolve_xla(xla: bool | str, device: str) -> bool:
-    """`auto` turns XLA on for GPU/TPU; on CPU it was measured to gain little (see README, make bench)."""
+    """Whether the train step is jit-compiled whole: `auto` turns XLA on for GPU/TPU only.
+
+    On CPU whole-step XLA loses: its matmuls do not reach oneDNN's kernels (0.61x for bf16 on AMX; README).
+    """
     if xla == "auto":
         return device in ("gpu", "tpu")
-    return bool(xla)
+    return xla is True
+
+
+def resolve_autocluster(xla: bool | str, device: str, precision: str) -> bool:
+    """Whether the train step auto-clusters its fusible ops (`nmt.xla`): `fusible`, or `auto` on CPU in bf16.
+
+    Measured on an AMX Xeon (README, make bench): 1.11x for the mixed_bfloat16 step, 1.01x for float32, so `auto`
+    leaves float32 (the AVX2 machines' policy) as it was.
+    """
+    if xla == "auto":
+        return device == "cpu" and precision == "mixed_bfloat16"
+    return xla == "fusible"
 
 
 def set_policy(policy: str) -> None:

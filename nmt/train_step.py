@@ -37,6 +37,7 @@ import numpy as np
 import tensorflow as tf
 
 from nmt.losses import smoothed_cross_entropy, token_cross_entropy
+from nmt.xla import autoclustering
 from transformer.vocab import PAD_ID
 
 INITIAL_LOSS_SCALE = 2.0**15
@@ -70,6 +71,7 @@ class TrainStep:
         jit_compile: bool,
         loss_normaliser: float,
         loss_scale_growth_steps: int = LOSS_SCALE_GROWTH_STEPS,
+        autocluster: bool = False,
     ):
         self.model = model
         self.optimizer = optimizer
@@ -102,6 +104,9 @@ class TrainStep:
             self.bad_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="consecutive_bad_steps")
             self.skipped_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped_steps")
         self.set_jit_compile(jit_compile)
+        # `train.xla: fusible`: XLA fuses the elementwise ops and reductions of every step's functions, the matmuls
+        # stay TensorFlow ops (nmt.xla). Ignored under jit_compile, which compiles everything.
+        self.autocluster = autocluster
         self.update = tf.function(self._update_fn)
         self.apply = tf.function(self._apply_fn)
 
@@ -236,8 +241,9 @@ class TrainStep:
 
         One micro-batch goes straight from `gradients` to `update`; several are summed in the accumulators first.
         """
-        if len(batches) == 1:
-            return self.update(*self.gradients(batches[0]))
-        for batch in batches:
-            self.accumulate(batch)
-        return self.apply()
+        with autoclustering(self.autocluster and not self.jit_compile):
+            if len(batches) == 1:
+                return self.update(*self.gradients(batches[0]))
+            for batch in batches:
+                self.accumulate(batch)
+            return self.apply()

@@ -27,7 +27,7 @@ from nmt.config import Config
 from nmt.distribute import StopControl, WorkersDisagree, is_chief, make_strategy, replica_batches, worker_part
 from nmt.final_weights import AveragingSnapshots, average_if_better
 from nmt.optimizer import adam
-from nmt.precision import device_kind, resolve_precision, resolve_xla, set_policy
+from nmt.precision import device_kind, resolve_autocluster, resolve_precision, resolve_xla, set_policy
 from nmt.run_dir import RunDir, RunDirError, save_model_weights
 from nmt.summaries import write_train_summaries, write_validation_summaries
 from nmt.train_step import TrainStep
@@ -78,11 +78,13 @@ class Trainer:
         device = device_kind(self.strategy)
         self.precision = resolve_precision(cfg.train.precision, device)
         self.xla = resolve_xla(cfg.train.xla, device)
+        self.autocluster = not self.xla and resolve_autocluster(cfg.train.xla, device, self.precision)
         set_policy(self.precision)
         keras.utils.set_random_seed(cfg.train.seed)
         log.info(
             "device %s, %d replica(s), precision %s, XLA %s",
-            device, self.strategy.num_replicas_in_sync, self.precision, "on" if self.xla else "off",
+            device, self.strategy.num_replicas_in_sync, self.precision,
+            "on" if self.xla else "fusible ops only (matmuls stay TensorFlow's)" if self.autocluster else "off",
         )  # fmt: skip
 
         # The tokenizer and the tokenized splits come from the data cache (data.prepare: trained and tokenized once,
@@ -126,6 +128,7 @@ class Trainer:
                 loss_scaling=self.precision == "mixed_float16",
                 jit_compile=self.xla,
                 loss_normaliser=cfg.data.batch_tokens,
+                autocluster=self.autocluster,
             )
             self.elapsed = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="elapsed_seconds")
             self.best_bleu = tf.Variable(-1.0, dtype=tf.float64, trainable=False, name="best_bleu")

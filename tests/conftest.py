@@ -16,6 +16,8 @@ atexit.register(shutil.rmtree, _DATA_CACHE, ignore_errors=True)
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
+import nmt.xla  # noqa: E402, F401  (TF_XLA_FLAGS before TensorFlow reads them: train.xla fusible)
+
 
 @pytest.fixture(autouse=True)
 def _fixed_seeds():

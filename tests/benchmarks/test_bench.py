@@ -87,7 +87,8 @@ def test_quick_benchmarks_emit_json_lines_with_the_required_fields(tiny):
         run_dir="does/not/exist",
         train_batches=1,
         train_rounds=1,
-        xla=(False, True),  # the XLA setting reuses the models, only the gradient step is compiled again
+        # The XLA settings reuse the models: only the gradient step is traced again.
+        xla=(False, True, "fusible"),
         decode_xla=(False,),
         peak_size=128,
         decode_all=6,
@@ -107,19 +108,22 @@ def test_quick_benchmarks_emit_json_lines_with_the_required_fields(tiny):
         name: [r for r in lines if r["bench"] == name] for name in ("train", "decode", "attention", "input")
     }
 
-    train, train_xla = by_bench["train"]
+    train, train_xla, train_fusible = by_bench["train"]
     assert train["precision"] == "float32" and train["xla"] is False and train_xla["xla"] is True
-    for record in (train, train_xla):  # one trace per setting: the warm-up left nothing to compile when timed
+    assert train_fusible["xla"] == "fusible" and train_fusible["tokens_per_sec"] > 0
+    for record in by_bench["train"]:  # one trace per setting: the warm-up left nothing to compile when timed
         assert record["compiled_shapes"] == {"ours": 1, "reference": 1}
     for key in ("tokens_per_sec", "reference_tokens_per_sec", "ratio", "mfu", "peak_gflops"):
         assert isinstance(train[key], NUMBER) and train[key] > 0, key
     assert train["params"] == train["reference_params"] and train["expected_param_difference"] == 0
     assert train["non_embedding_params"] < train["params"] + 48 * 32  # embeddings out, tied projection in
-    for record in (train, train_xla):  # the matmul-only lower bound, timed in the same rounds
+    for record in by_bench["train"]:  # the matmul-only lower bound, timed in the same rounds
         for key in ("step_seconds", "matmul_only_seconds", "overhead_ratio", "matmul_only_gflops"):
             assert isinstance(record[key], NUMBER) and record[key] > 0, key
         assert len(record["seconds_matmul_only"]) == record["rounds"]
     assert train_xla["matmul_gflops_per_pass"] >= train["matmul_gflops_per_pass"]  # XLA projects padding too
+    # Fusible projects the real tokens only, as without XLA.
+    assert train_fusible["matmul_gflops_per_pass"] == train["matmul_gflops_per_pass"]
 
     decode = by_bench["decode"]
     assert {(r["search"], r["cache"]) for r in decode} == {("greedy", True), ("greedy", False)}
@@ -386,3 +390,18 @@ def test_bench_cli_decode_engine_options():
     assert bench.options_from_args(bench.parse_args([])).decode_engines == ("ctranslate2", "tensorflow_int8")
     assert bench.options_from_args(bench.parse_args(["--quick"])).decode_engines == ()  # the smoke has none
     assert bench.main(["--decode-engines", "ctranslate2,nope"]) == 2
+
+
+def test_bench_cli_xla_settings_and_fusible_is_for_the_train_rows_only():
+    import bench
+
+    def options(*argv):
+        return bench.options_from_args(bench.parse_args(list(argv)))
+
+    assert options().xla == (False, True, "fusible") and options().decode_xla_settings == (False, True)
+    assert options("--xla", "off,fusible").xla == (False, "fusible")
+    assert options("--xla", "fusible").decode_xla_settings == (False,)
+    assert options("--xla", "fusible", "--decode-xla", "on").decode_xla_settings == (True,)
+    with pytest.raises(SystemExit) as exit_info:
+        bench.parse_args(["--xla", "sometimes"])
+    assert exit_info.value.code == 2

@@ -45,7 +45,7 @@ def test_int_is_accepted_for_float_but_not_the_reverse():
         ("model.share_embeddings=1", r"model\.share_embeddings: expected bool, got int"),
         ("model.norm=middle", r"model\.norm: 'middle' is not one of post, pre"),
         ("train.precision=fp8", r"train\.precision: 'fp8' is not one of"),
-        ("train.xla=sometimes", r"train\.xla"),
+        ("train.xla=sometimes", r"train\.xla: expected true, false, fusible or auto, got 'sometimes'"),
         ("model.num_heads=3", r"model\.d_model: 256 is not divisible by model\.num_heads=3"),
         ("data.max_length=0", r"data\.max_length: must be positive"),
         ("eval.streams=-1", r"eval\.streams: must be >= 0 \(0 = auto\), got -1"),
@@ -130,3 +130,8 @@ def test_a_decay_needs_a_planned_end():
         load_config("base", ["train.schedule=cosine"]).train.max_minutes == 60
     )  # planned from the time budget
     assert load_config(None, ["train.schedule=linear", "train.max_steps=100"]).train.schedule == "linear"
+
+
+@pytest.mark.parametrize(("value", "expected"), [("fusible", "fusible"), ("auto", "auto"), ("true", True)])
+def test_train_xla_accepts_fusible_auto_and_booleans(value, expected):
+    assert load_config("base", [f"train.xla={value}"]).train.xla == expected

@@ -78,7 +78,7 @@ class Trainer:
         device = device_kind(self.strategy)
         self.precision = resolve_precision(cfg.train.precision, device)
         self.xla = resolve_xla(cfg.train.xla, device)
-        self.autocluster = not self.xla and resolve_autocluster(cfg.train.xla, device, self.precision)
+        self.autocluster = resolve_autocluster(cfg.train.xla)
         set_policy(self.precision)
         keras.utils.set_random_seed(cfg.train.seed)
         log.info(

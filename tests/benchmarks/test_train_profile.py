@@ -12,7 +12,7 @@ from benchmarks.train_profile import CLUSTERS, DROPOUT, LAYER_NORMS, PROJECTION,
         ("StatefulPartitionedCall/cluster_3_1/xla_compile", "_XlaCompile", CLUSTERS),
         ("StatefulPartitionedCall/transformer/encoder_layer_0/dropout/SelectV2", "SelectV2", DROPOUT),
         ("StatefulPartitionedCall/transformer/MatMul", "_MklMatMul", PROJECTION),
-        ("StatefulPartitionedCall/gradient_tape/transformer/decoder_layer_1/ffn_norm/mul", "Mul", LAYER_NORMS),
+        ("gradient_tape/transformer/decoder_layer_1/ffn_norm/mul", "Mul", LAYER_NORMS),
         ("StatefulPartitionedCall/transformer/encoder_layer_0/ffn/Cast", "Cast", "casts"),
     ],
 )

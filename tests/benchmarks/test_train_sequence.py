@@ -1,0 +1,43 @@
+"""benchmarks.train_sequence on the tiny corpus: the record counts the epoch's real tokens and shapes, per setting."""
+
+import numpy as np
+import pytest
+
+from nmt.config import config_from_dict
+from tests.run_fixture import tiny_config_tree, write_corpus
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from data.tokenizer import Tokenizer, train_tokenizer
+
+    root = tmp_path_factory.mktemp("sequence")
+    config = config_from_dict(tiny_config_tree(write_corpus(root / "corpus")))
+    train_tokenizer(config.data, root / "tokenizer", seed=config.train.seed)
+    return config, Tokenizer.load(root / "tokenizer")
+
+
+@pytest.mark.parametrize("xla", ["off", "fusible"])
+def test_record_counts_the_real_target_tokens_of_the_epochs_first_batches(tiny, xla):
+    from benchmarks.train_sequence import measure
+    from data.pipeline import make_train_dataset
+
+    config, tokenizer = tiny
+    record = measure(config, tokenizer, precision="float32", xla=xla, steps=4)
+    batches = list(make_train_dataset(config.data, tokenizer, seed=config.train.seed, repeat=True).take(4))
+    assert record["target_tokens"] == sum(int(np.count_nonzero(b["target_out"].numpy())) for b in batches)
+    assert record["batch_shapes"] == len({(b["source"].shape, b["target_in"].shape) for b in batches})
+    assert record["xla"] == xla and record["steps"] == 4 and record["seconds"] > 0
+    assert record["tokens_per_sec"] == pytest.approx(record["target_tokens"] / record["seconds"], rel=0.01)
+    assert set(record["tokens_per_sec_after"]) == {"1", "2", "3"}
+    assert all(1 <= step <= 4 and seconds > 1.5 for step, seconds in record["slow_steps"])
+
+
+def test_cli_refuses_unknown_settings():
+    from benchmarks.train_sequence import parse_args
+
+    for argv in (["--xla", "on"], ["--xla", ""], ["--steps", "1"]):
+        with pytest.raises(SystemExit) as exit_info:
+            parse_args(argv)
+        assert exit_info.value.code == 2
+    assert parse_args([]).xla == ["off", "fusible"]

@@ -99,7 +99,7 @@ class TrainConfig:
     precision: str = field(
         default="auto", metadata=_choices("auto", "float32", "mixed_float16", "mixed_bfloat16")
     )  # auto = fastest safe policy for the device
-    # The train step: true (jit_compile), false, fusible (XLA fuses all but the matmuls, nmt.xla; pays on long runs)
+    # The train step: true (jit_compile), false, fusible (XLA fuses all but the matmuls, nmt.xla; for long runs)
     # or auto (true on GPU/TPU, false on CPU)
     xla: bool | str = "auto"
     accumulate_steps: int = 1  # batches per optimizer step (gradients normalised by true token count)

@@ -59,8 +59,9 @@ def resolve_xla(xla: bool | str, device: str) -> bool:
 def resolve_autocluster(xla: bool | str) -> bool:
     """Whether the train step auto-clusters its fusible ops (`nmt.xla`): `fusible` only, never `auto`.
 
-    Measured on an AMX Xeon on the real epoch's 30 batch shapes (README): 1.08x faster bf16 steps once compiled, but
-    XLA compiles each new batch shape for ~12 s (11 in the first 50 steps), which an hour's run does not pay back.
+    Measured on an AMX Xeon on the real epoch's 30 batch shapes (docs/amx-2026-12-02b): 1.13x faster bf16 steps once
+    compiled, but XLA compiles each new batch shape for 12-22 s (12 stalls in 400 steps): about even over an hour,
+    and the budget probe would time the stalls.
     """
     return xla == "fusible"
 

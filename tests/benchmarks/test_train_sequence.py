@@ -17,17 +17,17 @@ def tiny(tmp_path_factory):
     return config, Tokenizer.load(root / "tokenizer")
 
 
-@pytest.mark.parametrize("xla", ["off", "fusible"])
-def test_record_counts_the_real_target_tokens_of_the_epochs_first_batches(tiny, xla):
+def test_record_counts_the_real_target_tokens_of_the_epochs_first_batches(tiny):
     from benchmarks.train_sequence import measure
     from data.pipeline import make_train_dataset
 
     config, tokenizer = tiny
-    record = measure(config, tokenizer, precision="float32", xla=xla, steps=4)
+    # Under fusible, only step.autocluster differs: tests/nmt/test_xla.py.
+    record = measure(config, tokenizer, precision="float32", xla="off", steps=4)
     batches = list(make_train_dataset(config.data, tokenizer, seed=config.train.seed, repeat=True).take(4))
     assert record["target_tokens"] == sum(int(np.count_nonzero(b["target_out"].numpy())) for b in batches)
     assert record["batch_shapes"] == len({(b["source"].shape, b["target_in"].shape) for b in batches})
-    assert record["xla"] == xla and record["steps"] == 4 and record["seconds"] > 0
+    assert record["xla"] == "off" and record["steps"] == 4 and record["seconds"] > 0
     assert record["tokens_per_sec"] == pytest.approx(record["target_tokens"] / record["seconds"], rel=0.01)
     assert set(record["tokens_per_sec_after"]) == {"1", "2", "3"}
     assert all(1 <= step <= 4 and seconds > 1.5 for step, seconds in record["slow_steps"])

@@ -112,10 +112,7 @@ def profile_step(step, batches: list) -> dict:
             bool(step.step([batch])["applied"])  # the trainer reads this every step
         return (time.perf_counter() - start) * 1000 / len(batches)
 
-    # Warm-up: traces every shape. Auto-clustering compiles a cluster for a shape at its second request (TensorFlow's
-    # lazy compilation) and falls back to the unfused ops before: two more passes.
-    for _ in range(3 if getattr(step, "autocluster", False) else 1):
-        one_pass()
+    one_pass()  # warm-up: traces every shape (and under fusible compiles its clusters: nmt.xla)
     wall = statistics.median([one_pass(), one_pass()])
     logdir = tempfile.mkdtemp(prefix="train-profile-")
     try:

@@ -5,9 +5,8 @@
 
 `bench.py`'s train rows time a few batches of one shape after a warm-up, which hides what a setting costs per new
 batch shape. Here every batch comes in training order, with every bucket shape the epoch holds (30 for base.yaml
-on Multi30k), from a cold start: tracing, and under `fusible` XLA's compile of each new shape (TensorFlow compiles
-a cluster for a shape at its second request, and stops compiling new shapes of a cluster that compiled more than
-10 before running 50 times per compile: "megamorphic") are all on the clock.
+on Multi30k), from a cold start: tracing, and under `fusible` XLA's compile of the clusters for each new shape (at
+its first request: `nmt.xla` turns TensorFlow's lazy compilation off), are all on the clock.
 
 Each XLA setting runs in a fresh process (its own traces and XLA caches), one after the other. One JSON line per
 setting: target tokens/s over all steps and over windows of the later steps (steady state), the total seconds, and

@@ -5,7 +5,7 @@ step on an AMX Xeon, docs/profile-train-step-amx-2026-12-02.md). Auto-clustering
 (elementwise, reductions, casts, random bits, transposes) keeps every MatMul a TensorFlow op and hands XLA the
 passes over memory between them (layer norm, dropout, residual adds, bias and ReLU, the loss), which it fuses.
 
-TensorFlow reads the two flags this needs from `TF_XLA_FLAGS` once per process, when it first optimizes any
+TensorFlow reads the flags this needs (`FLAGS`) from `TF_XLA_FLAGS` once per process, when it first optimizes any
 function: `install_flags()` runs at import, so import this module before TensorFlow runs anything (train.py and
 bench.py do; so does `nmt.train_step`). The flags alone change nothing: clustering happens only while
 `autoclustering()` is active, which `TrainStep` enters around the training step's calls only (decoding, validation
@@ -18,7 +18,14 @@ from __future__ import annotations
 import contextlib
 import os
 
-FLAGS = ("--tf_xla_cpu_global_jit", "--tf_xla_ops_to_cluster=FUSIBLE")
+# Lazy compilation off: a cluster compiles at the first request of each shape, in every process. With it on, a
+# shape's first requests run the unfused fallback (other rounding) and clusters that met many shapes stop compiling
+# ("megamorphic"), so a resumed process would fuse other steps than the uninterrupted run: not exact.
+FLAGS = (
+    "--tf_xla_cpu_global_jit",
+    "--tf_xla_ops_to_cluster=FUSIBLE",
+    "--tf_xla_enable_lazy_compilation=false",
+)
 
 
 def install_flags(environ=os.environ) -> None:

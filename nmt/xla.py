@@ -2,7 +2,7 @@
 
 Full XLA (`jit_compile`) loses on CPU: its matmuls do not reach oneDNN's AMX and AVX-512 kernels (0.61x for the bf16
 step on an AMX Xeon, docs/profile-train-step-amx-2026-12-02.md). Auto-clustering restricted to XLA's *fusible* ops
-(elementwise, reductions, casts, random bits, transposes) keeps every MatMul a TensorFlow op and hands XLA the
+(elementwise ops, reductions, casts, transposes) keeps every MatMul a TensorFlow op and hands XLA the
 passes over memory between them (layer norm, dropout, residual adds, bias and ReLU, the loss), which it fuses.
 
 TensorFlow reads the flags this needs (`FLAGS`) from `TF_XLA_FLAGS` once per process, when it first optimizes any

@@ -398,7 +398,7 @@ def test_bench_cli_xla_settings_and_fusible_is_for_the_train_rows_only():
     def options(*argv):
         return bench.options_from_args(bench.parse_args(list(argv)))
 
-    assert options().xla == (False, True, "fusible") and options().decode_xla_settings == (False, True)
+    assert options().xla == (False, True) and options().decode_xla_settings == (False, True)
     assert options("--xla", "off,fusible").xla == (False, "fusible")
     assert options("--xla", "fusible").decode_xla_settings == (False,)
     assert options("--xla", "fusible", "--decode-xla", "on").decode_xla_settings == (True,)

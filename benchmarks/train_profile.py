@@ -10,7 +10,8 @@ seeded epoch whose shape is among its 3 most common. Warm-up: one pass over the 
 time per step: the median of two more passes, outside the profiler. Then one pass under `tf.profiler`; the
 TensorFlow op events of the host trace (the XSpace protobuf, read with the `xplane_pb2` TensorFlow ships) are
 summed per category of `categorize`. That is op time summed over TensorFlow's inter-op threads, so it can exceed
-the wall time, and it includes the time an op's thread waits for a core: on a loaded machine compare shares, not milliseconds.
+the wall time, and it includes the time an op's thread waits for a core: on a loaded machine compare shares, not
+milliseconds.
 
 Also times the step's matmuls alone (`benchmarks.matmul_bound.MatmulOnly`, same shapes and compute dtype, median of
 3 passes after a warm-up, outside the profiler): the lower bound the matmul categories of the table are compared to.

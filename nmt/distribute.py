@@ -168,9 +168,9 @@ def replica_batches(strategy, batch: dict, part: tuple[int, int, int] | None):
 
 
 def worker_of_replica(strategy, replica: int) -> int:
-    """The index of the worker that runs global replica `replica` (every worker has as many replicas)."""
-    workers = max(int(getattr(strategy.extended, "_num_workers", 1)), 1)
-    return replica // max(strategy.num_replicas_in_sync // workers, 1)
+    """The index of the worker that runs global replica `replica` (every worker has as many replicas: its
+    `worker_devices`, the local devices under MultiWorkerMirroredStrategy)."""
+    return replica // max(len(strategy.extended.worker_devices), 1)
 
 
 class WorkersDisagree(RuntimeError):

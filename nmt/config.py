@@ -48,6 +48,9 @@ class ModelConfig:
     num_layers: int = 3  # encoder layers and decoder layers (each)
     dropout: float = 0.1  # residual / embedding dropout
     attention_dropout: float = 0.0  # dropout on attention weights
+    # Dropout on the feed-forward hidden activations: null = model.dropout (and the plan's, train.dropout_by_plan);
+    # a number fixes it
+    ffn_dropout: float | None = None
     norm: str = field(default="post", metadata=_choices("post", "pre"))  # Post-LN (paper) or Pre-LN
     residual: bool = True  # residual connections (off only for the ablation)
     share_embeddings: bool = True  # one embedding table for source and target (needs joint_vocab)
@@ -167,12 +170,21 @@ def _validate(config: Config) -> None:
     for name in ("num_layers", "num_heads", "d_model", "d_ff"):
         if getattr(config.model, name) <= 0:
             raise ConfigError(f"model.{name}: must be positive")
+    for name in ("dropout", "attention_dropout", "ffn_dropout"):
+        rate = getattr(config.model, name)
+        if rate is not None and not 0.0 <= rate < 1.0:
+            raise ConfigError(f"model.{name}: a dropout must be in [0, 1), got {rate:g}")
     validate_data_config(config.data)
     if config.data.max_length > config.model.max_length:
         raise ConfigError(
             f"data.max_length: {config.data.max_length} exceeds model.max_length={config.model.max_length}"
         )
     _validate_train(config.train)
+    if config.model.dropout == 0 and any(rate > 0 for _, rate in config.train.dropout_by_plan):
+        raise ConfigError(
+            "model.dropout: 0 builds the model without dropout layers to raise, but train.dropout_by_plan would set "
+            "a positive rate once the step plan is fixed; add train.dropout_by_plan=[] to train without dropout"
+        )
     if config.eval.beam_size < 1:
         raise ConfigError("eval.beam_size: must be at least 1")
     if config.eval.streams < 0:

@@ -21,6 +21,7 @@ class DecoderLayer(keras.layers.Layer):
         d_model, num_heads, d_ff: ints, widths.
         dropout: float, residual and feed-forward dropout.
         attention_dropout: float, dropout on the attention weights.
+        ffn_dropout: optional float, dropout on the feed-forward hidden activations instead of ``dropout``.
         norm: ``"post"`` or ``"pre"``.
         residual: bool; False removes the residual connections (ablation).
         share_qkv, scale, mask_fill, soft_cap: passed to the `MultiHeadAttention` layers (``share_qkv``: self only).
@@ -46,6 +47,7 @@ class DecoderLayer(keras.layers.Layer):
         d_ff,
         dropout=0.1,
         attention_dropout=0.0,
+        ffn_dropout=None,
         norm="post",
         residual=True,
         share_qkv="none",
@@ -62,6 +64,7 @@ class DecoderLayer(keras.layers.Layer):
         self.d_ff = d_ff
         self.dropout = dropout
         self.attention_dropout = attention_dropout
+        self.ffn_dropout = ffn_dropout
         self.norm = norm
         self.residual = residual
         self.share_qkv = share_qkv
@@ -80,7 +83,11 @@ class DecoderLayer(keras.layers.Layer):
         self.self_attention = MultiHeadAttention(share_qkv=share_qkv, name="self_attention", **common)
         self.cross_attention = MultiHeadAttention(name="cross_attention", **common)
         self.feed_forward = FeedForward(
-            d_model=d_model, d_ff=d_ff, dropout=dropout, name="feed_forward", dtype=self.dtype_policy
+            d_model=d_model,
+            d_ff=d_ff,
+            dropout=dropout if ffn_dropout is None else ffn_dropout,
+            name="feed_forward",
+            dtype=self.dtype_policy,
         )
         self.self_attention_norm = layer_norm("self_attention_norm")
         self.cross_attention_norm = layer_norm("cross_attention_norm")
@@ -97,9 +104,11 @@ class DecoderLayer(keras.layers.Layer):
         self.built = True
 
     def set_dropout(self, rate):
-        """Changes the residual and feed-forward dropout (not the attention dropout; see `Dropout.set_rate`)."""
+        """Changes the residual dropout, and the feed-forward one unless `ffn_dropout` fixes it (not the attention
+        dropout; see `Dropout.set_rate`)."""
         self.residual_dropout.set_rate(rate)
-        self.feed_forward.set_dropout(rate)
+        if self.ffn_dropout is None:
+            self.feed_forward.set_dropout(rate)
         self.dropout = rate
 
     def call(self, x, memory, self_mask=None, memory_mask=None, training=False):
@@ -176,6 +185,7 @@ class DecoderLayer(keras.layers.Layer):
             d_ff=self.d_ff,
             dropout=self.dropout,
             attention_dropout=self.attention_dropout,
+            ffn_dropout=self.ffn_dropout,
             norm=self.norm,
             residual=self.residual,
             share_qkv=self.share_qkv,

@@ -29,6 +29,8 @@ class Transformer(keras.Model):
         num_layers: int, encoder and decoder layers each (default 3).
         dropout: float, embedding, residual and feed-forward dropout (default 0.1).
         attention_dropout: float, dropout on attention weights (default 0.0).
+        ffn_dropout: optional float, dropout on the feed-forward hidden activations; None (default) = ``dropout``,
+            and `set_dropout` changes it with the rest.
         norm: ``"post"`` (default) or ``"pre"`` (Pre-LN adds a final LayerNorm on each stack output).
         residual: bool, False removes residual connections (ablation).
         share_embeddings: bool, one embedding matrix for source and target; requires equal vocab sizes.
@@ -64,6 +66,7 @@ class Transformer(keras.Model):
         num_layers=3,
         dropout=0.1,
         attention_dropout=0.0,
+        ffn_dropout=None,
         norm="post",
         residual=True,
         share_embeddings=True,
@@ -95,6 +98,7 @@ class Transformer(keras.Model):
         self.num_layers = num_layers
         self.dropout = dropout
         self.attention_dropout = attention_dropout
+        self.ffn_dropout = ffn_dropout
         self.norm = norm
         self.residual = residual
         self.share_embeddings = share_embeddings
@@ -126,6 +130,7 @@ class Transformer(keras.Model):
             d_ff=d_ff,
             dropout=dropout,
             attention_dropout=attention_dropout,
+            ffn_dropout=ffn_dropout,
             norm=norm,
             residual=residual,
             share_qkv=share_qkv,
@@ -178,7 +183,8 @@ class Transformer(keras.Model):
         self.built = True
 
     def set_dropout(self, rate):
-        """Changes `dropout` (embeddings, residuals, feed-forward; not `attention_dropout`) in every layer. A compiled
+        """Changes `dropout` (embeddings, residuals, feed-forward unless `ffn_dropout` is set; not
+        `attention_dropout`) in every layer. A compiled
         function that already traced the model keeps the old rate: trace it again."""
         embeddings = (self.source_embedding, self.target_embedding)  # the same layer twice when shared
         for layer in (*embeddings, *self.encoder_layers, *self.decoder_layers):
@@ -345,6 +351,7 @@ class Transformer(keras.Model):
             num_layers=self.num_layers,
             dropout=self.dropout,
             attention_dropout=self.attention_dropout,
+            ffn_dropout=self.ffn_dropout,
             norm=self.norm,
             residual=self.residual,
             share_embeddings=self.share_embeddings,
@@ -372,7 +379,7 @@ def build_model(config, source_vocab_size, target_vocab_size):
     Args:
         config: any object with attributes ``d_model, num_heads, d_ff, num_layers, dropout, attention_dropout, norm,
             residual, share_embeddings, tie_output, share_qkv, attention, chunk_size, window, scale, mask_fill,
-            max_length`` (optional: ``soft_cap``, default None).
+            max_length`` (optional: ``soft_cap`` and ``ffn_dropout``, default None).
         source_vocab_size, target_vocab_size: ints.
 
     Returns:
@@ -387,6 +394,7 @@ def build_model(config, source_vocab_size, target_vocab_size):
         num_layers=config.num_layers,
         dropout=config.dropout,
         attention_dropout=config.attention_dropout,
+        ffn_dropout=getattr(config, "ffn_dropout", None),
         norm=config.norm,
         residual=config.residual,
         share_embeddings=config.share_embeddings,

@@ -8,9 +8,9 @@ scale, the data-iterator position and the dropout RNG (`model.dropout` is 0.1 he
 Equality is exact (np.array_equal), not within a tolerance: both runs execute the same kernels on the same data
 in the same order on one machine with the same settings, so every float is reproduced. Checked once outside the
 suite (this config, and a 2-layer d_model-128 one with two batch shapes): bit-identical with TF_ENABLE_ONEDNN_OPTS
-0 and 1 and with 1 and 2 intra-op threads (TF_NUM_INTRAOP_THREADS), the same setting for both runs. Not exact:
-`model.attention_dropout` > 0 (0 here and in every shipped config), whose `tf.nn.dropout` draws from a
-per-process RNG that no checkpoint holds, so a resumed run repeats the first steps' attention-dropout masks.
+0 and 1 and with 1 and 2 intra-op threads (TF_NUM_INTRAOP_THREADS), the same setting for both runs. Not covered:
+`model.attention_dropout` > 0 (0 here and in every shipped config); its masks draw from a Keras SeedGenerator
+that the checkpoint's `rng_state` holds with the others (transformer.multi_head), but no test resumes one.
 
 Seed 7 is the first stage of the session's `interrupted_run` chain (conftest: SIGKILL, then SIGTERM and SIGINT on
 the resumed runs, then a run to the end), which saves two training processes; seed 8 is a standalone kill and

@@ -49,6 +49,8 @@ def test_int_is_accepted_for_float_but_not_the_reverse():
         ("model.num_heads=3", r"model\.d_model: 256 is not divisible by model\.num_heads=3"),
         ("data.max_length=0", r"data\.max_length: must be positive"),
         ("eval.streams=-1", r"eval\.streams: must be >= 0 \(0 = auto\), got -1"),
+        ("model.dropout=1.0", r"model\.dropout: a dropout must be in \[0, 1\), got 1"),
+        ("model.ffn_dropout=-0.1", r"model\.ffn_dropout: a dropout must be in \[0, 1\), got -0.1"),
         ("train", r"--set expects section\.key=value"),
     ],
 )
@@ -118,11 +120,20 @@ def test_schedule_and_batch_defaults_keep_older_configs_unchanged(tmp_path):
             r"dropout_by_plan: needs a step plan",
         ),
         (["train.dropout_by_plan=[3000, 0.1]"], r"train\.dropout_by_plan"),
+        (
+            ["model.dropout=0"],
+            r"model\.dropout: 0 .* add train\.dropout_by_plan=\[\] to train without dropout",
+        ),
     ],
 )
 def test_schedule_and_budget_errors_name_the_key(overrides, message):
     with pytest.raises(ConfigError, match=message):
         load_config("base", overrides)
+
+
+def test_no_dropout_with_the_plan_emptied():
+    config = load_config("base", ["model.dropout=0", "train.dropout_by_plan=[]"])
+    assert config.model.dropout == 0 and config.train.dropout_by_plan == []
 
 
 def test_a_decay_needs_a_planned_end():

@@ -270,3 +270,31 @@ def test_set_dropout_trains_as_a_model_built_with_that_rate():
     with pytest.raises(ValueError, match="dropout rate must be in"):
         changed.set_dropout(1.0)
     assert changed.dropout == 0.3  # refused: nothing changed
+
+
+def test_ffn_dropout_fixes_the_feed_forward_rate():
+    """`ffn_dropout` None follows `dropout` (the same masks as naming the rate), a number fixes the feed-forward
+    hidden dropout: `set_dropout` leaves it, and 0 makes the feed-forward block deterministic in training."""
+    source, target = batch()
+    inputs = {"source": source, "target_in": target}
+
+    def build(**overrides):
+        keras.utils.set_random_seed(7)
+        return build_model(tiny_config(num_layers=2, dropout=0.3, **overrides), VOCAB, VOCAB)
+
+    following, named, fixed = build(), build(ffn_dropout=0.3), build(ffn_dropout=0.0)
+    np.testing.assert_array_equal(following(inputs, training=True), named(inputs, training=True))
+    assert not np.array_equal(build()(inputs, training=True), fixed(inputs, training=True))
+    fixed.set_dropout(0.1)
+    following.set_dropout(0.1)
+    for layer in (*fixed.encoder_layers, *fixed.decoder_layers):
+        assert layer.feed_forward.dropout == 0.0 and layer.residual_dropout.rate == 0.1
+        x = tf.random.stateless_normal((2, 5, 32), seed=(1, 2))
+        np.testing.assert_array_equal(
+            layer.feed_forward(x, training=True), layer.feed_forward(x, training=False)
+        )
+    assert {layer.feed_forward.dropout for layer in following.decoder_layers} == {0.1}
+    config = fixed.get_config()
+    assert (
+        config["ffn_dropout"] == 0.0 and Transformer.from_config(config).encoder_layers[0].ffn_dropout == 0.0
+    )

@@ -182,8 +182,8 @@ def _validate(config: Config) -> None:
     _validate_train(config.train)
     if config.model.dropout == 0 and any(rate > 0 for _, rate in config.train.dropout_by_plan):
         raise ConfigError(
-            "model.dropout: 0 builds the model without dropout layers to raise, but train.dropout_by_plan would set "
-            "a positive rate once the step plan is fixed; add train.dropout_by_plan=[] to train without dropout"
+            "model.dropout: 0 cannot be raised by train.dropout_by_plan once the step plan is fixed (a model built "
+            "without dropout has no dropout state); add train.dropout_by_plan=[] to train without dropout"
         )
     if config.eval.beam_size < 1:
         raise ConfigError("eval.beam_size: must be at least 1")

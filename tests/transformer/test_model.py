@@ -287,9 +287,9 @@ def test_ffn_dropout_fixes_the_feed_forward_rate():
     assert not np.array_equal(build()(inputs, training=True), fixed(inputs, training=True))
     fixed.set_dropout(0.1)
     following.set_dropout(0.1)
+    x = tf.random.stateless_normal((2, 5, 32), seed=(1, 2))
     for layer in (*fixed.encoder_layers, *fixed.decoder_layers):
         assert layer.feed_forward.dropout == 0.0 and layer.residual_dropout.rate == 0.1
-        x = tf.random.stateless_normal((2, 5, 32), seed=(1, 2))
         np.testing.assert_array_equal(
             layer.feed_forward(x, training=True), layer.feed_forward(x, training=False)
         )

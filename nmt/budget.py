@@ -17,7 +17,9 @@ Planned dropout. With `train.dropout_by_plan`, the plan also fixes the model's d
 planned for many steps over a small corpus sees it many times and needs more regularisation than one planned for
 few, and a time budget's plan depends on the machine's speed. The trainer applies it when the plan is made (after
 the probe, which runs at `model.dropout`) or, for a plan restored from a checkpoint or made from max_steps, before
-the first step.
+the first step. `train.ffn_dropout_by_plan` does the same for the feed-forward hidden dropout alone (after
+`dropout_by_plan`, and fixing it from then on, as `model.ffn_dropout` would): a short plan trained better without
+it, a long one worse (README "Recipe runs at equal steps").
 """
 
 from __future__ import annotations
@@ -101,20 +103,35 @@ class TrainingPlan:
         """The plan's dropout (`planned_dropout`), None without `train.dropout_by_plan` or before the plan."""
         return planned_dropout(self.train.dropout_by_plan, self.total_steps)
 
+    @property
+    def ffn_dropout(self) -> float | None:
+        """The plan's feed-forward dropout, None without `train.ffn_dropout_by_plan` or before the plan."""
+        return planned_dropout(self.train.ffn_dropout_by_plan, self.total_steps)
+
     def apply_dropout(self, model, retrace: Callable[[], None]) -> None:
-        """Gives `model` (a `transformer.model.Transformer`) the plan's dropout once the plan is known, and calls
-        `retrace` (the training step bakes the rate into its trace) if that changed it."""
+        """Gives `model` (a `transformer.model.Transformer`) the plan's dropout and feed-forward dropout once the
+        plan is known, and calls `retrace` (the training step bakes the rates into its trace) if that changed one."""
+        changed = False
         rate = self.dropout
-        if rate is None or rate == model.dropout:
-            return
-        log.info(
-            "dropout %g -> %g for a plan of %d steps (train.dropout_by_plan)",
-            model.dropout,
-            rate,
-            self.total_steps,
-        )
-        model.set_dropout(rate)
-        retrace()
+        if rate is not None and rate != model.dropout:
+            log.info(
+                "dropout %g -> %g for a plan of %d steps (train.dropout_by_plan)",
+                model.dropout, rate, self.total_steps,
+            )  # fmt: skip
+            model.set_dropout(rate)
+            changed = True
+        ffn = self.ffn_dropout
+        if ffn is not None and ffn != model.ffn_dropout:
+            current = model.dropout if model.ffn_dropout is None else model.ffn_dropout
+            if ffn != current:
+                log.info(
+                    "feed-forward dropout %g -> %g for a plan of %d steps (train.ffn_dropout_by_plan)",
+                    current, ffn, self.total_steps,
+                )  # fmt: skip
+                changed = True
+            model.set_ffn_dropout(ffn)
+        if changed:
+            retrace()
 
     def schedule(self):
         t = self.train
@@ -214,6 +231,8 @@ class TrainingPlan:
             }  # fmt: skip
             if self.dropout is not None:
                 record["dropout"] = self.dropout
+            if self.ffn_dropout is not None:
+                record["ffn_dropout"] = self.ffn_dropout
             self.record(record)
 
     def _rate_text(self) -> str:

@@ -98,6 +98,10 @@ class TrainConfig:
         default_factory=list
     )  # [[planned steps, dropout], ...]: once the step plan is fixed, model.dropout becomes the piecewise-linear
     # value at the planned steps (flat beyond the ends; nmt.budget); empty = model.dropout throughout
+    ffn_dropout_by_plan: list[list[float]] = field(
+        default_factory=list
+    )  # [[planned steps, dropout], ...]: the same for the feed-forward hidden dropout alone, applied after
+    # dropout_by_plan and fixing it as model.ffn_dropout would; empty = model.ffn_dropout (or the dropout) throughout
     clipnorm: float = 1.0  # global gradient-norm clip on unscaled gradients (0 = off)
     precision: str = field(
         default="auto", metadata=_choices("auto", "float32", "mixed_float16", "mixed_bfloat16")
@@ -180,10 +184,19 @@ def _validate(config: Config) -> None:
             f"data.max_length: {config.data.max_length} exceeds model.max_length={config.model.max_length}"
         )
     _validate_train(config.train)
+    ffn_planned = any(rate > 0 for _, rate in config.train.ffn_dropout_by_plan)
     if config.model.dropout == 0 and any(rate > 0 for _, rate in config.train.dropout_by_plan):
+        also = " train.ffn_dropout_by_plan=[]" if ffn_planned and config.model.ffn_dropout is None else ""
         raise ConfigError(
             "model.dropout: 0 cannot be raised by train.dropout_by_plan once the step plan is fixed (a model built "
-            "without dropout has no dropout state); add train.dropout_by_plan=[] to train without dropout"
+            f"without dropout has no dropout state); add train.dropout_by_plan=[]{also} to train without dropout"
+        )
+    ffn_built = config.model.dropout if config.model.ffn_dropout is None else config.model.ffn_dropout
+    if ffn_built == 0 and ffn_planned:
+        raise ConfigError(
+            "model.ffn_dropout: a feed-forward block built without dropout cannot be raised by "
+            "train.ffn_dropout_by_plan once the step plan is fixed (no dropout state); add "
+            "train.ffn_dropout_by_plan=[] to train it without dropout"
         )
     if config.eval.beam_size < 1:
         raise ConfigError("eval.beam_size: must be at least 1")
@@ -207,29 +220,24 @@ def _validate_train(train: TrainConfig) -> None:
             raise ConfigError(f"train.{name}: must not be negative")
     if train.budget_probe_steps < 1:
         raise ConfigError("train.budget_probe_steps: must be at least 1")
-    _validate_dropout_by_plan(train.dropout_by_plan)
-    if train.dropout_by_plan and not (train.max_steps or train.max_minutes):
-        raise ConfigError(
-            "train.dropout_by_plan: needs a step plan, from train.max_steps or train.max_minutes"
-        )
+    for name in ("dropout_by_plan", "ffn_dropout_by_plan"):
+        _validate_dropout_by_plan(f"train.{name}", getattr(train, name))
+        if getattr(train, name) and not (train.max_steps or train.max_minutes):
+            raise ConfigError(f"train.{name}: needs a step plan, from train.max_steps or train.max_minutes")
 
 
-def _validate_dropout_by_plan(points: list[list[float]]) -> None:
+def _validate_dropout_by_plan(name: str, points: list[list[float]]) -> None:
     previous = 0
     for point in points:
         if len(point) != 2:
-            raise ConfigError(
-                f"train.dropout_by_plan: expected [planned steps, dropout] pairs, got {point!r}"
-            )
+            raise ConfigError(f"{name}: expected [planned steps, dropout] pairs, got {point!r}")
         steps, rate = point
         if steps <= previous:
             raise ConfigError(
-                f"train.dropout_by_plan: planned steps must be positive and increasing, got {steps:g} after {previous:g}"
+                f"{name}: planned steps must be positive and increasing, got {steps:g} after {previous:g}"
             )
         if not 0.0 <= rate < 1.0:
-            raise ConfigError(
-                f"train.dropout_by_plan: a dropout must be in [0, 1), got {rate:g} at {steps:g} steps"
-            )
+            raise ConfigError(f"{name}: a dropout must be in [0, 1), got {rate:g} at {steps:g} steps")
         previous = steps
 
 

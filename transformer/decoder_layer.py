@@ -111,6 +111,12 @@ class DecoderLayer(keras.layers.Layer):
             self.feed_forward.set_dropout(rate)
         self.dropout = rate
 
+    def set_ffn_dropout(self, rate):
+        """Fixes the feed-forward hidden dropout at `rate` (as the ``ffn_dropout`` argument would): later
+        `set_dropout` calls leave it."""
+        self.feed_forward.set_dropout(rate)
+        self.ffn_dropout = rate
+
     def call(self, x, memory, self_mask=None, memory_mask=None, training=False):
         x, _ = self._sublayer(
             x,

@@ -85,8 +85,13 @@ class Dropout(keras.layers.Dropout):
 
     def set_rate(self, rate):
         """Changes the rate (checked as in the constructor). A compiled function that already traced this layer
-        keeps the rate it traced with: trace it again."""
+        keeps the rate it traced with: trace it again. A layer built with rate 0 has no seed generator (Keras
+        makes none), so it cannot be raised above 0: build it with the rate instead."""
         drop_threshold(rate)
+        if rate > 0 and getattr(self, "seed_generator", None) is None:
+            raise ValueError(
+                f"{self.name}: built with dropout 0 (no seed generator), cannot raise it to {rate}"
+            )
         self.rate = float(rate)
 
     def call(self, inputs, training=False):

@@ -116,6 +116,12 @@ class EncoderLayer(keras.layers.Layer):
             self.feed_forward.set_dropout(rate)
         self.dropout = rate
 
+    def set_ffn_dropout(self, rate):
+        """Fixes the feed-forward hidden dropout at `rate` (as the ``ffn_dropout`` argument would): later
+        `set_dropout` calls leave it."""
+        self.feed_forward.set_dropout(rate)
+        self.ffn_dropout = rate
+
     def call(self, x, mask=None, training=False):
         x, _ = self._sublayer(
             x,

@@ -191,6 +191,14 @@ class Transformer(keras.Model):
             layer.set_dropout(rate)
         self.dropout = rate
 
+    def set_ffn_dropout(self, rate):
+        """Fixes the feed-forward hidden dropout of every layer at `rate`, as building with ``ffn_dropout=rate``
+        would (`set_dropout` leaves it from then on). A layer built with a rate of 0 has no random state to raise it
+        with. A compiled function that already traced the model keeps the old rate: trace it again."""
+        for layer in (*self.encoder_layers, *self.decoder_layers):
+            layer.set_ffn_dropout(rate)
+        self.ffn_dropout = rate
+
     def call(self, inputs, training=False):
         source, target_in = inputs["source"], inputs["target_in"]
         memory = self.encode(source, training=training)

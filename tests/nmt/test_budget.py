@@ -148,6 +148,13 @@ def test_planned_dropout_is_piecewise_linear_in_the_planned_steps_and_flat_beyon
     plain.start(0, 0.0)
     run_steps(plain, range(1, PROBE + SKIP + 1))
     assert plain.dropout is None and "dropout" not in plain.records[0]  # without dropout_by_plan: none
+    assert plain.ffn_dropout is None and "ffn_dropout" not in plain.records[0]
+    ffn = plan_for(ffn_dropout_by_plan=[[12, 0.0], [36, 0.2]])
+    ffn.start(0, 0.0)
+    assert ffn.ffn_dropout is None
+    run_steps(ffn, range(1, PROBE + SKIP + 1))
+    assert ffn.ffn_dropout == pytest.approx(0.1) and ffn.records[0]["ffn_dropout"] == pytest.approx(0.1)
+    assert ffn.dropout is None and "dropout" not in ffn.records[0]  # the two lists are independent
     steps_only = plan_for(max_minutes=0.0, max_steps=30, dropout_by_plan=[[12, 0.1], [36, 0.5]])
     steps_only.start(0, 0.0)
     assert steps_only.dropout == pytest.approx(0.4)  # decided at once from max_steps
@@ -404,16 +411,21 @@ def test_two_replicas_scale_the_learning_rate_and_another_replica_count_is_refus
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Dropout from the plan (train.dropout_by_plan): applied when the plan is made, kept by a resumed run
+# Dropout from the plan (train.dropout_by_plan, train.ffn_dropout_by_plan): applied when the plan is made, kept by a
+# resumed run
 
 
 DROPOUT_POINTS = [[12, 0.1], [36, 0.5]]  # a plan of 24 steps: 0.3 from step 7 on (the probe runs at 0.1)
+FFN_DROPOUT_POINTS = [[12, 0.0], [36, 0.2]]  # the feed-forward blocks: 0.1 from step 7 on
 
 
 @pytest.fixture(scope="module")
 def planned_dropout_run(budget_config, tmp_path_factory):
     config = dataclasses.replace(
-        budget_config, train=dataclasses.replace(budget_config.train, dropout_by_plan=DROPOUT_POINTS)
+        budget_config,
+        train=dataclasses.replace(
+            budget_config.train, dropout_by_plan=DROPOUT_POINTS, ffn_dropout_by_plan=FFN_DROPOUT_POINTS
+        ),
     )
     run_dir = tmp_path_factory.mktemp("planned-dropout") / "run"
     trainer, result, log = train_in_process(config, run_dir, StepClock())
@@ -424,11 +436,17 @@ def test_the_plan_sets_the_dropout_and_the_run_trains_with_it(planned_dropout_ru
     _, run_dir, result, log, trainer = planned_dropout_run
     assert result.status == "done" and result.step == PLANNED, (result, log[-2000:])
     assert f"dropout 0.1 -> 0.3 for a plan of {PLANNED} steps (train.dropout_by_plan)" in log
+    assert f"feed-forward dropout 0.3 -> 0.1 for a plan of {PLANNED} steps (train.ffn_dropout_by_plan)" in log
     (plan,) = [r for r in read_records(run_dir) if r["tag"] == "plan"]
-    assert plan["dropout"] == pytest.approx(0.3)
+    assert plan["dropout"] == pytest.approx(0.3) and plan["ffn_dropout"] == pytest.approx(0.1)
     model = trainer.model
-    rates = {layer.rate for layer in model._flatten_layers() if isinstance(layer, Dropout)}
+    layers = (*model.encoder_layers, *model.decoder_layers)
+    ffn = {id(layer.feed_forward.hidden_dropout) for layer in layers}
+    rates = {
+        layer.rate for layer in model._flatten_layers() if isinstance(layer, Dropout) and id(layer) not in ffn
+    }
     assert model.dropout == 0.3 and rates == {0.3}
+    assert model.ffn_dropout == 0.1 and {layer.feed_forward.hidden_dropout.rate for layer in layers} == {0.1}
     assert {layer.self_attention.dropout for layer in model.encoder_layers} == {0.0}  # attention: untouched
     # The same run without dropout_by_plan (0.1 throughout) ends elsewhere.
     reference, ours = final_weights(uninterrupted[0]), final_weights(run_dir)
@@ -444,6 +462,7 @@ def test_a_resumed_run_takes_the_planned_dropout_from_its_checkpoint_and_ends_bi
     assert stopped.status == "stopped" and stopped.step == 10, stopped
     trainer, done, log = train_in_process(config, run_dir, StepClock())
     assert trainer.resumed_from == 10 and "dropout 0.1 -> 0.3 for a plan of 24 steps" in log
+    assert "feed-forward dropout 0.3 -> 0.1 for a plan of 24 steps" in log
     assert done.status == "done" and done.step == PLANNED, (done, log[-2000:])
     assert_bit_identical(training_state(run_dir), training_state(reference), "resumed planned-dropout run")
     assert_bit_identical(final_weights(run_dir), final_weights(reference), "final weights")

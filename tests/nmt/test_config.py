@@ -120,9 +120,23 @@ def test_schedule_and_batch_defaults_keep_older_configs_unchanged(tmp_path):
             r"dropout_by_plan: needs a step plan",
         ),
         (["train.dropout_by_plan=[3000, 0.1]"], r"train\.dropout_by_plan"),
+        (["train.ffn_dropout_by_plan=[[3000, 1.0]]"], r"train\.ffn_dropout_by_plan: a dropout must be in"),
+        (
+            [
+                "train.ffn_dropout_by_plan=[[3000, 0.1]]",
+                "train.dropout_by_plan=[]",
+                "train.max_minutes=0",
+                "train.schedule=inverse_sqrt",
+            ],
+            r"train\.ffn_dropout_by_plan: needs a step plan",
+        ),
+        (
+            ["model.ffn_dropout=0", "train.ffn_dropout_by_plan=[[3000, 0.1]]"],
+            r"model\.ffn_dropout: .*add train\.ffn_dropout_by_plan=\[\] to train it without dropout",
+        ),
         (
             ["model.dropout=0"],
-            r"model\.dropout: 0 .* add train\.dropout_by_plan=\[\] to train without dropout",
+            r"model\.dropout: 0 .* add train\.dropout_by_plan=\[\] train\.ffn_dropout_by_plan=\[\] to train without",
         ),
     ],
 )
@@ -132,8 +146,12 @@ def test_schedule_and_budget_errors_name_the_key(overrides, message):
 
 
 def test_no_dropout_with_the_plan_emptied():
-    config = load_config("base", ["model.dropout=0", "train.dropout_by_plan=[]"])
+    config = load_config(
+        "base", ["model.dropout=0", "train.dropout_by_plan=[]", "train.ffn_dropout_by_plan=[]"]
+    )
     assert config.model.dropout == 0 and config.train.dropout_by_plan == []
+    fixed = load_config("base", ["model.dropout=0", "model.ffn_dropout=0.1", "train.dropout_by_plan=[]"])
+    assert fixed.model.ffn_dropout == 0.1  # a feed-forward block built with dropout can follow the plan
 
 
 def test_a_decay_needs_a_planned_end():

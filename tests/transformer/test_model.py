@@ -298,3 +298,25 @@ def test_ffn_dropout_fixes_the_feed_forward_rate():
     assert (
         config["ffn_dropout"] == 0.0 and Transformer.from_config(config).encoder_layers[0].ffn_dropout == 0.0
     )
+
+
+def test_set_ffn_dropout_trains_as_a_model_built_with_that_ffn_dropout():
+    """`set_ffn_dropout` gives the masks of a model built with ``ffn_dropout`` at that rate, and fixes it: a later
+    `set_dropout` moves the residual dropout only. A block built at rate 0 cannot be raised (no random state)."""
+    source, target = batch()
+    inputs = {"source": source, "target_in": target}
+
+    def build(**overrides):
+        keras.utils.set_random_seed(7)
+        return build_model(tiny_config(num_layers=2, dropout=0.3, **overrides), VOCAB, VOCAB)
+
+    reference, changed = build(ffn_dropout=0.1), build()
+    changed.set_ffn_dropout(0.1)
+    np.testing.assert_array_equal(changed(inputs, training=True), reference(inputs, training=True))
+    changed.set_dropout(0.2)
+    assert changed.ffn_dropout == 0.1 and changed.dropout == 0.2
+    for layer in (*changed.encoder_layers, *changed.decoder_layers):
+        assert layer.ffn_dropout == 0.1 and layer.feed_forward.hidden_dropout.rate == 0.1
+        assert layer.residual_dropout.rate == 0.2
+    with pytest.raises(ValueError, match="built with dropout 0"):
+        build(ffn_dropout=0.0).set_ffn_dropout(0.1)

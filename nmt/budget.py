@@ -19,7 +19,7 @@ few, and a time budget's plan depends on the machine's speed. The trainer applie
 the probe, which runs at `model.dropout`) or, for a plan restored from a checkpoint or made from max_steps, before
 the first step. `train.ffn_dropout_by_plan` does the same for the feed-forward hidden dropout alone (after
 `dropout_by_plan`, and fixing it from then on, as `model.ffn_dropout` would): a short plan trained better without
-it, a long one worse (README "Recipe runs at equal steps").
+it, a long one worse (docs/recipe-2026-12-03-zen5-ffn0).
 """
 
 from __future__ import annotations

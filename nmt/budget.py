@@ -121,7 +121,7 @@ class TrainingPlan:
             model.set_dropout(rate)
             changed = True
         ffn = self.ffn_dropout
-        if ffn is not None and ffn != model.ffn_dropout:
+        if ffn is not None:
             current = model.dropout if model.ffn_dropout is None else model.ffn_dropout
             if ffn != current:
                 log.info(
@@ -129,7 +129,7 @@ class TrainingPlan:
                     current, ffn, self.total_steps,
                 )  # fmt: skip
                 changed = True
-            model.set_ffn_dropout(ffn)
+            model.set_ffn_dropout(ffn)  # even at the same rate: fixed, set_dropout leaves it from now on
         if changed:
             retrace()
 

@@ -35,6 +35,7 @@ Each bucket ends an epoch with at most one smaller batch: at most 2 x buckets di
 from __future__ import annotations
 
 import mmap
+from collections.abc import Callable
 
 import numpy as np
 import tensorflow as tf
@@ -43,6 +44,7 @@ from data.store import MAX_INDEXED_LENGTH, PreparedSplit
 
 CHUNK = 1 << 20  # rows per chunk of the passes over the length index and the plan: temporaries of a few MB
 GROUP_CHUNK = 1 << 18  # rows per chunk of the grouping: its argsort's int64 temporaries stay at 2 MB
+Resegment = Callable[[np.ndarray, np.ndarray, np.ndarray, int, int, int], tuple[np.ndarray, np.ndarray]]
 MAPPED_BYTES = 1 << 24  # arrays from this size on get their own memory map (_empty)
 
 
@@ -256,6 +258,7 @@ def bucketed_batches(
     shuffle: bool = True,
     repeat: bool = False,
     part: tuple[int, int, int] | None = None,
+    resegment: Resegment | None = None,
 ) -> tf.data.Dataset:
     """Batches of pairs of similar length, as ragged piece ids plus the bucket edge to pad them to.
 
@@ -274,6 +277,9 @@ def bucketed_batches(
         `[B * first // total, B * (first + count) // total)` of a batch of B pairs (the whole batch's order and
         size are the same for every part; `part_rows` gives the rows of each share; the iterator checkpoint is
         symbolic, see above); None reads whole batches.
+      resegment: `(flat, lengths, rows, epoch, side, max_pieces) -> (flat, lengths)`, applied to each side of
+        every batch (side 0 source, 1 target; `rows` the pairs' split rows; `max_pieces` what the batch's edge
+        holds): a pure function of its arguments, so resuming stays exact (`data.subword_dropout`).
     Returns:
       A dataset of `{"source": int32 ragged (B, None), "target": int32 ragged (B, None), "edge": int32 ()}`; with
       a `part`, B is the part's rows and `"batch_rows": int64 ()` is the whole batch's.
@@ -308,8 +314,14 @@ def bucketed_batches(
             {"epoch": epoch, "start": start, "rows": rows, "bucket": bucket}
         )
 
-    def gather_numpy(positions: np.ndarray):
-        return split.gather(plan.grouped[positions], limit)
+    def gather_numpy(positions: np.ndarray, epoch: np.ndarray, bucket: np.ndarray):
+        rows = plan.grouped[positions]
+        source, source_len, target, target_len = split.gather(rows, limit)
+        if resegment is not None:
+            most = edges[int(bucket)] - extra_tokens
+            source, source_len = resegment(source, source_len, rows, int(epoch), 0, most)
+            target, target_len = resegment(target, target_len, rows, int(epoch), 1, most)
+        return source, source_len, target, target_len
 
     @tf.autograph.experimental.do_not_convert
     def gather(batch: dict) -> dict:
@@ -319,7 +331,10 @@ def bucketed_batches(
             start, count = start + first, end - first
         positions = plan.positions(batch["epoch"], batch["bucket"], start, count)
         source, source_len, target, target_len = tf.numpy_function(
-            gather_numpy, [positions], (tf.int32, tf.int64, tf.int32, tf.int64), stateful=False
+            gather_numpy,
+            [positions, batch["epoch"], batch["bucket"]],
+            (tf.int32, tf.int64, tf.int32, tf.int64),
+            stateful=False,
         )
         for tensor in (source, source_len, target, target_len):
             tensor.set_shape([None])

@@ -41,6 +41,9 @@ class DataConfig:
     batch_tokens: int = 4096  # tokens per training batch PER REPLICA (padded source or target, the longer)
     bucket_boundaries: list[int] = field(default_factory=list)  # bucket edges; empty = automatic
     eval_batch_tokens: int = 8192  # tokens per validation-loss batch
+    subword_dropout: float = (
+        0.0  # training only: probability a piece is split into two vocabulary pieces (0 = off)
+    )
 
     # Keys of older versions, accepted (with a warning) and ignored, so saved run configs still load.
     LEGACY_KEYS = {"shuffle_buffer": "batches come from a full permutation per epoch, there is no buffer"}
@@ -51,6 +54,8 @@ def validate_data_config(cfg: DataConfig) -> None:
     for name in ("vocab_size", "max_length", "batch_tokens", "eval_batch_tokens", "tokenizer_max_sentences"):
         if getattr(cfg, name) <= 0:
             raise ConfigError(f"data.{name}: must be positive")
+    if not 0.0 <= cfg.subword_dropout < 1.0:
+        raise ConfigError(f"data.subword_dropout: a probability in [0, 1), got {cfg.subword_dropout}")
 
 
 def load_data_config(

@@ -16,7 +16,9 @@ batch shapes (a full and a last partial batch per bucket and epoch), which bound
 
 The splits are read from the cache of `data.prepare` (prepared first if missing): nothing is tokenized here.
 Training leaves out pairs with more than `max_length` tokens (with EOS, resp. BOS) on either side, at read time,
-and says how many; evaluation drops nothing and truncates instead, keeping the final EOS. Batches come from the
+and says how many; evaluation drops nothing and truncates instead, keeping the final EOS. With
+`data.subword_dropout`, training pieces are split at random into two pieces of the vocabulary (module `data.subword_dropout`:
+a fresh segmentation of the same text every epoch; validation and test keep the tokenizer's). Batches come from the
 sampler of `data.batching`, then `pad_with_special_tokens()` (a composable transform, `ds.apply(...)`).
 """
 
@@ -32,6 +34,7 @@ from data.batching import bucketed_batches
 from data.config import DataConfig
 from data.errors import DataError
 from data.store import PreparedSplit
+from data.subword_dropout import SplitTable
 from data.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -144,7 +147,21 @@ def make_train_dataset(
       `tf.train.Checkpoint(iterator=iter(ds))`; a freshly built dataset resumes at the exact batch.
     """
     split = open_split(cfg, tokenizer, cfg.train_split)
-    return train_batches(cfg, split, seed=seed, repeat=repeat, part=part)
+    return train_batches(cfg, split, seed=seed, repeat=repeat, part=part, tables=split_tables(cfg, tokenizer))
+
+
+def split_tables(cfg: DataConfig, tokenizer: Tokenizer) -> tuple[SplitTable, SplitTable] | None:
+    """(source, target) `SplitTable`s of the tokenizer when cfg.subword_dropout is on, else None."""
+    if cfg.subword_dropout <= 0:
+        return None
+    source_model, target_model = tokenizer.models
+    source = SplitTable.from_model(source_model)
+    target = source if target_model is None else SplitTable.from_model(target_model)
+    log.info(
+        "subword dropout %g: %d of %d source pieces can split",
+        cfg.subword_dropout, int((source.counts > 0).sum()), len(source.counts),
+    )  # fmt: skip
+    return source, target
 
 
 def train_batches(
@@ -154,8 +171,23 @@ def train_batches(
     seed: int,
     repeat: bool = True,
     part: tuple[int, int, int] | None = None,
+    tables: tuple[SplitTable, SplitTable] | None = None,
 ) -> tf.data.Dataset:
-    """`make_train_dataset` from an opened split: pairs over cfg.max_length tokens are left out (and counted)."""
+    """`make_train_dataset` from an opened split: pairs over cfg.max_length tokens are left out (and counted).
+
+    `tables`: the (source, target) `split_tables` of the split's tokenizer, needed when cfg.subword_dropout > 0.
+    """
+    resegment = None
+    if cfg.subword_dropout > 0:
+        if tables is None:
+            raise ValueError("data.subword_dropout > 0 needs the tokenizer's split tables (split_tables)")
+
+        def resegment(flat, lengths, rows, epoch, side, max_pieces):
+            return tables[side].resegment(
+                flat, lengths, rows, rate=cfg.subword_dropout, seed=seed, epoch=epoch, side=side,
+                max_pieces=max_pieces,
+            )  # fmt: skip
+
     max_pieces = cfg.max_length - 1  # + EOS (source, target_out) or BOS (target_in)
     long = int(((split.source_lengths > max_pieces) | (split.target_lengths > max_pieces)).sum())
     if long:
@@ -177,6 +209,7 @@ def train_batches(
         shuffle=True,
         repeat=repeat,
         part=part,
+        resegment=resegment,
     )
     return batches.apply(pad_with_special_tokens()).prefetch(tf.data.AUTOTUNE)
 

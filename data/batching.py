@@ -44,8 +44,9 @@ from data.store import MAX_INDEXED_LENGTH, PreparedSplit
 
 CHUNK = 1 << 20  # rows per chunk of the passes over the length index and the plan: temporaries of a few MB
 GROUP_CHUNK = 1 << 18  # rows per chunk of the grouping: its argsort's int64 temporaries stay at 2 MB
-Resegment = Callable[[np.ndarray, np.ndarray, np.ndarray, int, int, int], tuple[np.ndarray, np.ndarray]]
 MAPPED_BYTES = 1 << 24  # arrays from this size on get their own memory map (_empty)
+# (flat, lengths, rows, epoch, side, max_pieces) -> (flat, lengths): see bucketed_batches
+Resegment = Callable[[np.ndarray, np.ndarray, np.ndarray, int, int, int], tuple[np.ndarray, np.ndarray]]
 
 
 def _empty(size: int, dtype) -> np.ndarray:

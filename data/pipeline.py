@@ -16,10 +16,10 @@ batch shapes (a full and a last partial batch per bucket and epoch), which bound
 
 The splits are read from the cache of `data.prepare` (prepared first if missing): nothing is tokenized here.
 Training leaves out pairs with more than `max_length` tokens (with EOS, resp. BOS) on either side, at read time,
-and says how many; evaluation drops nothing and truncates instead, keeping the final EOS. With
-`data.subword_dropout`, training pieces are split at random into two pieces of the vocabulary (module `data.subword_dropout`:
-a fresh segmentation of the same text every epoch; validation and test keep the tokenizer's). Batches come from the
-sampler of `data.batching`, then `pad_with_special_tokens()` (a composable transform, `ds.apply(...)`).
+and says how many; evaluation drops nothing and truncates instead, keeping the final EOS. With the config's
+`subword_dropout`, training pieces are split at random into two pieces of the vocabulary (module
+`data.subword_dropout`: a fresh segmentation of the same text every epoch; validation and test keep the
+tokenizer's). Batches come from the sampler of `data.batching`, then `pad_with_special_tokens()` (a composable transform, `ds.apply(...)`).
 """
 
 from __future__ import annotations

@@ -19,7 +19,8 @@ Training leaves out pairs with more than `max_length` tokens (with EOS, resp. BO
 and says how many; evaluation drops nothing and truncates instead, keeping the final EOS. With the config's
 `subword_dropout`, training pieces are split at random into two pieces of the vocabulary (module
 `data.subword_dropout`: a fresh segmentation of the same text every epoch; validation and test keep the
-tokenizer's). Batches come from the sampler of `data.batching`, then `pad_with_special_tokens()` (a composable transform, `ds.apply(...)`).
+tokenizer's). Batches come from the sampler of `data.batching`, then `pad_with_special_tokens()` (a composable
+transform, `ds.apply(...)`).
 """
 
 from __future__ import annotations

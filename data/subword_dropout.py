@@ -12,8 +12,9 @@ the piece's string, so the pair detokenizes to the same text. Control, unknown a
 
 Each draw is a hash of (seed, epoch, side, corpus row, position in the row): the segmentation of a pair depends
 on nothing else, not on the batch it lands in nor on which part of a batch a reader reads (multi-worker), so a
-resumed run sees exactly the pieces the uninterrupted one saw, and every epoch a fresh segmentation. A row that
-would grow beyond `max_pieces` (its batch's bucket edge) keeps its pieces as they are: batch shapes never change.
+resumed run sees exactly the pieces the uninterrupted one saw, and every epoch a fresh segmentation. Batch shapes
+never change: a row that would grow beyond `max_pieces` (what its batch's bucket edge holds) splits only as many of
+its drawn pieces as it has room for, those with the lowest draws (a random subset, not the first ones).
 """
 
 from __future__ import annotations
@@ -87,7 +88,7 @@ class SplitTable:
         side: int,
         max_pieces: int,
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Splits pieces of a batch's rows at random; the pieces of a row that would outgrow `max_pieces` stay.
+        """Splits pieces of a batch's rows at random, each row to at most `max_pieces` pieces.
 
         Args:
           flat: int32 (N,), the rows' pieces one after the other; lengths: int (B,), pieces per row.
@@ -109,9 +110,15 @@ class SplitTable:
         corpus_rows = np.asarray(rows, np.int64)[row_of]
         known = (flat >= 0) & (flat < len(self.counts))
         counts = np.where(known, self.counts[np.where(known, flat, 0)], 0)
-        split = (counts > 0) & (_uniforms(int(key), corpus_rows, positions, 0) < rate)
-        grown = lengths + np.bincount(row_of[split], minlength=len(lengths))
-        split &= (grown <= max_pieces)[row_of]  # a row that would outgrow its bucket keeps its pieces
+        draw = _uniforms(int(key), corpus_rows, positions, 0)
+        split = (counts > 0) & (draw < rate)
+        # a row with less room than draws (its bucket's edge) splits only its `room` lowest draws, wherever they are
+        room = np.maximum(max_pieces - lengths, 0)[row_of]
+        candidates = np.flatnonzero(split)
+        order = candidates[np.lexsort((draw[candidates], row_of[candidates]))]  # by row, then by draw
+        per_row = np.bincount(row_of[order], minlength=len(lengths))
+        rank = np.arange(len(order)) - np.repeat(np.cumsum(per_row) - per_row, per_row)  # within its row
+        split[order[rank >= room[order]]] = False
         if not split.any():
             return flat, lengths
         pick = np.where(known, self.offsets[np.where(known, flat, 0)], 0)

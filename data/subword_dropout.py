@@ -22,7 +22,6 @@ from __future__ import annotations
 import numpy as np
 import sentencepiece as spm
 
-_MASK = np.uint64(0xFFFFFFFFFFFFFFFF)
 _KEYS = (0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0xD6E8FEB86659FD93)
 
 

@@ -112,19 +112,20 @@ class SplitTable:
         draw = _uniforms(int(key), corpus_rows, positions, 0)
         split = (counts > 0) & (draw < rate)
         # a row with less room than draws (its bucket's edge) splits only its `room` lowest draws, wherever they are
-        room = np.maximum(max_pieces - lengths, 0)[row_of]
+        room = np.maximum(max_pieces - lengths, 0)
         candidates = np.flatnonzero(split)
         order = candidates[np.lexsort((draw[candidates], row_of[candidates]))]  # by row, then by draw
         per_row = np.bincount(row_of[order], minlength=len(lengths))
         rank = np.arange(len(order)) - np.repeat(np.cumsum(per_row) - per_row, per_row)  # within its row
-        split[order[rank >= room[order]]] = False
-        if not split.any():
+        split[order[rank >= room[row_of[order]]]] = False
+        chosen = np.flatnonzero(split)  # splittable, so ids inside the table
+        if not chosen.size:
             return flat, lengths
-        pick = np.where(known, self.offsets[np.where(known, flat, 0)], 0)
-        pick = pick + np.floor(_uniforms(int(key), corpus_rows, positions, 1) * counts).astype(np.int64)
+        draw = _uniforms(int(key), corpus_rows[chosen], positions[chosen], 1)
+        pick = self.offsets[flat[chosen]] + np.floor(draw * counts[chosen]).astype(np.int64)
         ends = np.cumsum(1 + split)  # each piece becomes one or two
         out = np.empty(int(ends[-1]), np.int32)
-        first = ends - 1 - split
-        out[first] = np.where(split, self.left[np.where(split, pick, 0)], flat)
-        out[ends[split] - 1] = self.right[pick[split]]
-        return out, lengths + np.bincount(row_of[split], minlength=len(lengths))
+        out[ends - 1 - split] = flat
+        out[ends[chosen] - 2] = self.left[pick]
+        out[ends[chosen] - 1] = self.right[pick]
+        return out, lengths + np.bincount(row_of[chosen], minlength=len(lengths))

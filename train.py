@@ -4,7 +4,8 @@
 
 Rerunning the same command on the same --model-dir resumes from the last checkpoint (and says so).
 Exit codes: 0 done or stopped cleanly by SIGINT/SIGTERM (checkpoint saved), 1 training failed,
-2 bad config or arguments (nothing written), 3 the run directory is in use or inconsistent.
+2 bad config or arguments (nothing written), 3 the run directory is in use or inconsistent, or was removed while
+training.
 """
 
 from __future__ import annotations
@@ -97,9 +98,9 @@ def main(argv=None) -> int:
         print(f"train.py: {err}", file=sys.stderr)
         return 3
 
-    from data.errors import DataError
-    from nmt.trainer import Trainer, TrainingError
+    from nmt.trainer import Trainer
 
+    written = resuming  # DIR has its config.yaml: if it goes, the directory was removed under this process
     try:
         with lock:
             log.info("run directory %s (%s)", run_dir.path, "resuming" if resuming else "new run")
@@ -109,6 +110,7 @@ def main(argv=None) -> int:
             # corrupt checkpoint is refused...): a refused start leaves DIR as it was.
             if chief and not resuming:
                 write_atomic(run_dir.config_path, config.to_yaml())
+                written = True
             trainer = Trainer(config, run_dir)
             trainer.setup()
             if chief and resuming:
@@ -116,15 +118,11 @@ def main(argv=None) -> int:
             if trainer.resumed_from:
                 print(f"train.py: resuming {run_dir.path} from step {trainer.resumed_from}", file=sys.stderr)
             result = trainer.train()
-    except RunDirError as err:
-        print(f"train.py: {err}", file=sys.stderr)
-        return 3
-    except DataError as err:
-        print(f"train.py: data error: {err}", file=sys.stderr)
-        return 1
-    except TrainingError as err:
-        print(f"train.py: training failed: {err}", file=sys.stderr)
-        return 1
+    except Exception as err:
+        code = report_failure(err, run_dir, removed=chief and written and not run_dir.exists())
+        if code is None:
+            raise
+        return code
     except KeyboardInterrupt:
         print(
             "train.py: interrupted twice; stopped without a new checkpoint (the last one is intact)",
@@ -133,6 +131,30 @@ def main(argv=None) -> int:
         return 130
     print(f"train.py: {result.message}", file=sys.stderr)
     return 0
+
+
+def report_failure(err: Exception, run_dir: RunDir, removed: bool) -> int | None:
+    """Prints why training could not go on and returns the exit code; None for an error it does not know.
+
+    `removed`: DIR's config.yaml, written before training started, is gone: the directory was deleted under the
+    running process, whatever error that caused (a checkpoint or a metrics line that could not be written).
+    """
+    from data.errors import DataError
+    from nmt.trainer import TrainingError
+
+    if removed and not isinstance(err, RunDirError):
+        print(f"train.py: {run_dir.removed_message()} ({type(err).__name__}: {err})", file=sys.stderr)
+        return 3
+    if isinstance(err, RunDirError):
+        print(f"train.py: {err}", file=sys.stderr)
+        return 3
+    if isinstance(err, DataError):
+        print(f"train.py: data error: {err}", file=sys.stderr)
+        return 1
+    if isinstance(err, TrainingError):
+        print(f"train.py: training failed: {err}", file=sys.stderr)
+        return 1
+    return None
 
 
 if __name__ == "__main__":

@@ -69,6 +69,13 @@ class RunDir:
     def exists(self) -> bool:
         return self.config_path.is_file()
 
+    def removed_message(self) -> str:
+        """What a training says when its DIR was deleted under it (config.yaml, written first, is gone)."""
+        return (
+            f"{self.path} was removed while training ({self.config_path.name} is gone): nothing more can be "
+            "saved there; start again with a new run"
+        )
+
     def require(self) -> RunDir:
         """Raises RunDirError unless DIR holds a config and a tokenizer (what every consumer needs)."""
         if not self.path.is_dir():

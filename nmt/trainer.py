@@ -307,6 +307,8 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------------------------
     def save_checkpoint(self) -> None:
+        if self.chief and not self.run_dir.exists():  # TensorFlow would recreate checkpoints/ in the void
+            raise RunDirError(self.run_dir.removed_message())
         try:
             path = self.manager.save(checkpoint_number=self.step)
         except (tf.errors.OpError, OSError) as err:

@@ -74,6 +74,8 @@ class Trainer:
         cfg = self.config
         self.strategy = make_strategy(cfg.train.distribute)
         self.chief = is_chief()
+        # train.py writes DIR/config.yaml before training: if it goes, DIR was removed under the running process
+        self.watch_config = self.chief and self.run_dir.exists()
         self.stop = StopControl(self.strategy)  # signals and time budget (decided by all workers together)
         device = device_kind(self.strategy)
         self.precision = resolve_precision(cfg.train.precision, device)
@@ -307,7 +309,7 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------------------------
     def save_checkpoint(self) -> None:
-        if self.chief and not self.run_dir.exists():  # TensorFlow would recreate checkpoints/ in the void
+        if self.watch_config and not self.run_dir.exists():  # TensorFlow would recreate checkpoints/ anew
             raise RunDirError(self.run_dir.removed_message())
         try:
             path = self.manager.save(checkpoint_number=self.step)

@@ -90,12 +90,19 @@ def staging(final: Path) -> Path:
 
 
 @contextlib.contextmanager
-def exclusive(final: Path) -> Iterator[None]:
-    """Holds an exclusive lock for preparing `final` (waits while another process holds it)."""
+def exclusive(final: Path, *, required: bool = True) -> Iterator[None]:
+    """Holds an exclusive lock for preparing `final`, `<final>.lock` (waits while another process holds it).
+
+    A lock file that cannot be created is a DataError, or with `required=False` (a read-only directory of data
+    prepared elsewhere, which nothing will write) no lock.
+    """
     try:
         final.parent.mkdir(parents=True, exist_ok=True)
         handle = open(final.with_name(final.name + ".lock"), "a")  # noqa: SIM115 - closed below
     except OSError as err:
+        if not required:
+            yield
+            return
         raise DataError(
             f"cannot write into the data cache {final.parent} ({err}): set data.cache_dir (or ${CACHE_ENV}) "
             "to a writable directory"

@@ -25,6 +25,7 @@ from pathlib import Path
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
+from data.cache import exclusive
 from data.config import DataConfig
 from data.errors import DataError
 from data.multi30k import Multi30k, config_name
@@ -55,12 +56,23 @@ def find_mirror(cfg: DataConfig) -> Path | None:
     return default if default.is_dir() else None
 
 
+def preparation_lock(builder: tfds.core.DatasetBuilder) -> Path:
+    """Where `_prepare` takes its lock (the path plus ".lock"), one per dataset version and config in a data_dir.
+
+    One preparation at a time: TFDS alone lets a second process remove the first one's files mid-write (two first
+    trainings started together: "Failed to finalize writing of split ...: No such file or directory").
+    """
+    variant = builder.builder_config.name if builder.builder_config else "default"
+    return Path(builder.data_dir_root) / f".{builder.name}-{variant}-{builder.version}"
+
+
 def _prepare(builder: tfds.core.DatasetBuilder, cfg: DataConfig) -> None:
     """download_and_prepare, reusing prepared data; errors that need a person become `DataError`s."""
     mirror = find_mirror(cfg)
     config = tfds.download.DownloadConfig(manual_dir=mirror, try_download_gcs=False)
     try:
-        builder.download_and_prepare(download_config=config)
+        with exclusive(preparation_lock(builder), required=False):
+            builder.download_and_prepare(download_config=config)
     except DataError:
         raise
     except ModuleNotFoundError as err:

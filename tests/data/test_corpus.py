@@ -148,3 +148,54 @@ def test_find_mirror_order(tmp_path, monkeypatch):
     default.mkdir(parents=True)
     monkeypatch.delenv(corpus.MIRROR_ENV)
     assert find_mirror(DataConfig()) == default
+
+
+def test_a_second_preparation_of_the_same_dataset_waits_for_the_first(data_cfg, mirror, tmp_path):
+    """Two first trainings started together prepare one TFDS dataset: the second waits for the first's lock.
+
+    The test holds the lock itself, starts a preparation in another process and checks it waits (it logs so and
+    writes nothing) until the lock is released, then completes. Without the lock, TFDS let one process delete the
+    other's files mid-write ("Failed to finalize writing of split").
+    """
+    import fcntl
+    import os
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from data.multi30k import Multi30k
+
+    root, timeout = Path(__file__).resolve().parents[2], 600  # the deadline only turns a hang into a failure
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="2")
+
+    data_dir = tmp_path / "tfds"
+    builder = Multi30k(config="en-de", data_dir=str(data_dir))
+    lock = corpus.preparation_lock(builder)
+    lock.parent.mkdir(parents=True)
+    script = (
+        "import logging, sys; logging.basicConfig(level=logging.INFO, stream=sys.stderr)\n"
+        "from data.config import DataConfig; from data.corpus import tfds_builder\n"
+        f"tfds_builder(DataConfig(manual_dir={str(mirror)!r}, data_dir={str(data_dir)!r}))\n"
+        "print('prepared', file=sys.stderr)\n"
+    )
+    log_path = tmp_path / "prepare.log"
+    with open(lock.with_name(lock.name + ".lock"), "a") as held, open(log_path, "wb") as log_file:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        proc = subprocess.Popen([sys.executable, "-c", script], cwd=root, env=env, stderr=log_file)
+        try:
+            deadline = time.monotonic() + timeout
+            while "another process is preparing" not in log_path.read_text(errors="replace"):
+                assert proc.poll() is None, f"it did not wait for the lock:\n{log_path.read_text()[-2000:]}"
+                assert time.monotonic() < deadline, "hang: the preparation never reached the lock"
+                time.sleep(0.2)
+            assert not list(data_dir.glob("multi30k/en-de/*")), (
+                "it wrote while another preparation held the lock"
+            )
+        finally:
+            fcntl.flock(held, fcntl.LOCK_UN)
+        code = proc.wait(timeout=timeout)
+    assert code == 0, log_path.read_text()[-2000:]
+    assert "prepared" in log_path.read_text()
+    done = corpus.load_split(dataclasses.replace(data_cfg, data_dir=str(data_dir)), "train")
+    assert len(list(done)) == SIZES["train"]

@@ -12,6 +12,7 @@ batches, reads only its replicas' part of each (`worker_part`) and hands each lo
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -177,6 +178,13 @@ class WorkersDisagree(RuntimeError):
     """The workers of a multi-worker run would resume from different checkpoints."""
 
 
+class EvaluationInterrupted(BaseException):
+    """SIGINT/SIGTERM during an evaluation (`StopControl.interruptible`): the run stops without finishing it.
+
+    A BaseException, like KeyboardInterrupt: no `except Exception` on the way may swallow it.
+    """
+
+
 class StopControl:
     """When training stops before its step budget: SIGINT/SIGTERM and the time budget (`train.max_minutes`).
 
@@ -194,6 +202,7 @@ class StopControl:
         self.received: int | None = None  # the signal this process received
         self.agreed: int | None = None  # multi-worker: the signal all workers stop for
         self.out_of_time = False  # multi-worker: a worker's time budget is spent
+        self._in_evaluation = False  # inside `interruptible()`: a signal ends the evaluation at once
 
     def install(self) -> dict:
         """SIGINT/SIGTERM handlers; returns the previous ones (for `uninstall`)."""
@@ -206,11 +215,36 @@ class StopControl:
             if self.received is not None:  # second signal: stop now, the last checkpoint is intact
                 raise KeyboardInterrupt
             self.received = signum
+            if self._in_evaluation:
+                log.warning(
+                    "received %s: stopping the evaluation in progress and saving a checkpoint",
+                    signal.Signals(signum).name,
+                )
+                raise EvaluationInterrupted
             log.warning(
                 "received %s: finishing this step and saving a checkpoint", signal.Signals(signum).name
             )
 
         return {signum: signal.signal(signum, handler) for signum in (signal.SIGINT, signal.SIGTERM)}
+
+    @contextlib.contextmanager
+    def interruptible(self):
+        """A block (an evaluation: decoding and scoring, no file writes) that a signal ends at once.
+
+        Inside it, SIGINT/SIGTERM raise EvaluationInterrupted in the main thread (also on entry, for a signal
+        received before) instead of waiting for the block to end. A single process only: the workers of a
+        multi-worker run evaluate together, so there a signal still waits for the evaluation and the next step.
+        """
+        if self.multi_worker:
+            yield
+            return
+        if self.received is not None:
+            raise EvaluationInterrupted
+        self._in_evaluation = True
+        try:
+            yield
+        finally:
+            self._in_evaluation = False
 
     @staticmethod
     def uninstall(previous: dict) -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import logging
-import math
 import tempfile
 import time
 from collections.abc import Callable
@@ -25,14 +24,16 @@ from tqdm import tqdm
 from nmt.budget import BatchChanged, TrainingPlan
 from nmt.config import Config
 from nmt.distribute import StopControl, WorkersDisagree, is_chief, make_strategy, replica_batches, worker_part
-from nmt.final_weights import AveragingSnapshots, average_if_better
+from nmt.final_weights import AveragingSnapshots
 from nmt.optimizer import adam
 from nmt.precision import device_kind, resolve_autocluster, resolve_precision, resolve_xla, set_policy
-from nmt.run_dir import RunDir, RunDirError, save_model_weights
-from nmt.summaries import write_train_summaries, write_validation_summaries
+from nmt.run_dir import RunDir, RunDirError
+from nmt.summaries import write_train_summaries
 from nmt.train_step import TrainStep
+from nmt.trainer_evaluation import TrainerEvaluation
 
 log = logging.getLogger("nmt.train")
+PENDING_KEY = "pending_evaluation/.ATTRIBUTES/VARIABLE_VALUE"
 
 
 class TrainingError(RuntimeError):
@@ -47,7 +48,7 @@ class TrainResult:
     message: str
 
 
-class Trainer:
+class Trainer(TrainerEvaluation):
     """Trains `config` into `run_dir`: `setup()`, then `train()`.
 
     `scorer(hypotheses, references) -> {"bleu", "chrf", "signature"}` scores the validation translations
@@ -135,6 +136,10 @@ class Trainer:
             self.elapsed = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="elapsed_seconds")
             self.best_bleu = tf.Variable(-1.0, dtype=tf.float64, trainable=False, name="best_bleu")
             self.evals_since_best = tf.Variable(0, dtype=tf.int64, trainable=False, name="evals_since_best")
+            # The step whose evaluation a signal ended (0: none): a resumed run evaluates it before training on.
+            self.pending_evaluation = tf.Variable(
+                0, dtype=tf.int64, trainable=False, name="pending_evaluation"
+            )
         state = dict(
             model=self.model,
             optimizer=self.optimizer,
@@ -142,6 +147,7 @@ class Trainer:
             elapsed=self.elapsed,
             best_bleu=self.best_bleu,
             evals_since_best=self.evals_since_best,
+            pending_evaluation=self.pending_evaluation,
             plan=self.plan.state,
             **self.step_fn.checkpoint_state(),
         )
@@ -181,6 +187,8 @@ class Trainer:
             return 0
         try:  # the parts the plan allows: another global batch is refused, an older checkpoint has no plan
             parts = self.plan.restorable(latest, self.checkpoint_parts)
+            if not tf.train.load_checkpoint(latest).has_tensor(PENDING_KEY):  # written before it existed
+                parts = {name: part for name, part in parts.items() if name != "pending_evaluation"}
             tf.train.Checkpoint(**parts).restore(latest).assert_existing_objects_matched()
         except BatchChanged as err:
             raise TrainingError(str(err)) from None
@@ -216,23 +224,46 @@ class Trainer:
             self.elapsed.assign(self.stop.agree(float(self.elapsed.numpy()), self._time_up(), self.step))
 
     def train(self) -> TrainResult:
+        """Trains to the budget, a signal or early stopping; then writes DIR/final and evaluates it.
+
+        SIGINT/SIGTERM stop after the step in progress, or at once during an evaluation (a single process):
+        either way a checkpoint is saved and the same command resumes exactly (an interrupted evaluation first).
+        """
+        previous = self.stop.install()
+        try:
+            status, message = self._train_steps()
+            self.save_checkpoint()
+            self.plan.report_end(self.step, out_of_time=not self.stop.time_left(self._time_up()))
+            if status in ("done", "early_stopped"):
+                status, message = self._final_evaluation(status, message)
+        finally:
+            self.stop.uninstall(previous)
+        log.info("training compiled the step %d time(s) (bucketed shapes)", self.step_fn.num_traces)
+        return TrainResult(status, self.step, self.resumed_from, message)
+
+    def _train_steps(self) -> tuple[str, str]:
+        """The loop; returns its status ("done", "stopped" or "early_stopped") and a message (may be empty)."""
         cfg = self.config.train
         writer = (
             tf.summary.create_file_writer(str(self.run_dir.tensorboard_dir / "train")) if self.chief else None
         )
-        previous = self.stop.install()
         planned = self.plan.total_steps  # 0 until a time budget's plan is fixed (then the bar's total)
         self.progress = bar = tqdm(
             total=planned or cfg.max_steps or None, initial=self.step, unit="step", dynamic_ncols=True, mininterval=2.0, desc="train",
             disable=not self.chief,
         )  # fmt: skip
-        status, message = "done", ""
+        status, message = "", ""
         window_tokens, window_start = 0.0, time.perf_counter()
         try:
+            if self._patience_spent():  # stopped early, then interrupted in its final evaluation
+                status, message = "early_stopped", "validation BLEU stopped improving"
+            elif (pending := int(self.pending_evaluation.numpy())) and pending == self.step:
+                log.info("step %d: its validation was interrupted; running it before training on", pending)
+                status, message = self._evaluate_at(pending)
             self._agree_on_stop()
-            while self._budget_left():
+            while not status and self._budget_left():
                 if self.stop.requested():
-                    status = "stopped"
+                    status, message = "stopped", self._stop_message()
                     break
                 started = self.clock()
                 batches = [
@@ -282,30 +313,18 @@ class Trainer:
                 eval_due = cfg.eval_every and step % cfg.eval_every == 0
                 bleu_due = cfg.bleu_every and step % cfg.bleu_every == 0
                 if (eval_due or bleu_due) and self._budget_left():  # the last step gets the final evaluation
-                    record = self.evaluate(with_bleu=bool(bleu_due))
-                    if self._early_stop(record):
-                        status, message = "early_stopped", "validation BLEU stopped improving"
-                        break
+                    status, message = self._evaluate_at(step)
         finally:
             bar.close()
             if writer is not None:
                 writer.flush()
-            self.stop.uninstall(previous)
-        self.save_checkpoint()
-        self.plan.report_end(self.step, out_of_time=not self.stop.time_left(self._time_up()))
-        if status == "stopped":
-            message = (
-                f"stopped by {self.stop.signal_name()} at step {self.step}; checkpoint saved, rerun the same "
-                "command to resume"
-            )
-        elif status in ("done", "early_stopped"):
-            self._finalize()
-            final_record = self.evaluate(with_bleu=bool(self.config.train.bleu_every), tag="final")
-            message = message or f"finished at step {self.step}: validation loss {final_record['loss']:.4f}"
-            if "bleu" in final_record:
-                message += f", BLEU {final_record['bleu']:.2f}"
-        log.info("training compiled the step %d time(s) (bucketed shapes)", self.step_fn.num_traces)
-        return TrainResult(status, self.step, self.resumed_from, message)
+        return status or "done", message
+
+    def _stop_message(self) -> str:
+        return (
+            f"stopped by {self.stop.signal_name()} at step {self.step}; checkpoint saved, rerun the same command "
+            "to resume"
+        )
 
     # ------------------------------------------------------------------------------------------------------------
     def save_checkpoint(self) -> None:
@@ -323,84 +342,6 @@ class Trainer:
                 f"the previous one ({self.manager.latest_checkpoint}) is still usable"
             ) from err
         log.info("saved checkpoint %s", path)
-
-    def evaluate(self, *, with_bleu: bool, tag: str = "validation") -> dict:
-        from nmt.translator import Translator, validation_loss
-
-        loss, tokens = validation_loss(self.model, self.eval_dataset)
-        record = {
-            "step": self.step,
-            "split": self.config.data.validation_split,
-            "tag": tag,
-            "loss": loss,
-            "perplexity": math.exp(min(loss, 50.0)),
-            "tokens": tokens,
-            "elapsed_seconds": float(self.elapsed.numpy()),
-        }
-        if with_bleu:
-            from data.corpus import load_text_pairs
-
-            sources, references = load_text_pairs(self.config.data, self.config.data.validation_split)
-            limit = self.config.train.bleu_max_sentences
-            if limit:
-                sources, references = sources[:limit], references[:limit]
-            # One stream: a distribution strategy's context is per thread, and decoding threads would not see it.
-            translator = Translator(
-                self.model,
-                self.tokenizer,
-                self.config.eval,
-                max_source_length=self.config.data.max_length,
-                streams=1,
-            )
-            hypotheses = translator.translate(sources, beam_size=1)
-            scores = self._score(hypotheses, references)
-            record.update(bleu=scores["bleu"], chrf=scores["chrf"], bleu_signature=scores["signature"])
-            if tag != "final" and scores["bleu"] > self.best_bleu.numpy():
-                self.best_bleu.assign(scores["bleu"])
-                self.evals_since_best.assign(0)
-                if self.chief:
-                    save_model_weights(self.model, self.run_dir.best_dir, self.step)
-            elif tag != "final":
-                self.evals_since_best.assign_add(1)
-        if self.chief:
-            self.run_dir.append_metrics(record)
-            if self._validation_writer is None:
-                self._validation_writer = tf.summary.create_file_writer(
-                    str(self.run_dir.tensorboard_dir / "validation")
-                )
-            write_validation_summaries(
-                self._validation_writer, self.step, record, self.model, self.eval_dataset
-            )
-        shown = f"step {self.step}: validation loss {loss:.4f} (ppl {record['perplexity']:.2f})"
-        if "bleu" in record:
-            shown += f", BLEU {record['bleu']:.2f}"
-        tqdm.write(shown)
-        return record
-
-    def _score(self, hypotheses: list[str], references: list[str]) -> dict:
-        if self.scorer is not None:
-            return self.scorer(hypotheses, references)
-        from nmt.evaluation import score_corpus
-
-        return score_corpus(hypotheses, references, self.config.data.target)
-
-    def _early_stop(self, record: dict) -> bool:
-        patience = self.config.train.early_stopping
-        return bool(patience and "bleu" in record and self.evals_since_best.numpy() >= patience)
-
-    def _finalize(self) -> None:
-        """Writes DIR/final: EMA weights, or the average of K checkpoints (nmt.final_weights), or the last weights."""
-        cfg = self.config.train
-        if not self.chief:
-            return
-        if cfg.ema_decay > 0:
-            self.optimizer.finalize_variable_values(self.model.trainable_variables)
-            log.info("final weights: exponential moving average (decay %g)", cfg.ema_decay)
-        elif len(paths := self.snapshots.final_paths(self.step, self.manager.checkpoints)) > 1:
-            from nmt.translator import validation_loss
-
-            average_if_better(self.model, paths, lambda: validation_loss(self.model, self.eval_dataset)[0])
-        save_model_weights(self.model, self.run_dir.final_dir, self.step)
 
 
 def _remove_tree(path: Path) -> None:

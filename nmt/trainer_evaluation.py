@@ -1,0 +1,149 @@
+"""The trainer's evaluations: the scheduled ones (best/, early stopping), the final weights and their evaluation.
+
+A part of `nmt.trainer.Trainer` (a base class of it), split off by concern: it uses the trainer's config,
+run_dir, model, tokenizer, eval_dataset, optimizer, step, stop (signals), snapshots, manager and the checkpointed
+best_bleu, evals_since_best and pending_evaluation. A signal during an evaluation ends it at once
+(`StopControl.interruptible`, a single process); the step it belonged to is checkpointed as pending, and the
+resumed run evaluates it before training on, so the run's records and early stopping match an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import tensorflow as tf
+from tqdm import tqdm
+
+from nmt.distribute import EvaluationInterrupted
+from nmt.final_weights import average_if_better
+from nmt.run_dir import save_model_weights
+from nmt.summaries import write_validation_summaries
+
+log = logging.getLogger("nmt.train")
+
+
+class TrainerEvaluation:
+    """Evaluation methods of the Trainer (see the module docstring for the attributes they use)."""
+
+    def _evaluate_at(self, step: int) -> tuple[str, str]:
+        """The evaluation due at `step`; returns ("", "") or the status and message that end the run."""
+        cfg = self.config.train
+        try:
+            record = self.evaluate(with_bleu=bool(cfg.bleu_every and step % cfg.bleu_every == 0))
+        except EvaluationInterrupted:  # the checkpoint saved next says so; the resumed run evaluates first
+            self.pending_evaluation.assign(step)
+            return "stopped", (
+                f"stopped by {self.stop.signal_name()} at step {step}, during its validation; checkpoint saved, "
+                "rerun the same command to resume (the validation runs again first)"
+            )
+        self.pending_evaluation.assign(0)
+        if self._early_stop(record):
+            return "early_stopped", "validation BLEU stopped improving"
+        return "", ""
+
+    def _final_evaluation(self, status: str, message: str) -> tuple[str, str]:
+        """Writes DIR/final and evaluates it; a signal ends the evaluation (the rerun resumes and repeats both)."""
+        if self.stop.requested():
+            return "stopped", self._stop_message()
+        self._finalize()
+        try:
+            record = self.evaluate(with_bleu=bool(self.config.train.bleu_every), tag="final")
+        except EvaluationInterrupted:
+            return "stopped", (
+                f"stopped by {self.stop.signal_name()} at step {self.step}, during the final evaluation; "
+                f"{self.run_dir.final_dir} holds the final weights, rerun the same command to evaluate them"
+            )
+        message = message or f"finished at step {self.step}: validation loss {record['loss']:.4f}"
+        if "bleu" in record:
+            message += f", BLEU {record['bleu']:.2f}"
+        return status, message
+
+    def evaluate(self, *, with_bleu: bool, tag: str = "validation") -> dict:
+        from nmt.translator import validation_loss
+
+        # A signal ends the computation at once (EvaluationInterrupted): nothing has been written yet.
+        with self.stop.interruptible():
+            loss, tokens = validation_loss(self.model, self.eval_dataset)
+            if with_bleu:
+                scores = self._validation_bleu()
+        record = {
+            "step": self.step,
+            "split": self.config.data.validation_split,
+            "tag": tag,
+            "loss": loss,
+            "perplexity": math.exp(min(loss, 50.0)),
+            "tokens": tokens,
+            "elapsed_seconds": float(self.elapsed.numpy()),
+        }
+        if with_bleu:
+            record.update(bleu=scores["bleu"], chrf=scores["chrf"], bleu_signature=scores["signature"])
+            if tag != "final" and scores["bleu"] > self.best_bleu.numpy():
+                self.best_bleu.assign(scores["bleu"])
+                self.evals_since_best.assign(0)
+                if self.chief:
+                    save_model_weights(self.model, self.run_dir.best_dir, self.step)
+            elif tag != "final":
+                self.evals_since_best.assign_add(1)
+        if self.chief:
+            self.run_dir.append_metrics(record)
+            if self._validation_writer is None:
+                self._validation_writer = tf.summary.create_file_writer(
+                    str(self.run_dir.tensorboard_dir / "validation")
+                )
+            write_validation_summaries(
+                self._validation_writer, self.step, record, self.model, self.eval_dataset
+            )
+        shown = f"step {self.step}: validation loss {loss:.4f} (ppl {record['perplexity']:.2f})"
+        if "bleu" in record:
+            shown += f", BLEU {record['bleu']:.2f}"
+        tqdm.write(shown)
+        return record
+
+    def _validation_bleu(self) -> dict:
+        """Greedy translations of the validation sentences, scored: {"bleu", "chrf", "signature"}."""
+        from data.corpus import load_text_pairs
+        from nmt.translator import Translator
+
+        sources, references = load_text_pairs(self.config.data, self.config.data.validation_split)
+        limit = self.config.train.bleu_max_sentences
+        if limit:
+            sources, references = sources[:limit], references[:limit]
+        # One stream, in this thread: a distribution strategy's context is per thread, and decoding threads would
+        # not see it; a signal's EvaluationInterrupted is raised in the main thread.
+        translator = Translator(
+            self.model,
+            self.tokenizer,
+            self.config.eval,
+            max_source_length=self.config.data.max_length,
+            streams=1,
+        )
+        return self._score(translator.translate(sources, beam_size=1), references)
+
+    def _score(self, hypotheses: list[str], references: list[str]) -> dict:
+        if self.scorer is not None:
+            return self.scorer(hypotheses, references)
+        from nmt.evaluation import score_corpus
+
+        return score_corpus(hypotheses, references, self.config.data.target)
+
+    def _early_stop(self, record: dict) -> bool:
+        return "bleu" in record and self._patience_spent()
+
+    def _patience_spent(self) -> bool:
+        patience = self.config.train.early_stopping
+        return bool(patience and self.evals_since_best.numpy() >= patience)
+
+    def _finalize(self) -> None:
+        """Writes DIR/final: EMA weights, or the average of K checkpoints (nmt.final_weights), or the last weights."""
+        cfg = self.config.train
+        if not self.chief:
+            return
+        if cfg.ema_decay > 0:
+            self.optimizer.finalize_variable_values(self.model.trainable_variables)
+            log.info("final weights: exponential moving average (decay %g)", cfg.ema_decay)
+        elif len(paths := self.snapshots.final_paths(self.step, self.manager.checkpoints)) > 1:
+            from nmt.translator import validation_loss
+
+            average_if_better(self.model, paths, lambda: validation_loss(self.model, self.eval_dataset)[0])
+        save_model_weights(self.model, self.run_dir.final_dir, self.step)

@@ -1,0 +1,160 @@
+"""SIGTERM during an evaluation ends it at once; the resumed run repeats it and ends like an uninterrupted run.
+
+In-process runs of the tiny config with early stopping, the validation BLEU scripted (the Trainer's `scorer`
+hook, as in test_trainer.py). The scorer itself sends the signal, so it lands inside an evaluation whatever the
+machine's speed: once in a scheduled validation (the run stops at that step with a checkpoint, without its
+record), once in the final evaluation. Each time the same configuration is resumed in a new Trainer, and the chain
+must match the uninterrupted reference: the same evaluation records (step, loss, BLEU), the same early stop, best/
+from the same step and bit-identical final weights.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from nmt.config import config_from_dict
+from nmt.run_dir import RunDir, write_atomic
+from nmt.trainer import Trainer
+from tests.run_fixture import tiny_config_tree, write_corpus
+
+# BLEU every 2 steps (loss at every step): best at step 4, steps 6 and 8 do not improve, patience 2 ends the run at 8.
+SCRIPTED_BLEU = [10.0, 20.0, 15.0, 15.0]
+FINAL_BLEU = 1.0
+STOP_STEP, BEST_STEP = 8, 4
+INTERRUPTED_CALL = 2  # the scorer's 2nd call: the validation at step 4
+
+
+class Scorer:
+    """Returns `scores` in order; sends SIGTERM to this process from call number `signal_at` (1-based) instead."""
+
+    def __init__(self, scores, signal_at: int | None = None):
+        self.scores, self.signal_at, self.calls = list(scores), signal_at, 0
+
+    def __call__(self, hypotheses, references):
+        self.calls += 1
+        if self.calls == self.signal_at:
+            handler = signal.getsignal(signal.SIGTERM)
+            assert handler not in (signal.SIG_DFL, signal.SIG_IGN, None), (
+                "no SIGTERM handler in the evaluation"
+            )
+            os.kill(os.getpid(), signal.SIGTERM)  # the handler runs here and raises: the call never returns
+            raise AssertionError("the signal did not end the evaluation")
+        return {"bleu": self.scores.pop(0), "chrf": 0.0, "signature": "scripted"}
+
+
+@dataclasses.dataclass
+class Stage:
+    status: str
+    step: int
+    message: str
+    model: object
+    latest: str  # the run's latest checkpoint once this stage returned
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("interrupted_eval")
+    tree = tiny_config_tree(write_corpus(tmp / "corpus"))
+    tree["data"].update(bucket_boundaries=[32], batch_tokens=256)
+    tree["model"].update(d_model=16, d_ff=32, dropout=0.1)  # dropout: the RNG state must resume exactly
+    tree["train"] = {
+        "max_steps": 40,  # never reached: early stopping ends every run at STOP_STEP
+        "precision": "float32",
+        "xla": False,
+        "learning_rate": 0.01,
+        "warmup_steps": 4,
+        "checkpoint_every": 3,  # not at the interrupted step: the stop writes its own checkpoint there
+        "keep_checkpoints": 3,
+        "eval_every": 1,
+        "bleu_every": 2,
+        "bleu_max_sentences": 3,
+        "early_stopping": 2,
+    }
+    return tmp, config_from_dict(tree)
+
+
+def train(tmp: Path, config, name: str, scorer: Scorer) -> Stage:
+    run_dir = RunDir(tmp / name)
+    if not run_dir.path.exists():
+        run_dir.path.mkdir()
+        write_atomic(run_dir.config_path, config.to_yaml())
+    trainer = Trainer(config, run_dir, scorer=scorer)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("NMT_DATA_CACHE", str(tmp / "data_cache"))
+        trainer.setup()
+        result = trainer.train()
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL, "train() left its SIGTERM handler installed"
+    latest = tf.train.latest_checkpoint(str(run_dir.checkpoint_dir))
+    return Stage(result.status, result.step, result.message, trainer.model, latest)
+
+
+def evaluations(run_dir: Path) -> list[tuple]:
+    lines = (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+    records = [json.loads(line) for line in lines]
+    return [(r["step"], r["tag"], r["loss"], r.get("bleu")) for r in records if "tag" in r]
+
+
+def weights(model, prefix: str) -> list[np.ndarray]:
+    tf.train.Checkpoint(model=model).restore(prefix).expect_partial().assert_existing_objects_matched()
+    return [w.numpy().copy() for w in model.weights]
+
+
+@pytest.fixture(scope="module")
+def runs(setup):
+    tmp, config = setup
+    reference = train(tmp, config, "reference", Scorer([*SCRIPTED_BLEU, FINAL_BLEU]))
+    stages = [
+        train(tmp, config, "chain", Scorer(SCRIPTED_BLEU, signal_at=INTERRUPTED_CALL)),
+        # The validation at step 4 runs again first; the final evaluation (call 4) is interrupted.
+        train(tmp, config, "chain", Scorer(SCRIPTED_BLEU[1:], signal_at=4)),
+        train(tmp, config, "chain", Scorer([FINAL_BLEU])),
+    ]
+    return tmp, reference, stages
+
+
+def test_a_signal_in_a_validation_stops_there_with_a_checkpoint(runs):
+    tmp, _, stages = runs
+    first = stages[0]
+    assert first.status == "stopped"
+    assert first.step == 2 * INTERRUPTED_CALL
+    assert first.message == (
+        "stopped by SIGTERM at step 4, during its validation; checkpoint saved, rerun the same command to resume "
+        "(the validation runs again first)"
+    )
+    assert Path(first.latest) == tmp / "chain" / "checkpoints" / "ckpt-4"
+
+
+def test_a_signal_in_the_final_evaluation_stops_it_and_the_rerun_evaluates(runs):
+    tmp, _, stages = runs
+    second, third = stages[1], stages[2]
+    assert second.status == "stopped"
+    assert second.message.startswith(f"stopped by SIGTERM at step {STOP_STEP}, during the final evaluation; ")
+    assert (third.status, third.step) == ("early_stopped", STOP_STEP)  # not trained on: it had stopped early
+    assert third.message.startswith("validation BLEU stopped improving")
+
+
+def test_the_interrupted_chain_matches_the_uninterrupted_run(runs):
+    tmp, reference, stages = runs
+    assert (reference.status, reference.step) == ("early_stopped", STOP_STEP)
+    expected = evaluations(tmp / "reference")
+    assert [(step, tag, bleu) for step, tag, _, bleu in expected][-2:] == [
+        (STOP_STEP, "validation", 15.0),
+        (STOP_STEP, "final", FINAL_BLEU),
+    ]
+    assert evaluations(tmp / "chain") == expected  # each evaluation once, with the same loss and BLEU
+    for name in ("best", "final"):
+        prefixes = [tf.train.latest_checkpoint(str(tmp / run / name)) for run in ("reference", "chain")]
+        assert Path(prefixes[0]).name == Path(prefixes[1]).name
+        for ours, theirs in zip(
+            weights(stages[-1].model, prefixes[1]), weights(reference.model, prefixes[0])
+        ):
+            np.testing.assert_array_equal(ours, theirs)
+    assert Path(tf.train.latest_checkpoint(str(tmp / "chain" / "best"))).name == f"ckpt-{BEST_STEP}"

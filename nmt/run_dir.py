@@ -7,7 +7,8 @@ Layout::
     DIR/checkpoints/         step, model, optimizer, loss scale, RNG and data-iterator state (CheckpointManager)
     DIR/best/                model weights with the best validation BLEU so far
     DIR/final/               final model weights (checkpoint average / EMA when configured)
-    DIR/metrics.jsonl        one JSON object per evaluation
+    DIR/metrics.jsonl        one JSON object per evaluation and for the time budget's plan (a resumed run
+                             removes those of steps after its checkpoint: they run again)
     DIR/tensorboard/         TensorBoard event files (train/, validation/)
     DIR/train.lock           held by the one training process allowed on DIR
 """
@@ -125,6 +126,32 @@ class RunDir:
                 except json.JSONDecodeError:
                     continue  # a line cut by a crash mid-write: skip it, keep the rest
         return records
+
+    def drop_metrics_after(self, step: int) -> int:
+        """Removes the records of steps after `step` (and lines cut by a crash); returns how many went.
+
+        A resumed run calls it with its checkpoint's step: the records of a process killed after that
+        checkpoint describe training that is lost and runs again, and would otherwise appear twice.
+        """
+        if not self.metrics_path.is_file():
+            return 0
+        kept, dropped = [], 0
+        for line in self.metrics_path.read_text(encoding="utf-8").splitlines():
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                dropped += 1
+                continue
+            at = record.get("step") if isinstance(record, dict) else None
+            if isinstance(at, int | float) and at > step:
+                dropped += 1
+                continue
+            kept.append(line + "\n")
+        if dropped:
+            write_atomic(self.metrics_path, "".join(kept))
+        return dropped
 
 
 def write_atomic(path: Path, text: str) -> None:

@@ -165,6 +165,14 @@ class Trainer(TrainerEvaluation):
         )
         self.snapshots = AveragingSnapshots(self.model, checkpoint_dir / "average", cfg.train)
         self.resumed_from = self._restore()
+        if self.chief:  # records of steps the checkpoint does not hold: the steps and evaluations run again
+            dropped = self.run_dir.drop_metrics_after(self.resumed_from)
+            if dropped:
+                log.info(
+                    "%s: removed %d record(s) after step %d, written by training lost with its process (not "
+                    "checkpointed); those steps run again", self.run_dir.metrics_path.name, dropped,
+                    self.resumed_from,
+                )  # fmt: skip
         self.plan.start(self.resumed_from, float(self.elapsed.numpy()))
         self.plan.apply_dropout(self.model, self.step_fn.retrace)
 
@@ -307,13 +315,16 @@ class Trainer(TrainerEvaluation):
                             writer, step, metrics, lr, tokens_per_sec, self.step_fn.skipped_steps,
                             self.step_fn.layer_grad_norms(metrics),  # grouped only on logged steps
                         )  # fmt: skip
-                if step % cfg.checkpoint_every == 0:
-                    self.save_checkpoint()
                 self.snapshots.save_if_due(step, self.plan.total_steps)
                 eval_due = cfg.eval_every and step % cfg.eval_every == 0
                 bleu_due = cfg.bleu_every and step % cfg.bleu_every == 0
                 if (eval_due or bleu_due) and self._budget_left():  # the last step gets the final evaluation
                     status, message = self._evaluate_at(step)
+                # After the step's evaluation: a checkpoint at step N includes N's evaluation (best BLEU, early
+                # stopping), and a process killed before it resumes from an earlier one and evaluates N again.
+                # A status ends the loop, and train() saves the checkpoint.
+                if not status and step % cfg.checkpoint_every == 0:
+                    self.save_checkpoint()
         finally:
             bar.close()
             if writer is not None:

@@ -6,6 +6,10 @@ machine's speed: once in a scheduled validation (the run stops at that step with
 record), once in the final evaluation. Each time the same configuration is resumed in a new Trainer, and the chain
 must match the uninterrupted reference: the same evaluation records (step, loss, BLEU), the same early stop, best/
 from the same step and bit-identical final weights.
+
+A crash (the scorer raises: the process ends without saving anything, as after SIGKILL) in the validation of a
+checkpoint step must match it too: the checkpoint of that step is written after its evaluation, so the resumed run
+starts from the one before, drops the records written since (they would appear twice) and evaluates again.
 """
 
 from __future__ import annotations
@@ -48,6 +52,21 @@ class Scorer:
             os.kill(os.getpid(), signal.SIGTERM)  # the handler runs here and raises: the call never returns
             raise AssertionError("the signal did not end the evaluation")
         return {"bleu": self.scores.pop(0), "chrf": 0.0, "signature": "scripted"}
+
+
+class Crash(BaseException):
+    """The process dies here: nothing after it runs (train() saves no checkpoint on an exception)."""
+
+
+class CrashingScorer(Scorer):
+    def __init__(self, scores, crash_at: int):
+        super().__init__(scores)
+        self.crash_at = crash_at
+
+    def __call__(self, hypotheses, references):
+        if self.calls + 1 == self.crash_at:
+            raise Crash
+        return super().__call__(hypotheses, references)
 
 
 @dataclasses.dataclass
@@ -158,3 +177,34 @@ def test_the_interrupted_chain_matches_the_uninterrupted_run(runs):
         ):
             np.testing.assert_array_equal(ours, theirs)
     assert Path(tf.train.latest_checkpoint(str(tmp / "chain" / "best"))).name == f"ckpt-{BEST_STEP}"
+
+
+CRASH_CALL = 3  # the validation at step 6, a checkpoint step (checkpoint_every 3)
+
+
+@pytest.fixture(scope="module")
+def crashed(setup, runs):
+    tmp, config = setup
+    with pytest.raises(Crash):
+        train(tmp, config, "crashed", CrashingScorer(SCRIPTED_BLEU, crash_at=CRASH_CALL))
+    run_dir = tmp / "crashed"
+    latest = tf.train.latest_checkpoint(str(run_dir / "checkpoints"))
+    steps = [step for step, *_ in evaluations(run_dir)]
+    resumed = train(tmp, config, "crashed", Scorer([*SCRIPTED_BLEU[1:], FINAL_BLEU]))
+    return tmp, latest, steps, resumed
+
+
+def test_a_crash_in_a_validation_resumes_before_it_and_matches_the_uninterrupted_run(crashed, runs):
+    tmp, latest, steps_before, resumed = crashed
+    _, reference, _ = runs
+    # The checkpoint of step 6 waits for its validation: the crash left the one of step 3, and records after it.
+    assert Path(latest).name == "ckpt-3"
+    assert steps_before == [1, 2, 3, 4, 5]  # validation loss at every step (BLEU with it at 2 and 4)
+    assert (resumed.status, resumed.step) == ("early_stopped", STOP_STEP)
+    # Steps 4 and 5 once, step 6 evaluated:
+    assert evaluations(tmp / "crashed") == evaluations(tmp / "reference")
+    for name in ("best", "final"):
+        prefixes = [tf.train.latest_checkpoint(str(tmp / run / name)) for run in ("reference", "crashed")]
+        assert Path(prefixes[0]).name == Path(prefixes[1]).name
+        for ours, theirs in zip(weights(resumed.model, prefixes[1]), weights(reference.model, prefixes[0])):
+            np.testing.assert_array_equal(ours, theirs)

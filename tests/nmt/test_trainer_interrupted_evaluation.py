@@ -126,6 +126,15 @@ def weights(model, prefix: str) -> list[np.ndarray]:
     return [w.numpy().copy() for w in model.weights]
 
 
+def assert_same_best_and_final(tmp: Path, name: str, model, reference_model) -> None:
+    """best/ and final/ of run `name` are from the reference's steps, with bit-identical weights."""
+    for which in ("best", "final"):
+        prefixes = [tf.train.latest_checkpoint(str(tmp / run / which)) for run in ("reference", name)]
+        assert Path(prefixes[0]).name == Path(prefixes[1]).name
+        for ours, theirs in zip(weights(model, prefixes[1]), weights(reference_model, prefixes[0])):
+            np.testing.assert_array_equal(ours, theirs)
+
+
 @pytest.fixture(scope="module")
 def runs(setup):
     tmp, config = setup
@@ -169,13 +178,7 @@ def test_the_interrupted_chain_matches_the_uninterrupted_run(runs):
         (STOP_STEP, "final", FINAL_BLEU),
     ]
     assert evaluations(tmp / "chain") == expected  # each evaluation once, with the same loss and BLEU
-    for name in ("best", "final"):
-        prefixes = [tf.train.latest_checkpoint(str(tmp / run / name)) for run in ("reference", "chain")]
-        assert Path(prefixes[0]).name == Path(prefixes[1]).name
-        for ours, theirs in zip(
-            weights(stages[-1].model, prefixes[1]), weights(reference.model, prefixes[0])
-        ):
-            np.testing.assert_array_equal(ours, theirs)
+    assert_same_best_and_final(tmp, "chain", stages[-1].model, reference.model)
     assert Path(tf.train.latest_checkpoint(str(tmp / "chain" / "best"))).name == f"ckpt-{BEST_STEP}"
 
 
@@ -203,8 +206,4 @@ def test_a_crash_in_a_validation_resumes_before_it_and_matches_the_uninterrupted
     assert (resumed.status, resumed.step) == ("early_stopped", STOP_STEP)
     # Steps 4 and 5 once, step 6 evaluated:
     assert evaluations(tmp / "crashed") == evaluations(tmp / "reference")
-    for name in ("best", "final"):
-        prefixes = [tf.train.latest_checkpoint(str(tmp / run / name)) for run in ("reference", "crashed")]
-        assert Path(prefixes[0]).name == Path(prefixes[1]).name
-        for ours, theirs in zip(weights(resumed.model, prefixes[1]), weights(reference.model, prefixes[0])):
-            np.testing.assert_array_equal(ours, theirs)
+    assert_same_best_and_final(tmp, "crashed", resumed.model, reference.model)

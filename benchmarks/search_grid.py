@@ -1,0 +1,184 @@
+"""Beam size and length penalty chosen on validation, over one or more run directories (issue 15, item 4).
+
+    python -m benchmarks.search_grid --model-dir runs/a runs/b --beams 1,4,8 --alphas 0.6,1.0,1.4,1.8
+
+Decodes the validation split of every run with every (beam, alpha) of the grid (greedy search, beam 1, once: the
+length penalty does not apply to it) and prints one JSON line per decoding (`kind: "decoding"`: run, beam, alpha,
+BLEU, chrF, lowercased BLEU, the hypothesis/reference length ratio), then one per setting (`kind: "setting"`: the
+mean over the runs and each run's difference from the setting of the runs' config) and one `kind: "choice"`: the
+setting with the highest mean BLEU. The test split is refused: it is decoded once per recipe, with the chosen
+setting (evaluate.py), never searched over. The runs' hypotheses files are not touched (hypotheses go to a
+temporary directory).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+RATIO = re.compile(r"ratio = ([0-9.]+)")
+
+
+def parse_list(text: str, kind: type) -> list:
+    """'1,4,8' -> [1, 4, 8]; duplicates removed, order kept."""
+    values = []
+    for item in text.split(","):
+        value = kind(item.strip())
+        if value not in values:
+            values.append(value)
+    return values
+
+
+def grid(beams: list[int], alphas: list[float]) -> list[tuple[int, float | None]]:
+    """The (beam, alpha) settings to decode: greedy search once (alpha None), every alpha for wider beams."""
+    settings: list[tuple[int, float | None]] = []
+    for beam in beams:
+        settings.extend([(beam, None)] if beam == 1 else [(beam, alpha) for alpha in alphas])
+    return settings
+
+
+def summarize(decodings: list[dict], configured: dict[str, tuple[int, float]]) -> tuple[list[dict], dict]:
+    """Per setting, the mean BLEU over the runs (only settings decoded for every run) and each run's difference from
+    its configured setting (eval.beam_size, eval.alpha; None if that setting is not in the grid); and the choice,
+    the setting with the highest mean BLEU (ties: the earlier in the grid)."""
+    runs = list(dict.fromkeys(d["run"] for d in decodings))
+    by_key = {(d["run"], d["beam"], d["alpha"]): d for d in decodings}
+    settings = list(dict.fromkeys((d["beam"], d["alpha"]) for d in decodings))
+    rows = []
+    for beam, alpha in settings:
+        if any((run, beam, alpha) not in by_key for run in runs):
+            continue
+        deltas = {}
+        for run in runs:
+            base = by_key.get((run, *configured[run])) if run in configured else None
+            deltas[run] = None if base is None else by_key[(run, beam, alpha)]["bleu"] - base["bleu"]
+        bleus = [by_key[(run, beam, alpha)]["bleu"] for run in runs]
+        rows.append(
+            {
+                "kind": "setting",
+                "beam": beam,
+                "alpha": alpha,
+                "bleu_mean": sum(bleus) / len(bleus),
+                "bleu_min": min(bleus),
+                "delta_from_configured": deltas,
+                "runs": len(runs),
+            }
+        )
+    if not rows:
+        raise ValueError("no setting was decoded for every run")
+    best = max(rows, key=lambda row: row["bleu_mean"])  # max keeps the first of equal means
+    choice = {"kind": "choice", "beam": best["beam"], "alpha": best["alpha"], "bleu_mean": best["bleu_mean"]}
+    return rows, choice
+
+
+def decode(
+    model_dir: str, split: str, beam: int, alpha: float | None, output: Path, max_sentences: int
+) -> dict:
+    from nmt.evaluation import evaluate_run_dir
+
+    record = evaluate_run_dir(
+        model_dir, split=split, beam_size=beam, alpha=alpha, output=output, max_sentences=max_sentences
+    )
+    ratio = RATIO.search(record.get("bleu_detail", ""))
+    return {
+        "kind": "decoding",
+        "run": model_dir,
+        "split": split,
+        "beam": beam,
+        "alpha": alpha,
+        "bleu": record["bleu"],
+        "chrf": record["chrf"],
+        "bleu_lc_tok": record["bleu_lc_tok"],
+        "length_ratio": float(ratio.group(1)) if ratio else None,
+        "weights": record["weights"],
+        "signature": record["signature"],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.search_grid",
+        description="Decode the validation split of run directories with a grid of beam sizes and length penalties; "
+        "JSON lines: one per decoding, one per setting (mean over runs), the choice (highest mean BLEU).",
+    )
+    parser.add_argument("--model-dir", nargs="+", required=True, help="run directories written by train.py")
+    parser.add_argument("--beams", default="1,4,8", help="comma-separated beam sizes (1 = greedy)")
+    parser.add_argument(
+        "--alphas", default="0.6,1.0,1.4,1.8", help="comma-separated length-penalty exponents"
+    )
+    parser.add_argument("--split", default="validation", help="the split searched (not the test split)")
+    parser.add_argument("--max-sentences", type=int, default=0, help="only the first N sentences (0 = all)")
+    parser.add_argument("--output", help="also write the JSON lines to this file (replaced)")
+    args = parser.parse_args(argv)
+    try:
+        beams = parse_list(args.beams, int)
+        alphas = parse_list(args.alphas, float)
+    except ValueError as error:
+        parser.error(f"--beams/--alphas: {error}")
+    if not beams or min(beams) < 1:
+        parser.error("--beams: every beam size must be at least 1")
+    if any(not 0.0 <= alpha <= 5.0 for alpha in alphas):
+        parser.error("--alphas: every length penalty must be between 0 and 5")
+    from nmt import cli
+    from nmt.run_dir import RunDir, RunDirError
+
+    configured = {}
+    for model_dir in args.model_dir:
+        try:
+            config = RunDir(model_dir).require().load_config()
+        except RunDirError as error:
+            print(f"search_grid: {error}", file=sys.stderr)
+            return 2
+        configured[model_dir] = (
+            config.eval.beam_size,
+            None if config.eval.beam_size == 1 else config.eval.alpha,
+        )
+        if args.split in ("test", config.data.test_split):
+            print(
+                f"search_grid: {args.split!r} is {model_dir}'s test split: search settings are chosen on "
+                "validation, and the test split is decoded once, with the chosen setting (evaluate.py)",
+                file=sys.stderr,
+            )
+            return 2
+    cli.quiet_tensorflow()
+    cli.decoding_kernels()
+    out = open(args.output, "w", encoding="utf-8") if args.output else None  # noqa: SIM115 (closed below)
+
+    def emit(record: dict) -> None:
+        line = json.dumps(record, sort_keys=True)
+        print(line, flush=True)
+        if out:
+            out.write(line + "\n")
+            out.flush()
+
+    decodings = []
+    try:
+        with tempfile.TemporaryDirectory(prefix="search_grid-") as tmp:
+            for model_dir in args.model_dir:
+                for beam, alpha in grid(beams, alphas):
+                    record = decode(
+                        model_dir, args.split, beam, alpha, Path(tmp) / "hyp.txt", args.max_sentences
+                    )
+                    decodings.append(record)
+                    emit(record)
+                    print(
+                        f"{model_dir} beam {beam} alpha {alpha}: BLEU {record['bleu']:.2f} "
+                        f"ratio {record['length_ratio']}",
+                        file=sys.stderr,
+                    )
+        rows, choice = summarize(decodings, configured)
+        for row in rows:
+            emit(row)
+        emit(choice)
+    finally:
+        if out:
+            out.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -34,13 +34,19 @@ def test_the_choice_is_the_highest_mean_over_runs_of_settings_every_run_decoded(
     assert [(row["beam"], row["alpha"], row["bleu_mean"]) for row in rows] == [(4, 1.0, 31.5), (4, 1.4, 31.0)]
     assert rows[0]["delta_from_configured"] == {"a": -1.0, "b": 2.0}
     assert rows[0]["bleu_min"] == 30.0
-    assert choice == {"kind": "choice", "beam": 4, "alpha": 1.0, "bleu_mean": 31.5}
+    assert choice == {
+        "kind": "choice",
+        "beam": 4,
+        "alpha": 1.0,
+        "bleu_mean": 31.5,
+        "gain_over_configured": 0.5,
+    }
     # a configured setting outside the grid has no difference; equal means keep the earlier setting
     rows, choice = search_grid.summarize(
         [decoding("a", 1, None, 5.0), decoding("a", 2, 0.0, 5.0)], {"a": (4, 1.4)}
     )
     assert rows[0]["delta_from_configured"] == {"a": None}
-    assert (choice["beam"], choice["alpha"]) == (1, None)
+    assert (choice["beam"], choice["alpha"], choice["gain_over_configured"]) == (1, None, None)
 
 
 def test_decodes_the_tiny_run_without_touching_its_hypotheses(tiny_run_dir, tmp_path, capsys):
@@ -64,7 +70,14 @@ def test_decodes_the_tiny_run_without_touching_its_hypotheses(tiny_run_dir, tmp_
     decodings = [line for line in lines if line["kind"] == "decoding"]
     assert [(d["beam"], d["alpha"]) for d in decodings] == [(1, None), (2, 0.6)]
     assert all(d["bleu"] == pytest.approx(100.0) and d["length_ratio"] == 1.0 for d in decodings)
-    assert lines[-1] == {"kind": "choice", "beam": 1, "alpha": None, "bleu_mean": pytest.approx(100.0)}
+    # the fixture's config says beam 2, alpha 0.6 (in the grid): the greedy choice gains nothing over it
+    expected = {
+        "beam": 1,
+        "alpha": None,
+        "bleu_mean": pytest.approx(100.0),
+        "gain_over_configured": pytest.approx(0),
+    }
+    assert lines[-1] == {"kind": "choice", **expected}
     assert {p.name: p.stat().st_mtime_ns for p in tiny_run_dir.iterdir()} == before
 
 

@@ -76,9 +76,8 @@ def summarize(decodings: list[dict], configured: dict[str, tuple[int, float]]) -
     deltas = list(best["delta_from_configured"].values())
     gain = None if None in deltas else sum(deltas) / len(deltas)
     choice = {"kind": "choice", "beam": best["beam"], "alpha": best["alpha"], "bleu_mean": best["bleu_mean"]}
-    choice["gain_over_configured"] = (
-        gain  # mean BLEU difference; under ~0.5 it is noise, not a reason to change
-    )
+    # the mean BLEU difference from the configured setting: under ~0.5 it is noise, not a reason to change
+    choice["gain_over_configured"] = gain
     return rows, choice
 
 
@@ -130,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--beams: every beam size must be at least 1")
     if any(not 0.0 <= alpha <= 5.0 for alpha in alphas):
         parser.error("--alphas: every length penalty must be between 0 and 5")
+    if args.max_sentences < 0:
+        parser.error("--max-sentences must be >= 0")
     from nmt import cli
     from nmt.run_dir import RunDir, RunDirError
 
@@ -153,7 +154,13 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     cli.quiet_tensorflow()
     cli.decoding_kernels()
-    out = open(args.output, "w", encoding="utf-8") if args.output else None  # noqa: SIM115 (closed below)
+    from nmt.evaluation import EvaluationError
+
+    try:
+        out = open(args.output, "w", encoding="utf-8") if args.output else None  # noqa: SIM115 (closed below)
+    except OSError as error:
+        print(f"search_grid: --output: {error}", file=sys.stderr)
+        return 2
 
     def emit(record: dict) -> None:
         line = json.dumps(record, sort_keys=True)
@@ -181,6 +188,9 @@ def main(argv: list[str] | None = None) -> int:
         for row in rows:
             emit(row)
         emit(choice)
+    except EvaluationError as error:  # e.g. a split the dataset does not have
+        print(f"search_grid: {error}", file=sys.stderr)
+        return 2
     finally:
         if out:
             out.close()
@@ -188,4 +198,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from nmt import cli
+
+    cli.run(main)  # a data or run-directory problem: one "error: ..." line and a non-zero exit

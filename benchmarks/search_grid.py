@@ -7,9 +7,9 @@ length penalty does not apply to it) and prints one JSON line per decoding (`kin
 BLEU, chrF, lowercased BLEU, the hypothesis/reference length ratio), then one per setting (`kind: "setting"`: the
 mean over the runs and each run's difference from the setting of the runs' config) and one `kind: "choice"`: the
 setting with the highest mean BLEU and its mean gain over the configured setting (a gain under ~0.5 BLEU is noise on
-a 1,000-sentence split: no reason to change the config). The test split is refused: it is decoded once per recipe, with the chosen
-setting (evaluate.py), never searched over. The runs' hypotheses files are not touched (hypotheses go to a
-temporary directory).
+a 1,000-sentence split: no reason to change the config). The test split is refused: it is decoded once per recipe,
+with the chosen setting (evaluate.py), never searched over. The runs' hypotheses files are not touched (hypotheses
+go to a temporary directory).
 """
 
 from __future__ import annotations

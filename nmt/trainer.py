@@ -237,6 +237,9 @@ class Trainer(TrainerEvaluation):
         SIGINT/SIGTERM stop after the step in progress, or at once during an evaluation (a single process):
         either way a checkpoint is saved and the same command resumes exactly (an interrupted evaluation first).
         """
+        if message := self._already_finished():  # a rerun of a finished run: nothing to train or evaluate
+            status = "early_stopped" if self._patience_spent() else "done"
+            return TrainResult(status, self.step, self.resumed_from, message)
         previous = self.stop.install()
         try:
             status, message = self._train_steps()

@@ -59,6 +59,31 @@ class TrainerEvaluation:
             message += f", BLEU {record['bleu']:.2f}"
         return status, message
 
+    def _already_finished(self) -> str:
+        """The message of a run that wrote and evaluated its final weights at this step, else "".
+
+        Its rerun (the same command again) ends there instead of evaluating the same weights again and appending a
+        second "final" record. A single process only: the workers of a multi-worker run decide together, and run
+        the final evaluation again.
+        """
+        if self.stop.multi_worker or not self.resumed_from or int(self.pending_evaluation.numpy()):
+            return ""
+        if self._budget_left() and not self._patience_spent():
+            return ""
+        latest = tf.train.latest_checkpoint(str(self.run_dir.final_dir))
+        if not latest or latest.rsplit("-", 1)[-1] != str(self.step):
+            return ""
+        records = [
+            r for r in self.run_dir.read_metrics() if r.get("tag") == "final" and r.get("step") == self.step
+        ]
+        if not records:  # the final evaluation was interrupted: the rerun evaluates
+            return ""
+        record = records[-1]
+        message = f"already finished at step {self.step}: validation loss {record['loss']:.4f}"
+        if "bleu" in record:
+            message += f", BLEU {record['bleu']:.2f}"
+        return f"{message}; final weights in {self.run_dir.final_dir} (nothing to do)"
+
     def evaluate(self, *, with_bleu: bool, tag: str = "validation") -> dict:
         from nmt.translator import validation_loss
 

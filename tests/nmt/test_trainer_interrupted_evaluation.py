@@ -182,6 +182,29 @@ def test_the_interrupted_chain_matches_the_uninterrupted_run(runs):
     assert Path(tf.train.latest_checkpoint(str(tmp / "chain" / "best"))).name == f"ckpt-{BEST_STEP}"
 
 
+def files_of(run_dir: Path) -> dict[Path, bytes]:
+    """Every file of the run directory but TensorBoard's (a new events file per process) and its contents."""
+    return {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file() and "tensorboard" not in p.parts}
+
+
+def test_a_rerun_of_the_finished_run_ends_at_once_and_writes_nothing(setup, runs):
+    tmp, config = setup
+    run_dir = tmp / "chain"
+    before = files_of(run_dir)
+    final = [
+        r for r in map(json.loads, before[run_dir / "metrics.jsonl"].splitlines()) if r.get("tag") == "final"
+    ]
+    again = train(tmp, config, "chain", Scorer([]))  # an evaluation would pop from the empty list and fail
+    assert (again.status, again.step) == ("early_stopped", STOP_STEP)
+    assert again.message == (
+        f"already finished at step {STOP_STEP}: validation loss {final[0]['loss']:.4f}, BLEU {FINAL_BLEU:.2f}; "
+        f"final weights in {run_dir / 'final'} (nothing to do)"
+    )
+    assert (
+        files_of(run_dir) == before
+    )  # no second "final" record, no new checkpoint, final/ and best/ untouched
+
+
 CRASH_CALL = 3  # the validation at step 6, a checkpoint step (checkpoint_every 3)
 
 

@@ -62,10 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     cli.setup_logging(args.verbose)
     if (args.source is None) != (args.reference is None):
         raise cli.CliError("--source and --reference go together", exit_code=2)
-    if args.beam is not None and args.beam < 1:
-        raise cli.CliError(f"--beam must be at least 1, got {args.beam}", exit_code=2)
-    if args.alpha is not None and not 0.0 <= args.alpha <= 5.0:
-        raise cli.CliError(f"--alpha must be between 0 and 5, got {args.alpha}", exit_code=2)
+    cli.check_search(args.beam, args.alpha)
     if args.max_sentences < 0:
         raise cli.CliError(f"--max-sentences must be >= 0, got {args.max_sentences}", exit_code=2)
     if args.batch_size is not None and args.batch_size < 1:

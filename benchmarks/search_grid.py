@@ -125,10 +125,15 @@ def main(argv: list[str] | None = None) -> int:
         alphas = parse_list(args.alphas, float)
     except ValueError as error:
         parser.error(f"--beams/--alphas: {error}")
-    if not beams or min(beams) < 1:
-        parser.error("--beams: every beam size must be at least 1")
-    if any(not 0.0 <= alpha <= 5.0 for alpha in alphas):
-        parser.error("--alphas: every length penalty must be between 0 and 5")
+    from nmt.config import search_setting_problem
+
+    if not beams:
+        parser.error("--beams: give at least one beam size")
+    for option, problem in [("--beams", search_setting_problem(beam, None)) for beam in beams] + [
+        ("--alphas", search_setting_problem(None, alpha)) for alpha in alphas
+    ]:
+        if problem:
+            parser.error(f"{option}: {problem.replace('beam_size', 'a beam size')}")
     if args.max_sentences < 0:
         parser.error("--max-sentences must be >= 0")
     from nmt import cli

@@ -134,6 +134,14 @@ def add_streams_argument(parser) -> None:
     )
 
 
+def check_search(beam: int | None, alpha: float | None) -> None:
+    """--beam and --alpha, checked like eval.beam_size and eval.alpha (None: not given)."""
+    from nmt.config import search_setting_problem
+
+    if problem := search_setting_problem(beam, alpha):
+        raise CliError("--" + problem.replace("beam_size", "beam"), exit_code=2)
+
+
 def check_streams(streams: int | None) -> None:
     if streams is not None and streams < 0:
         raise CliError(f"--streams must be >= 0 (0 = auto), got {streams}", exit_code=2)

@@ -198,10 +198,22 @@ def _validate(config: Config) -> None:
             "train.ffn_dropout_by_plan once the step plan is fixed (no dropout state); add "
             "train.ffn_dropout_by_plan=[] to train it without dropout"
         )
-    if config.eval.beam_size < 1:
-        raise ConfigError("eval.beam_size: must be at least 1")
+    if problem := search_setting_problem(config.eval.beam_size, config.eval.alpha):
+        raise ConfigError(f"eval.{problem}")
     if config.eval.streams < 0:
         raise ConfigError(f"eval.streams: must be >= 0 (0 = auto), got {config.eval.streams}")
+
+
+MAX_ALPHA = 5.0  # the GNMT length penalty's exponent: 0 (none) to this
+
+
+def search_setting_problem(beam_size: int | None, alpha: float | None) -> str:
+    """What is wrong with a beam size and length penalty ("" if nothing; None = not given), naming the setting."""
+    if beam_size is not None and beam_size < 1:
+        return f"beam_size must be at least 1, got {beam_size}"
+    if alpha is not None and not 0.0 <= alpha <= MAX_ALPHA:
+        return f"alpha must be between 0 and {MAX_ALPHA:g}, got {alpha}"
+    return ""
 
 
 def _validate_train(train: TrainConfig) -> None:

@@ -86,6 +86,20 @@ def test_evaluate_refuses_a_batch_size_below_one(tiny_run_dir):
     assert caught.value.exit_code == 2
 
 
+@pytest.mark.parametrize(
+    "option, message",
+    [(["--beam", "0"], "--beam must be at least 1, got 0"), (["--alpha", "-1"], "--alpha must be")],
+)
+def test_evaluate_refuses_a_search_setting_out_of_range(tiny_run_dir, option, message):
+    sys.path.insert(0, str(ROOT))
+    import evaluate
+    from nmt.cli import CliError
+
+    with pytest.raises(CliError, match=message) as caught:
+        evaluate.main(["--model-dir", str(tiny_run_dir), *option])
+    assert caught.value.exit_code == 2
+
+
 def test_evaluate_refuses_negative_streams(tiny_run_dir):
     sys.path.insert(0, str(ROOT))
     import evaluate

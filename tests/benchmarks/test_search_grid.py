@@ -89,3 +89,16 @@ def test_the_test_split_is_refused(tiny_run_dir, capsys):
 def test_a_missing_run_directory_is_named(tmp_path, capsys):
     assert search_grid.main(["--model-dir", str(tmp_path / "nope")]) == 2
     assert "nope" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "option, message",
+    [
+        (["--beams", "4,0"], "--beams: a beam size must be at least 1, got 0"),
+        (["--alphas", "7"], "--alphas: alpha"),
+    ],
+)
+def test_a_search_setting_out_of_range_is_refused(tmp_path, capsys, option, message):
+    with pytest.raises(SystemExit) as caught:
+        search_grid.main(["--model-dir", str(tmp_path), *option])
+    assert caught.value.code == 2 and message in capsys.readouterr().err

@@ -104,6 +104,8 @@ def test_schedule_and_batch_defaults_keep_older_configs_unchanged(tmp_path):
         (["train.min_learning_rate_fraction=-0.1"], r"train\.min_learning_rate_fraction: must be between"),
         (["train.learning_rate_scaling=cube"], r"train\.learning_rate_scaling: 'cube' is not one of"),
         (["train.budget_probe_steps=0"], r"train\.budget_probe_steps: must be at least 1"),
+        (["eval.beam_size=0"], r"eval\.beam_size must be at least 1, got 0"),
+        (["eval.alpha=6"], r"eval\.alpha must be between 0 and 5, got 6"),
         (["train.reference_batch_tokens=-1"], r"train\.reference_batch_tokens: must not be negative"),
         (
             ["train.dropout_by_plan=[[3000, 0.1, 2]]"],

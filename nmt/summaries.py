@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import resource
+from pathlib import Path
 
 import tensorflow as tf
 
@@ -62,3 +64,32 @@ def attention_image(model, eval_dataset) -> None:
     weights = tf.cast(weights, tf.float32)
     weights = weights / (tf.reduce_max(weights, axis=[1, 2], keepdims=True) + 1e-9)
     tf.summary.image("cross_attention_last_layer", weights[..., tf.newaxis], max_outputs=8)
+
+
+def drop_events_after(directory: Path, step: int) -> int:
+    """Removes the events of steps after `step` (and a record cut by a crash) from the event files under `directory`.
+
+    Returns how many went. A resumed run calls it with its checkpoint's step, as for `metrics.jsonl`: those steps
+    run again, and TensorBoard would show both runs of them (its own purge of out-of-order steps depends on the
+    version and loader). Each changed file is rewritten under a name TensorBoard ignores, then renamed over.
+    """
+    dropped = 0
+    for path in sorted(Path(directory).rglob("events.out.tfevents.*")):
+        kept, gone = [], 0
+        try:
+            for record in tf.data.TFRecordDataset(str(path)):
+                raw = record.numpy()
+                if tf.compat.v1.Event.FromString(raw).step > step:
+                    gone += 1
+                else:
+                    kept.append(raw)
+        except tf.errors.DataLossError:  # the last record, cut by a crash mid-write
+            gone += 1
+        if gone:
+            partial = path.with_name(f".{path.name}.partial")
+            with tf.io.TFRecordWriter(str(partial)) as writer:
+                for raw in kept:
+                    writer.write(raw)
+            os.replace(partial, path)
+            dropped += gone
+    return dropped

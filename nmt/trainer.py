@@ -28,7 +28,7 @@ from nmt.final_weights import AveragingSnapshots
 from nmt.optimizer import adam
 from nmt.precision import device_kind, resolve_autocluster, resolve_precision, resolve_xla, set_policy
 from nmt.run_dir import RunDir, RunDirError
-from nmt.summaries import write_train_summaries
+from nmt.summaries import drop_events_after, write_train_summaries
 from nmt.train_step import TrainStep
 from nmt.trainer_evaluation import TrainerEvaluation
 
@@ -167,11 +167,12 @@ class Trainer(TrainerEvaluation):
         self.resumed_from = self._restore()
         if self.chief:  # records of steps the checkpoint does not hold: the steps and evaluations run again
             dropped = self.run_dir.drop_metrics_after(self.resumed_from)
-            if dropped:
+            events = drop_events_after(self.run_dir.tensorboard_dir, self.resumed_from)
+            if dropped or events:
                 log.info(
-                    "%s: removed %d record(s) after step %d, written by training lost with its process (not "
-                    "checkpointed); those steps run again", self.run_dir.metrics_path.name, dropped,
-                    self.resumed_from,
+                    "%s: removed %d record(s) after step %d (TensorBoard: %d event(s)), written by training lost "
+                    "with its process (not checkpointed); those steps run again", self.run_dir.metrics_path.name,
+                    dropped, self.resumed_from, events,
                 )  # fmt: skip
         self.plan.start(self.resumed_from, float(self.elapsed.numpy()))
         self.plan.apply_dropout(self.model, self.step_fn.retrace)

@@ -27,6 +27,7 @@ import tensorflow as tf
 from nmt.config import config_from_dict
 from nmt.run_dir import RunDir, write_atomic
 from nmt.trainer import Trainer
+from tests.nmt.test_trainer import read_events
 from tests.run_fixture import tiny_config_tree, write_corpus
 
 # BLEU every 2 steps (loss at every step): best at step 4, steps 6 and 8 do not improve, patience 2 ends the run at 8.
@@ -93,6 +94,7 @@ def setup(tmp_path_factory):
         "checkpoint_every": 3,  # not at the interrupted step: the stop writes its own checkpoint there
         "keep_checkpoints": 3,
         "eval_every": 1,
+        "log_every": 1,  # TensorBoard's train/ scalars at every step
         "bleu_every": 2,
         "bleu_max_sentences": 3,
         "early_stopping": 2,
@@ -230,3 +232,17 @@ def test_a_crash_in_a_validation_resumes_before_it_and_matches_the_uninterrupted
     # Steps 4 and 5 once, step 6 evaluated:
     assert evaluations(tmp / "crashed") == evaluations(tmp / "reference")
     assert_same_best_and_final(tmp, "crashed", resumed.model, reference.model)
+
+
+def test_a_crash_leaves_tensorboard_as_the_uninterrupted_run(crashed, runs):
+    tmp = crashed[0]
+    for name in ("train", "validation"):
+        ours, _ = read_events(tmp / "crashed" / "tensorboard" / name)
+        theirs, _ = read_events(tmp / "reference" / "tensorboard" / name)
+        # The lost steps 4 and 5 were written by the crashed process, then removed: each step once, in order.
+        assert {tag: [step for step, _ in ours[tag]] for tag in ours} == {
+            tag: [step for step, _ in theirs[tag]] for tag in theirs
+        }, name
+    ours, _ = read_events(tmp / "crashed" / "tensorboard" / "validation")
+    for tag in ("loss", "bleu"):
+        assert [(s, float(v)) for s, v in ours[tag]] == [(s, float(v)) for s, v in theirs[tag]], tag

@@ -3,6 +3,7 @@
     python translate.py --model-dir runs/base < input.en > output.de
     python translate.py --model-dir runs/base --input input.en --output output.de --beam 4
     python translate.py --model-dir runs/base --input input.en --nbest 3     # "text<TAB>score" x 3 per line
+    python translate.py --model-dir runs/base --input input.en --beam 8 --alpha 1.0   # another search setting
     python translate.py --model-dir runs/base --engine ctranslate2 --engine-dir runs/base/ct2 < input.en
     python translate.py --model-dir runs/base --input input.en --plot-attention attention.svg   # heat maps, 1st line
 
@@ -21,6 +22,7 @@ Exit codes: 0 ok, 1 run-directory/model problem, 2 usage error (e.g. missing inp
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import logging
 import sys
@@ -38,6 +40,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--output", help="output file (default: stdout)")
     parser.add_argument(
         "--beam", type=int, default=None, help="beam size (1 = greedy); default: eval.beam_size"
+    )
+    parser.add_argument(
+        "--alpha", type=float, default=None, help="beam length-penalty exponent; default: eval.alpha"
     )
     parser.add_argument("--nbest", type=int, default=1, help="translations per line, at most the beam size")
     parser.add_argument(
@@ -61,10 +66,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def _check(args: argparse.Namespace) -> None:
-    for name in ("beam", "batch_size"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            raise cli.CliError(f"--{name.replace('_', '-')} must be at least 1, got {value}", exit_code=2)
+    cli.check_search(args.beam, args.alpha)
+    if args.batch_size is not None and args.batch_size < 1:
+        raise cli.CliError(f"--batch-size must be at least 1, got {args.batch_size}", exit_code=2)
     if args.nbest < 1 or args.chunk_size < 1:
         raise cli.CliError("--nbest and --chunk-size must be at least 1", exit_code=2)
     if args.beam is not None and args.nbest > args.beam:
@@ -112,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
             batch_size=args.batch_size,
             streams=args.streams,
         )
+    if args.alpha is not None:  # both engines read the length penalty from their eval_config
+        translator.eval_config = dataclasses.replace(translator.eval_config, alpha=args.alpha)
     beam = translator.eval_config.beam_size if args.beam is None else args.beam
     if args.nbest > beam:
         raise cli.CliError(f"--nbest {args.nbest} exceeds the beam size {beam} (set --beam)", exit_code=2)

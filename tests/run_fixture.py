@@ -86,6 +86,17 @@ def fixture_corpus() -> dict[str, list[tuple[str, str]]]:
     return {**corpus, "train": corpus["train"] + corpus["validation"] + corpus["test"]}
 
 
+def salads(n, seed=0):
+    """Sentences of the fixture's words in random order: the model never saw them."""
+    rng = random.Random(seed)
+    words = [w for group in (SUBJECTS, VERBS, OBJECTS) for en, _ in group for w in en.split()]
+    return [
+        " ".join(rng.choice(words) for _ in range(rng.randint(1, 12))).capitalize()
+        + rng.choice([".", "", "!"])
+        for _ in range(n)
+    ]
+
+
 def write_corpus(folder: Path, source: str = "en", target: str = "de", corpus: dict | None = None) -> Path:
     """Writes the tiny corpus (or `corpus`) as a TranslateFolder directory (`<lang>.<split>.txt`)."""
     folder.mkdir(parents=True, exist_ok=True)

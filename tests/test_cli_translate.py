@@ -9,7 +9,7 @@ from xml.etree import ElementTree
 
 import pytest
 
-from tests.run_fixture import shared_tiny_run_dir, tiny_corpus
+from tests.run_fixture import salads, shared_tiny_run_dir, tiny_corpus
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -145,6 +145,44 @@ def test_messy_file_gives_one_line_per_line(tiny_run_dir, tmp_path):
 
 
 # -- --engine ctranslate2 ------------------------------------------------------------------------------------------
+
+
+def test_alpha_is_the_length_penalty_of_the_search(tiny_run_dir, tmp_path):
+    """--alpha 3 translates as the Translator API with eval.alpha = 3 (in this process), which differs from the run's
+    own eval.alpha on unseen word salads: an --alpha that did not reach the search would fail."""
+    import dataclasses
+
+    from nmt.translator import Translator
+
+    lines = salads(40, seed=5)
+    source, output = tmp_path / "salads.txt", tmp_path / "output.txt"
+    source.write_text("\n".join(lines) + "\n")
+    translator = Translator.from_run_dir(tiny_run_dir, xla=False)
+    configured = translator.translate(lines, beam_size=4)
+    translator.eval_config = dataclasses.replace(translator.eval_config, alpha=3.0)
+    expected = translator.translate(lines, beam_size=4)
+    assert expected != configured
+    done = cli(
+        "translate.py", "--model-dir", tiny_run_dir, "--input", source, "--output", output,
+        "--beam", 4, "--alpha", 3.0, "--xla", "off",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    assert output.read_text().splitlines() == expected
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--alpha", "-0.5"], "--alpha must be between 0 and 5, got -0.5"),
+        (["--beam", "0"], "--beam must be at least"),
+    ],
+)
+def test_bad_search_settings_exit_2(args, message, tiny_run_dir, tmp_path):
+    done = cli("translate.py", "--model-dir", tiny_run_dir, "--output", tmp_path / "out", *args)
+    assert done.returncode == 2
+    last = done.stderr.decode().strip().splitlines()[-1]
+    assert last.startswith("error: ") and message in last
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,6 @@ on inputs it never saw (word salads, whose outputs are anything but memorised), 
 
 import dataclasses
 import json
-import random
 
 import numpy as np
 import pytest
@@ -21,7 +20,7 @@ from nmt.batch_decoding import decode_batch, output_limits
 from nmt.ctranslate2_engine import CTranslate2Translator
 from nmt.ctranslate2_export import ExportError, export_ctranslate2, read_export_metadata
 from nmt.translator import Translator
-from tests.run_fixture import OBJECTS, SUBJECTS, VERBS, fixture_corpus, shared_tiny_run_dir, tiny_corpus
+from tests.run_fixture import fixture_corpus, salads, shared_tiny_run_dir, tiny_corpus
 from transformer.model import build_model
 
 ctranslate2 = pytest.importorskip("ctranslate2")
@@ -56,17 +55,6 @@ def tokenizer(tiny_run_dir):
 
 def engine(export, tokenizer, eval_config, **kwargs):
     return CTranslate2Translator(export, tokenizer, eval_config, intra_threads=1, **kwargs)
-
-
-def salads(n, seed=0):
-    """Sentences of the fixture's words in random order: the model never saw them."""
-    rng = random.Random(seed)
-    words = [w for group in (SUBJECTS, VERBS, OBJECTS) for en, _ in group for w in en.split()]
-    return [
-        " ".join(rng.choice(words) for _ in range(rng.randint(1, 12))).capitalize()
-        + rng.choice([".", "", "!"])
-        for _ in range(n)
-    ]
 
 
 _SEARCHES: dict = {}

@@ -38,13 +38,16 @@ format: install
 	$(PY) -m ruff format .
 	$(PY) -m ruff check --fix .
 
-# The CI path: lint, then every test not marked slow (end-to-end tests on tiny.yaml are included).
+# The CI path: lint, then every test not marked slow (end-to-end tests on tiny.yaml are included), on
+# TEST_WORKERS pytest-xdist workers, each test file whole on one worker (tests/parallel.py); TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 2
+PYTEST_WORKERS := $(if $(filter 0,$(TEST_WORKERS)),,-p tests.parallel -n $(TEST_WORKERS) --dist loadgroup)
 test: lint
-	$(PY) -m pytest -m "not slow"
+	$(PY) -m pytest -m "not slow" $(PYTEST_WORKERS)
 
 # Everything, including the slow end-to-end tests.
 test-all: lint
-	$(PY) -m pytest
+	$(PY) -m pytest $(PYTEST_WORKERS)
 
 bench: install
 	$(PY) bench.py

@@ -29,6 +29,8 @@ The seed (of the initial weights) comes from the environment variable NMT_FIXTUR
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import itertools
 import json
@@ -264,6 +266,32 @@ def _sources_hash() -> str:
     return digest.hexdigest()[:16]
 
 
+@contextlib.contextmanager
+def _exclusive(lock: Path):
+    with open(lock, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _store_tiny_run_dir(stored: Path) -> None:
+    """Trains the fixture into the pytest cache entry `stored` unless it is there (the caller holds the lock)."""
+    if (stored / "run" / "final").is_dir():
+        return
+    staging = Path(tempfile.mkdtemp(prefix="staging-", dir=stored))
+    make_tiny_run_dir(staging)
+    for name in ("corpus", "run", "training.json"):
+        target = stored / name
+        shutil.rmtree(target, ignore_errors=True) if target.is_dir() else target.unlink(missing_ok=True)
+        (staging / name).rename(target)
+    shutil.rmtree(staging, ignore_errors=True)
+    for stale in stored.parent.glob("tiny_run_*"):  # made by older code or for another seed
+        if stale != stored:
+            shutil.rmtree(stale, ignore_errors=True)
+
+
 def shared_tiny_run_dir(tmp_path_factory, cache=None) -> Path:
     """One tiny run directory per pytest session, shared by every test module that asks for it.
 
@@ -279,19 +307,10 @@ def shared_tiny_run_dir(tmp_path_factory, cache=None) -> Path:
         _CACHE["run"] = make_tiny_run_dir(copy.parent)
         return _CACHE["run"]
     stored = Path(cache.mkdir(f"tiny_run_{_sources_hash()}_seed{fixture_seed()}"))
-    if not (stored / "run" / "final").is_dir():
-        staging = Path(tempfile.mkdtemp(prefix="staging-", dir=stored))
-        make_tiny_run_dir(staging)
-        for name in ("corpus", "run", "training.json"):
-            target = stored / name
-            shutil.rmtree(target, ignore_errors=True) if target.is_dir() else target.unlink(missing_ok=True)
-            (staging / name).rename(target)
-        shutil.rmtree(staging, ignore_errors=True)
-        for stale in stored.parent.glob("tiny_run_*"):  # made by older code or for another seed
-            if stale != stored:
-                shutil.rmtree(stale, ignore_errors=True)
-    shutil.copytree(stored / "corpus", copy.parent / "corpus")
-    shutil.copytree(stored / "run", copy)
+    with _exclusive(stored.parent / ".tiny_run.lock"):  # `make test`'s workers: one trains, the other waits
+        _store_tiny_run_dir(stored)
+        shutil.copytree(stored / "corpus", copy.parent / "corpus")
+        shutil.copytree(stored / "run", copy)
     tree = yaml.safe_load((copy / "config.yaml").read_text(encoding="utf-8"))
     tree["data"]["folder"] = str(copy.parent / "corpus")
     (copy / "config.yaml").write_text(yaml.safe_dump(tree, sort_keys=False), encoding="utf-8")

@@ -29,8 +29,6 @@ The seed (of the initial weights) comes from the environment variable NMT_FIXTUR
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import itertools
 import json
@@ -266,16 +264,6 @@ def _sources_hash() -> str:
     return digest.hexdigest()[:16]
 
 
-@contextlib.contextmanager
-def _exclusive(lock: Path):
-    with open(lock, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 def _store_tiny_run_dir(stored: Path) -> None:
     """Trains the fixture into the pytest cache entry `stored` unless it is there (the caller holds the lock)."""
     if (stored / "run" / "final").is_dir():
@@ -287,9 +275,11 @@ def _store_tiny_run_dir(stored: Path) -> None:
         shutil.rmtree(target, ignore_errors=True) if target.is_dir() else target.unlink(missing_ok=True)
         (staging / name).rename(target)
     shutil.rmtree(staging, ignore_errors=True)
-    for stale in stored.parent.glob("tiny_run_*"):  # made by older code or for another seed
-        if stale != stored:
+    for stale in stored.parent.glob("tiny_run_*"):  # made by older code or for another seed (and their locks)
+        if stale.is_dir() and stale != stored:
             shutil.rmtree(stale, ignore_errors=True)
+        elif stale.suffix == ".lock" and stale.stem != stored.name:
+            stale.unlink(missing_ok=True)
 
 
 def shared_tiny_run_dir(tmp_path_factory, cache=None) -> Path:
@@ -306,8 +296,11 @@ def shared_tiny_run_dir(tmp_path_factory, cache=None) -> Path:
     if cache is None:
         _CACHE["run"] = make_tiny_run_dir(copy.parent)
         return _CACHE["run"]
+    from data.cache import exclusive
+
     stored = Path(cache.mkdir(f"tiny_run_{_sources_hash()}_seed{fixture_seed()}"))
-    with _exclusive(stored.parent / ".tiny_run.lock"):  # `make test`'s workers: one trains, the other waits
+    # `make test`'s workers: one trains the fixture, the other waits for it (data.cache's lock file)
+    with exclusive(stored):
         _store_tiny_run_dir(stored)
         shutil.copytree(stored / "corpus", copy.parent / "corpus")
         shutil.copytree(stored / "run", copy)

@@ -144,9 +144,6 @@ def test_messy_file_gives_one_line_per_line(tiny_run_dir, tmp_path):
         assert len(fields) == 4 and fields[0] == out[index] and float(fields[1]) >= float(fields[3])
 
 
-# -- --engine ctranslate2 ------------------------------------------------------------------------------------------
-
-
 def test_alpha_is_the_length_penalty_of_the_search(tiny_run_dir, tmp_path):
     """--alpha 3 translates as the Translator API with eval.alpha = 3 (in this process), which differs from the run's
     own eval.alpha on unseen word salads: an --alpha that did not reach the search would fail."""
@@ -183,6 +180,9 @@ def test_bad_search_settings_exit_2(args, message, tiny_run_dir, tmp_path):
     last = done.stderr.decode().strip().splitlines()[-1]
     assert last.startswith("error: ") and message in last
     assert list(tmp_path.iterdir()) == []
+
+
+# -- --engine ctranslate2 ------------------------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,15 @@ from transformer.positional import TokenAndPositionEmbedding
 from transformer.residual import NORMS, layer_norm, normalize
 from transformer.vocab import PAD_ID
 
+# The constructor arguments that describe the architecture, in `get_config` and read from a config by `build_model`
+# (the vocabulary sizes and `pad_id` come from elsewhere); `OPTIONAL` ones may be absent from a config.
+ARCHITECTURE = (
+    "d_model", "num_heads", "d_ff", "num_layers", "dropout", "attention_dropout", "ffn_dropout", "norm", "residual",
+    "share_embeddings", "tie_output", "share_qkv", "attention", "chunk_size", "window", "scale", "mask_fill",
+    "soft_cap", "max_length",
+)  # fmt: skip
+OPTIONAL = {"soft_cap": None, "ffn_dropout": None}
+
 
 @keras.saving.register_keras_serializable(package="transformer")
 class Transformer(keras.Model):
@@ -353,26 +362,8 @@ class Transformer(keras.Model):
         config.update(
             source_vocab_size=self.source_vocab_size,
             target_vocab_size=self.target_vocab_size,
-            d_model=self.d_model,
-            num_heads=self.num_heads,
-            d_ff=self.d_ff,
-            num_layers=self.num_layers,
-            dropout=self.dropout,
-            attention_dropout=self.attention_dropout,
-            ffn_dropout=self.ffn_dropout,
-            norm=self.norm,
-            residual=self.residual,
-            share_embeddings=self.share_embeddings,
-            tie_output=self.tie_output,
-            share_qkv=self.share_qkv,
-            attention=self.attention,
-            chunk_size=self.chunk_size,
-            window=self.window,
-            scale=self.scale,
-            mask_fill=self.mask_fill,
-            soft_cap=self.soft_cap,
-            max_length=self.max_length,
             pad_id=self.pad_id,
+            **{name: getattr(self, name) for name in ARCHITECTURE},
         )
         return config
 
@@ -385,36 +376,18 @@ def build_model(config, source_vocab_size, target_vocab_size):
     """Build a `Transformer` from a config object and create its variables.
 
     Args:
-        config: any object with attributes ``d_model, num_heads, d_ff, num_layers, dropout, attention_dropout, norm,
-            residual, share_embeddings, tie_output, share_qkv, attention, chunk_size, window, scale, mask_fill,
-            max_length`` (optional: ``soft_cap`` and ``ffn_dropout``, default None).
+        config: any object with the attributes named in `ARCHITECTURE` (those in `OPTIONAL` may be absent: None).
         source_vocab_size, target_vocab_size: ints.
 
     Returns:
         A built `Transformer` (called once on a dummy batch), ready to checkpoint or restore.
     """
+    architecture = {name: getattr(config, name, OPTIONAL.get(name)) for name in ARCHITECTURE}
+    missing = [name for name in ARCHITECTURE if name not in OPTIONAL and not hasattr(config, name)]
+    if missing:
+        raise AttributeError(f"model config lacks {', '.join(missing)}")
     model = Transformer(
-        source_vocab_size=source_vocab_size,
-        target_vocab_size=target_vocab_size,
-        d_model=config.d_model,
-        num_heads=config.num_heads,
-        d_ff=config.d_ff,
-        num_layers=config.num_layers,
-        dropout=config.dropout,
-        attention_dropout=config.attention_dropout,
-        ffn_dropout=getattr(config, "ffn_dropout", None),
-        norm=config.norm,
-        residual=config.residual,
-        share_embeddings=config.share_embeddings,
-        tie_output=config.tie_output,
-        share_qkv=config.share_qkv,
-        attention=config.attention,
-        chunk_size=config.chunk_size,
-        window=config.window,
-        scale=config.scale,
-        mask_fill=config.mask_fill,
-        soft_cap=getattr(config, "soft_cap", None),
-        max_length=config.max_length,
+        source_vocab_size=source_vocab_size, target_vocab_size=target_vocab_size, **architecture
     )
     dummy = tf.ones((1, 2), tf.int32)
     model({"source": dummy, "target_in": dummy}, training=False)

@@ -1,5 +1,6 @@
 """transformer.model: invariances (causality, padding, cached == full), gradients, precision, serialization."""
 
+import inspect
 import types
 
 import keras
@@ -186,6 +187,8 @@ def test_mixed_precision_is_finite_with_all_padding_rows(pre_ln_model, policy, t
 def test_config_round_trip(model):
     config = model.get_config()
     assert config["d_model"] == 32 and config["max_length"] == 32 and config["mask_fill"] == "auto"
+    arguments = set(inspect.signature(Transformer.__init__).parameters) - {"self", "kwargs"}
+    assert arguments <= set(config), f"get_config misses {arguments - set(config)}"
     clone = Transformer.from_config(config)
     assert clone.get_config() == config
     restored = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(model))

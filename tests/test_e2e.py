@@ -138,7 +138,7 @@ def test_train_writes_a_self_describing_run_directory(trained):
     assert not all(np.array_equal(a, b) for a, b in zip(at_40, at_60))  # the two candidates do differ
 
 
-@pytest.mark.slow  # ~19 s; resume stays in make test (tests/faults/test_graceful_stop.py, tests/nmt/test_budget.py)
+@pytest.mark.slow  # ~19 s; resume stays in make test (tests/faults/test_graceful_stop.py, tests/nmt/test_budget_runs.py)
 def test_rerun_resumes_and_says_so(trained, tmp_path):
     """On a copy: the other tests read the original run at step 60."""
     model_dir = tmp_path / "run"

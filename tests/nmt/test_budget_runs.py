@@ -1,0 +1,327 @@
+"""Real trainings on the run's plan (nmt.budget): a time-budget run plans its steps, shapes its schedule and its
+averaging window, and resumes bit-identical; two replicas scale the learning rate and refuse a 1-replica resume;
+dropout set from the plan is kept by a resumed run.
+
+The step rate comes from an injected clock (`StepClock`): every step takes exactly `SECONDS_PER_STEP` of training
+clock, so the plan is known in advance (no wall-clock time is measured or asserted). The time-budget runs are real
+in-process trainings of a 1+1-layer d_model-16 model; the 2-replica run is a `train.py` process (logical devices
+must be configured before TensorFlow starts). The plan's decisions alone are tested in tests/nmt/test_budget.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+import signal
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import train as train_cli
+from nmt.config import config_from_dict
+from nmt.run_dir import RunDir
+from nmt.trainer import Trainer
+from tests.faults.helpers import (
+    assert_bit_identical,
+    final_weights,
+    read_checkpoint,
+    snapshot_run,
+    train,
+    training_state,
+    write_config,
+)
+from tests.nmt.test_budget import (
+    AVERAGE_FRACTION,
+    AVERAGE_LAST,
+    BUDGET_MINUTES,
+    FLOOR,
+    PEAK,
+    PLANNED,
+    PROBE,
+    SECONDS_PER_STEP,
+    SKIP,
+    WARMUP,
+)
+from tests.nmt.test_schedule import decay_reference
+from tests.nmt.test_trainer import read_events
+from tests.run_fixture import tiny_config_tree, write_corpus
+from transformer.dropout import Dropout
+
+# ----------------------------------------------------------------------------------------------------------------
+# A real training on a time budget: the plan, the schedule it shapes, the averaging window, an exact resume
+
+
+class StepClock:
+    """The trainer's clock: every step (one call when it starts, one when it ends) takes SECONDS_PER_STEP.
+
+    With `signal_at`, it sends this process SIGTERM at the end of that step (of this process): the trainer's own
+    handler then stops the run after the step with a checkpoint, as for a user's signal.
+    """
+
+    def __init__(self, signal_at: int | None = None):
+        self.now, self.calls, self.signal_at = 100.0, 0, signal_at
+
+    def __call__(self) -> float:
+        self.calls += 1
+        if self.calls % 2 == 0:
+            self.now += SECONDS_PER_STEP
+            if self.calls // 2 == self.signal_at:
+                os.kill(os.getpid(), signal.SIGTERM)
+        return self.now
+
+
+class Messages(logging.Handler):
+    """The trainer's log messages while installed (`with Messages() as log: ...; "..." in log.text`)."""
+
+    def __enter__(self):
+        self.lines, logger = [], logging.getLogger("nmt.train")
+        self.level = logger.level
+        logger.setLevel(logging.INFO)
+        logger.addHandler(self)
+        return self
+
+    def __exit__(self, *exc):
+        logger = logging.getLogger("nmt.train")
+        logger.removeHandler(self)
+        logger.setLevel(self.level)
+        self.text = "\n".join(self.lines)
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    """One corpus for the module: its tokenizer and prepared data are made once (data.prepare's cache)."""
+    return write_corpus(tmp_path_factory.mktemp("budget") / "corpus")
+
+
+@pytest.fixture(scope="module")
+def budget_config(corpus):
+    tree = tiny_config_tree(corpus)
+    tree["data"].update(bucket_boundaries=[32], batch_tokens=256)  # one bucket: one compiled batch shape
+    tree["model"].update(d_model=16, d_ff=32, dropout=0.1)  # dropout: the RNG state matters for exactness
+    tree["train"] = {
+        "max_minutes": BUDGET_MINUTES,
+        "schedule": "linear",
+        "learning_rate": PEAK,
+        "warmup_steps": WARMUP,
+        "min_learning_rate_fraction": FLOOR,
+        "budget_probe_skip": SKIP,
+        "budget_probe_steps": PROBE,
+        "average_last": AVERAGE_LAST,
+        "average_fraction": AVERAGE_FRACTION,
+        "checkpoint_every": 5,
+        "keep_checkpoints": 2,
+        "log_every": 1,
+        "eval_every": 0,
+        "bleu_every": 0,
+        "precision": "float32",
+        "xla": False,
+    }
+    return config_from_dict(tree)
+
+
+def train_in_process(config, run_dir: Path, clock):
+    run = RunDir(run_dir)
+    run.path.mkdir(parents=True, exist_ok=True)
+    with Messages() as log:
+        trainer = Trainer(config, run, clock=clock)
+        trainer.setup()
+        result = trainer.train()
+    return trainer, result, log.text
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(budget_config, tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("uninterrupted") / "run"
+    trainer, result, log = train_in_process(budget_config, run_dir, StepClock())
+    return run_dir, result, log, trainer
+
+
+def read_records(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
+
+
+def snapshot_steps(run_dir: Path) -> list[int]:
+    state = tf.train.get_checkpoint_state(str(run_dir / "checkpoints" / "average"))
+    return [int(path.rsplit("-", 1)[1]) for path in state.all_model_checkpoint_paths]
+
+
+def test_time_budget_run_plans_its_steps_and_decays_to_the_floor_at_the_plan(uninterrupted):
+    run_dir, result, log, trainer = uninterrupted
+    assert result.status == "done" and result.step == PLANNED, (result, log[-2000:])
+    assert trainer.progress.total == PLANNED  # the progress bar's total: the plan, once fixed (no max_steps)
+    (plan,) = [r for r in read_records(run_dir) if r["tag"] == "plan"]
+    assert (plan["step"], plan["total_steps"], plan["steps_per_second"]) == (SKIP + PROBE, PLANNED, 4.0)
+    assert f"plan: {PLANNED} steps for the {BUDGET_MINUTES:g}-minute budget" in log
+    assert f"the time budget ended the run at step {PLANNED}, as planned" in log
+    events, _ = read_events(run_dir / "tensorboard" / "train")
+    logged = dict((step, float(value)) for step, value in events["learning_rate"])
+    steps = np.arange(1, PLANNED + 1)
+    want = decay_reference(steps, PEAK, WARMUP, PLANNED, FLOOR, "linear", decided_at=SKIP + PROBE)
+    np.testing.assert_allclose([logged[s] for s in steps], want, rtol=1e-5)
+    assert logged[PLANNED] == pytest.approx(FLOOR * PEAK, rel=1e-5)
+
+
+def test_final_weights_average_the_window_over_the_last_fraction(uninterrupted):
+    run_dir, _, log, _ = uninterrupted
+    assert snapshot_steps(run_dir) == [20, 22, 24]  # window_steps(24, 0.25, 3): 2 apart, the last at the plan
+    prefixes = [str(run_dir / "checkpoints" / "average" / f"ckpt-{step}") for step in (20, 22, 24)]
+    snapshots = [read_checkpoint(prefix) for prefix in prefixes]
+    final = final_weights(run_dir)
+    if "final weights: average of 3 checkpoints" in log:
+        mean = {
+            key: (sum(s[key].astype(np.float64) for s in snapshots) / 3).astype(final[key].dtype)
+            for key in final
+        }
+        assert_bit_identical(final, mean, "final weights = mean of the window's snapshots")
+    else:  # the average had a higher validation loss: the last weights, as the log says
+        assert "the average of 3 checkpoints had a higher validation loss" in log
+        assert_bit_identical(final, snapshots[-1], "final weights = last weights")
+    assert any(not np.array_equal(snapshots[0][k], snapshots[-1][k]) for k in final)  # the snapshots differ
+
+
+def test_resumed_run_keeps_the_plan_and_ends_bit_identical(budget_config, uninterrupted, tmp_path):
+    reference, _, _, _ = uninterrupted
+    run_dir = tmp_path / "run"
+    _, stopped, _ = train_in_process(budget_config, run_dir, StepClock(signal_at=10))
+    assert stopped.status == "stopped" and stopped.step == 10, stopped
+    # A slower machine after the restart: the plan stays (the time budget would now stop the run early).
+    trainer, done, log = train_in_process(budget_config, run_dir, StepClock())
+    assert trainer.resumed_from == 10 and trainer.progress.total == PLANNED  # the kept plan, from the start
+    assert "plan: 24 steps (decided at step 6, 4 steps/s measured), kept from the checkpoint" in log
+    assert done.status == "done" and done.step == PLANNED, (done, log[-2000:])
+    assert [r["total_steps"] for r in read_records(run_dir) if r["tag"] == "plan"] == [
+        PLANNED
+    ]  # decided once
+    assert_bit_identical(training_state(run_dir), training_state(reference), "resumed time-budget run")
+    assert_bit_identical(final_weights(run_dir), final_weights(reference), "final weights")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Two replicas (logical CPU devices): the learning rate follows the global batch; a 1-replica resume is refused
+
+
+@pytest.mark.slow  # ~26 s; the refusal rule and the sqrt scaling are also tested in-process above
+def test_two_replicas_scale_the_learning_rate_and_another_replica_count_is_refused(corpus, tmp_path, capsys):
+    tree = tiny_config_tree(corpus)
+    tree["data"].update(bucket_boundaries=[32], batch_tokens=512)
+    tree["train"] = {
+        "max_steps": 4,
+        "warmup_steps": 2,
+        "learning_rate": 0.005,
+        "precision": "float32",
+        "xla": False,
+        "checkpoint_every": 2,
+        "log_every": 1,
+        "eval_every": 0,
+        "bleu_every": 0,
+        "distribute": "mirrored",
+    }
+    config = write_config(tmp_path / "mirrored.yaml", tree)
+    run_dir = tmp_path / "run"
+    done = train(config, run_dir)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "global batch: 1024 tokens per step = 2 replica(s) x 512 tokens" in done.stderr
+    assert "peak learning rate 0.007071 (train.learning_rate 0.005 for 512 tokens" in done.stderr
+    events, _ = read_events(run_dir / "tensorboard" / "train")
+    logged = dict((step, float(value)) for step, value in events["learning_rate"])
+    scaled = 0.005 * math.sqrt(2)  # sqrt(global 1024 / reference 512): Adam's rule
+    for step in (1, 2, 3, 4):
+        assert logged[step] == pytest.approx(scaled * min(step / 2, math.sqrt(2 / step)), rel=1e-6), step
+
+    # One replica now (half the global batch): refused with both batches named, nothing written.
+    before = snapshot_run(run_dir)  # config.yaml included: a refused start rewrites nothing
+    args = [
+        "--config",
+        str(config),
+        "--model-dir",
+        str(run_dir),
+        "--set",
+        "train.distribute=none",
+        "train.max_steps=6",
+    ]
+    assert train_cli.main(args) == 1
+    err = capsys.readouterr().err
+    assert (
+        "trained with a global batch of 1024 tokens on 2 replica(s); this run has 512 tokens on 1 replica(s)"
+        in err
+    )
+    assert "train.allow_batch_change=true" in err
+    assert snapshot_run(run_dir) == before
+
+    # The explicit override: resumes at step 4 with the learning rate of the new global batch (the reference).
+    assert train_cli.main([*args, "train.allow_batch_change=true"]) == 0
+    err = capsys.readouterr().err
+    assert f"resuming {run_dir} from step 4" in err and "finished at step 6" in err
+    events, _ = read_events(run_dir / "tensorboard" / "train")
+    logged = dict((step, float(value)) for step, value in events["learning_rate"])
+    for step in (5, 6):
+        assert logged[step] == pytest.approx(0.005 * math.sqrt(2 / step), rel=1e-6), step
+    reader = tf.train.load_checkpoint(str(run_dir / "checkpoints"))
+    assert reader.get_tensor("plan/replicas/.ATTRIBUTES/VARIABLE_VALUE") == 1
+    assert reader.get_tensor("plan/global_tokens/.ATTRIBUTES/VARIABLE_VALUE") == 512
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Dropout from the plan (train.dropout_by_plan, train.ffn_dropout_by_plan): applied when the plan is made, kept by a
+# resumed run
+
+
+DROPOUT_POINTS = [[12, 0.1], [36, 0.5]]  # a plan of 24 steps: 0.3 from step 7 on (the probe runs at 0.1)
+FFN_DROPOUT_POINTS = [[12, 0.0], [36, 0.2]]  # the feed-forward blocks: 0.1 from step 7 on
+
+
+@pytest.fixture(scope="module")
+def planned_dropout_run(budget_config, tmp_path_factory):
+    config = dataclasses.replace(
+        budget_config,
+        train=dataclasses.replace(
+            budget_config.train, dropout_by_plan=DROPOUT_POINTS, ffn_dropout_by_plan=FFN_DROPOUT_POINTS
+        ),
+    )
+    run_dir = tmp_path_factory.mktemp("planned-dropout") / "run"
+    trainer, result, log = train_in_process(config, run_dir, StepClock())
+    return config, run_dir, result, log, trainer
+
+
+def test_the_plan_sets_the_dropout_and_the_run_trains_with_it(planned_dropout_run, uninterrupted):
+    _, run_dir, result, log, trainer = planned_dropout_run
+    assert result.status == "done" and result.step == PLANNED, (result, log[-2000:])
+    assert f"dropout 0.1 -> 0.3 for a plan of {PLANNED} steps (train.dropout_by_plan)" in log
+    assert f"feed-forward dropout 0.3 -> 0.1 for a plan of {PLANNED} steps (train.ffn_dropout_by_plan)" in log
+    (plan,) = [r for r in read_records(run_dir) if r["tag"] == "plan"]
+    assert plan["dropout"] == pytest.approx(0.3) and plan["ffn_dropout"] == pytest.approx(0.1)
+    model = trainer.model
+    layers = (*model.encoder_layers, *model.decoder_layers)
+    ffn = {id(layer.feed_forward.hidden_dropout) for layer in layers}
+    rates = {
+        layer.rate for layer in model._flatten_layers() if isinstance(layer, Dropout) and id(layer) not in ffn
+    }
+    assert model.dropout == 0.3 and rates == {0.3}
+    assert model.ffn_dropout == 0.1 and {layer.feed_forward.hidden_dropout.rate for layer in layers} == {0.1}
+    assert {layer.self_attention.dropout for layer in model.encoder_layers} == {0.0}  # attention: untouched
+    # The same run without dropout_by_plan (0.1 throughout) ends elsewhere.
+    reference, ours = final_weights(uninterrupted[0]), final_weights(run_dir)
+    assert any(not np.array_equal(ours[k], reference[k]) for k in reference)
+
+
+def test_a_resumed_run_takes_the_planned_dropout_from_its_checkpoint_and_ends_bit_identical(
+    planned_dropout_run, tmp_path
+):
+    config, reference, _, _, _ = planned_dropout_run
+    run_dir = tmp_path / "run"
+    _, stopped, _ = train_in_process(config, run_dir, StepClock(signal_at=10))
+    assert stopped.status == "stopped" and stopped.step == 10, stopped
+    trainer, done, log = train_in_process(config, run_dir, StepClock())
+    assert trainer.resumed_from == 10 and "dropout 0.1 -> 0.3 for a plan of 24 steps" in log
+    assert "feed-forward dropout 0.3 -> 0.1 for a plan of 24 steps" in log
+    assert done.status == "done" and done.step == PLANNED, (done, log[-2000:])
+    assert_bit_identical(training_state(run_dir), training_state(reference), "resumed planned-dropout run")
+    assert_bit_identical(final_weights(run_dir), final_weights(reference), "final weights")

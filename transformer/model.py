@@ -382,10 +382,10 @@ def build_model(config, source_vocab_size, target_vocab_size):
     Returns:
         A built `Transformer` (called once on a dummy batch), ready to checkpoint or restore.
     """
-    architecture = {name: getattr(config, name, OPTIONAL.get(name)) for name in ARCHITECTURE}
-    missing = [name for name in ARCHITECTURE if name not in OPTIONAL and not hasattr(config, name)]
-    if missing:
-        raise AttributeError(f"model config lacks {', '.join(missing)}")
+    architecture = {
+        name: getattr(config, name, OPTIONAL[name]) if name in OPTIONAL else getattr(config, name)
+        for name in ARCHITECTURE
+    }
     model = Transformer(
         source_vocab_size=source_vocab_size, target_vocab_size=target_vocab_size, **architecture
     )

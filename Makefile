@@ -41,7 +41,7 @@ format: install
 # The CI path: lint, then every test not marked slow (end-to-end tests on tiny.yaml are included), on
 # TEST_WORKERS pytest-xdist workers, each test file whole on one worker (tests/parallel.py); TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
-PYTEST_WORKERS := $(if $(filter 0,$(TEST_WORKERS)),,-p tests.parallel -n $(TEST_WORKERS) --dist loadgroup)
+PYTEST_WORKERS := $(if $(filter 0,$(TEST_WORKERS)),,-p tests.parallel -n $(TEST_WORKERS) --dist loadfile)
 test: lint
 	$(PY) -m pytest -m "not slow" $(PYTEST_WORKERS)
 

@@ -184,7 +184,7 @@ def evaluate_run_dir(
         translations from the export, the loss from the run directory's TensorFlow weights (`_loss_model`).
     Returns:
       The record of `evaluate`, plus `split`, `model_dir`, `weights` and `hypotheses` (the file written), and
-      `engine` (with ctranslate2: `engine_dir`, `compute_type`, `loss_weights` or `loss_note`).
+      `engine` (with ctranslate2: `engine_dir`, `compute_type`, `int8_saturates`, `loss_weights` or `loss_note`).
     """
     from data.pipeline import make_eval_dataset
     from nmt.translator import Translator
@@ -198,6 +198,7 @@ def evaluate_run_dir(
         )
         loss_model, note = _loss_model(model_dir, translator, weights)
         extra.update(engine_dir=str(engine_dir), compute_type=translator.compute_type, **note)
+        extra.update(int8_saturates=translator.int8_saturates)
         extra.update(streams=translator.inter_threads, intra_threads=translator.intra_threads)
     else:
         translator = Translator.from_run_dir(

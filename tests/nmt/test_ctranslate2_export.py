@@ -14,13 +14,20 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from common.cpu import has_vnni
 from common.special_ids import BOS_ID, EOS_ID, PAD_ID
 from data.tokenizer import Tokenizer
 from nmt.batch_decoding import decode_batch, output_limits
 from nmt.ctranslate2_engine import CTranslate2Translator
 from nmt.ctranslate2_export import ExportError, export_ctranslate2, read_export_metadata
 from nmt.translator import Translator
-from tests.run_fixture import fixture_corpus, salads, shared_tiny_run_dir, tiny_corpus
+from tests.run_fixture import (
+    assert_int8_translations,
+    fixture_corpus,
+    salads,
+    shared_tiny_run_dir,
+    tiny_corpus,
+)
 from transformer.model import build_model
 
 ctranslate2 = pytest.importorskip("ctranslate2")
@@ -205,13 +212,14 @@ def test_int8_export_translates_like_float32(ours, exports, tokenizer):
     metadata = read_export_metadata(exports["int8"])
     assert metadata["quantization"] == "int8" and metadata["compute_type"] == "int8_float32"
     int8 = engine(exports["int8"], tokenizer, dataclasses.replace(ours.config.eval, alpha=0.0))
-    assert int8.compute_type == "int8_float32"
+    assert int8.compute_type == "int8_float32" and int8.int8_saturates == (not has_vnni())
     pairs = tiny_corpus()["test"]
     lines, references = [s for s, _ in pairs], [t for _, t in pairs]
-    # Memorised with a margin (tests/run_fixture.py) far above int8 rounding: greedy and beam give the references
-    # (beam with alpha 0, where CTranslate2 stops at the best hypothesis: see test_beam_alpha_0...).
-    assert int8.translate(lines, beam_size=1) == references
-    assert int8.translate(lines, beam_size=2) == references
+    # Memorised with a margin (tests/run_fixture.py) far above int8 rounding where the CPU has VNNI: greedy and
+    # beam give the references (beam with alpha 0, where CTranslate2 stops at the best hypothesis: see
+    # test_beam_alpha_0...); most of them without VNNI.
+    assert_int8_translations(int8.translate(lines, beam_size=1), references)
+    assert_int8_translations(int8.translate(lines, beam_size=2), references)
     # The weights are really int8 (about 4x smaller) and the log-probabilities stay close to float32's: those of
     # the references (near 0) within 0.05, those of unseen word salads (down to -15) within 0.25 on average.
     assert (exports["int8"] / "model.bin").stat().st_size < 0.5 * (
@@ -230,8 +238,14 @@ def test_int8_export_translates_like_float32(ours, exports, tokenizer):
             np.concatenate([r.log_probs for r in translator.score_batch(sources, targets)])
             for targets in (references, unseen)
         ]
-    np.testing.assert_allclose(scores["int8"][0], scores["float32"][0], atol=0.05)
-    assert np.mean(np.abs(scores["int8"][1] - scores["float32"][1])) < 0.25
+    differences = [np.abs(scores["int8"][i] - scores["float32"][i]) for i in (0, 1)]
+    if has_vnni():
+        assert np.max(differences[0]) < 0.05 and np.mean(differences[1]) < 0.25
+    else:  # pairs of products saturate in 16 bits: larger differences (AVX2 EPYC: means 0.03 and 0.86, the
+        # largest 2.1 and 7.0), still a model that scores like float32 on average
+        assert np.mean(differences[0]) < 0.25 and np.mean(differences[1]) < 2.0, [
+            (np.mean(d), np.max(d)) for d in differences
+        ]
     assert not np.array_equal(scores["int8"][1], scores["float32"][1])
 
 

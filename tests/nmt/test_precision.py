@@ -75,3 +75,10 @@ def test_cpu_flags_are_parsed_from_cpuinfo(tmp_path):
     assert cpu_flags(tmp_path / "missing") == set()
     (tmp_path / "noflags").write_text("processor\t: 0\n", encoding="utf-8")
     assert cpu_flags(tmp_path / "noflags") == set()
+
+
+def test_vnni_is_read_from_the_flags():
+    from common.cpu import has_vnni
+
+    assert has_vnni({"avx512_vnni"}) and has_vnni({"avx_vnni", "avx2"}) and has_vnni({"amx_int8"})
+    assert not has_vnni({"avx2", "fma", "avx512f", "avx512_bf16"}) and not has_vnni(set())

@@ -29,6 +29,14 @@ VNNI_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
 
 def has_vnni(flags: set[str] | None = None) -> bool:
     """Whether the CPU (default: this machine's) multiplies int8 with 32-bit accumulation (AVX-VNNI, AVX512-VNNI or
-    AMX-INT8). Without it, oneDNN's u8 x s8 products go through vpmaddubsw, which adds pairs of them in saturating
-    16-bit lanes (oneDNN's guide, "Nuances of int8 Computations"): CTranslate2's int8 can then be far from float32."""
+    AMX-INT8)."""
     return any(flag in (cpu_flags() if flags is None else flags) for flag in VNNI_FLAGS)
+
+
+def int8_saturates(flags: set[str] | None = None) -> bool:
+    """Whether int8 matrix products may saturate on this x86 CPU (default: this machine's): one without VNNI, where
+    oneDNN's u8 x s8 products go through vpmaddubsw, which sums pairs of them in saturating 16-bit lanes (oneDNN's
+    guide, "Nuances of int8 Computations"). Seen as CTranslate2 int8 straying far from float32 on an AVX2 EPYC, never
+    on the VNNI CPUs. False where the flags are unknown or not x86 (ARM's int8 dot products accumulate in 32 bits)."""
+    flags = cpu_flags() if flags is None else flags
+    return "sse2" in flags and not has_vnni(flags)

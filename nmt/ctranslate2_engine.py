@@ -44,7 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common.cpu import has_vnni
+from common.cpu import int8_saturates
 from common.special_ids import EOS_ID, PAD_ID
 from nmt.batch_decoding import output_limits, source_ids
 from nmt.ctranslate2_export import COMPUTE_TYPES, ExportError, import_ctranslate2, read_export_metadata
@@ -118,8 +118,8 @@ class CTranslate2Translator:
     Attributes (as in `Translator`): `eval_config`, `tokenizer`, `config` (the run's `Config`, from `from_run_dir`),
     `weights` (the checkpoint the export came from), `max_source_length`, `max_target_length`, `batch_size`; plus
     `engine_dir`, `metadata` (the export's `nmt_export.json`), `compute_type` (CTranslate2's), `engine` (the
-    ``ctranslate2.Translator``) and `int8_saturates` (int8 on a CPU without VNNI, `common.cpu.has_vnni`: logged as
-    a warning when loaded).
+    ``ctranslate2.Translator``) and `int8_saturates` (int8 on an x86 CPU without VNNI, `common.cpu.int8_saturates`:
+    logged as a warning when loaded).
     """
 
     def __init__(
@@ -164,12 +164,12 @@ class CTranslate2Translator:
             self.metadata["compute_type"] if compute_type == "auto" else COMPUTE_TYPES[compute_type]
         )
         self.inter_threads, self.intra_threads = thread_split(inter_threads, intra_threads)
-        self.int8_saturates = self.compute_type.startswith("int8") and not has_vnni()
+        self.int8_saturates = self.compute_type.startswith("int8") and int8_saturates()
         if self.int8_saturates:
             log.warning(
-                "%s on a CPU without VNNI (AVX-VNNI, AVX512-VNNI or AMX): CTranslate2 sums int8 products in pairs "
-                "in saturating 16-bit lanes here, so translations can differ from float32 by more than int8 "
-                "rounding (Multi30k's BLEU held on an AVX2 EPYC: README); compare BLEU with compute_type float32",
+                "%s on a CPU without VNNI (AVX-VNNI, AVX512-VNNI or AMX): int8 products can saturate here (summed "
+                "in pairs in 16-bit lanes), so translations can differ from float32 by more than int8 rounding "
+                "(Multi30k's BLEU held on an AVX2 EPYC: README); compare BLEU with compute_type float32",
                 self.compute_type,
             )
         try:

@@ -77,8 +77,11 @@ def test_cpu_flags_are_parsed_from_cpuinfo(tmp_path):
     assert cpu_flags(tmp_path / "noflags") == set()
 
 
-def test_vnni_is_read_from_the_flags():
-    from common.cpu import has_vnni
+def test_int8_saturates_on_x86_without_vnni_only():
+    from common.cpu import has_vnni, int8_saturates
 
     assert has_vnni({"avx512_vnni"}) and has_vnni({"avx_vnni", "avx2"}) and has_vnni({"amx_int8"})
     assert not has_vnni({"avx2", "fma", "avx512f", "avx512_bf16"}) and not has_vnni(set())
+    assert int8_saturates({"sse2", "avx2", "fma"}) and int8_saturates({"sse2", "avx512f", "avx512_bf16"})
+    assert not int8_saturates({"sse2", "avx2", "avx_vnni"}) and not int8_saturates({"sse2", "avx512_vnni"})
+    assert not int8_saturates(set()) and not int8_saturates({"fp", "asimd", "asimddp"})  # unknown, or ARM

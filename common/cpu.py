@@ -19,9 +19,13 @@ def cpu_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> set[str]:
     return set()
 
 
+def _has_any(names: tuple[str, ...], flags: set[str] | None) -> bool:
+    return any(name in (cpu_flags() if flags is None else flags) for name in names)
+
+
 def has_amx(flags: set[str] | None = None) -> bool:
     """Whether the CPU (default: this machine's) has Intel AMX matrix units."""
-    return any(flag in (cpu_flags() if flags is None else flags) for flag in AMX_FLAGS)
+    return _has_any(AMX_FLAGS, flags)
 
 
 VNNI_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
@@ -30,7 +34,7 @@ VNNI_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
 def has_vnni(flags: set[str] | None = None) -> bool:
     """Whether the CPU (default: this machine's) multiplies int8 with 32-bit accumulation (AVX-VNNI, AVX512-VNNI or
     AMX-INT8)."""
-    return any(flag in (cpu_flags() if flags is None else flags) for flag in VNNI_FLAGS)
+    return _has_any(VNNI_FLAGS, flags)
 
 
 def int8_saturates(flags: set[str] | None = None) -> bool:

@@ -64,9 +64,9 @@ INT8_MIN_SAME = 0.75  # share of the memorised references an int8 engine still g
 def assert_int8_translations(hypotheses: list[str], references: list[str]) -> None:
     """CTranslate2 int8 (`int8_float32`) translations of memorised sentences (greedy, or beam with alpha 0).
 
-    With VNNI (`common.cpu.int8_saturates` false) the int8 products accumulate in 32 bits and their rounding stays far inside
-    the margin of the module docstring: every reference. Without it they are summed in pairs in saturating 16-bit
-    lanes, which no margin bounds (3 of the 40 test sentences changed on an AVX2 EPYC, e.g. "freund" -> "freu"):
+    With VNNI (`common.cpu.int8_saturates` false) the int8 products accumulate in 32 bits and their rounding stays
+    far inside the margin of the module docstring: every reference. Without it they are summed in pairs in
+    saturating 16-bit lanes, which no margin bounds (3 of the 40 test sentences changed on an AVX2 EPYC, e.g. "freund" -> "freu"):
     most must still be exact, which a broken export (wrong scales or vocabulary) would not give.
     """
     from common.cpu import int8_saturates

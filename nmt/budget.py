@@ -13,6 +13,16 @@ trainer's training clock (time in steps, not in evaluations or checkpoints); in 
 gives every worker the same clock after each step, so every worker takes the same decision. The time budget and
 max_steps still decide when training stops: the log says how far from the plan that was.
 
+Re-planning. The probe's rate is that of the warmup's steps; a run's rate drifts after it (the probe of the AVX2
+hour of 2026-12-04 said 0.983 steps/s, the hour then ran at 0.95, 4% fewer steps than planned, so the cosine never
+reached its floor and the averaging window lost a snapshot). With `train.budget_replan_at` = f, a time budget's
+plan is made once more at fraction f of the planned decay (steps decided_at + f x (total - decided_at)), from the
+rate timed since fraction f/2, and the total steps become the step then plus the time left at that rate (at most
+max_steps). The decay's end moves with it (the learning rate jumps by a few percent of the peak at that step, not
+more for a plan a few percent off); the dropout stays the first plan's (no retrace, and a resumed run applies the
+same). The mark and the new plan are checkpointed in `replan/...`, so a resumed run stays exact; a checkpoint
+without them (written before re-planning existed) resumes with its plan and does not re-plan.
+
 Planned dropout. With `train.dropout_by_plan`, the plan also fixes the model's dropout (`planned_dropout`): a run
 planned for many steps over a small corpus sees it many times and needs more regularisation than one planned for
 few, and a time budget's plan depends on the machine's speed. The trainer applies it when the plan is made (after
@@ -49,8 +59,8 @@ class BatchChanged(RuntimeError):
     """A checkpoint was trained with another global batch (replicas x batch_tokens x accumulate_steps)."""
 
 
-def _key(name: str) -> str:
-    return f"plan/{name}/.ATTRIBUTES/VARIABLE_VALUE"
+def _key(name: str, part: str = "plan") -> str:
+    return f"{part}/{name}/.ATTRIBUTES/VARIABLE_VALUE"
 
 
 def _variable(value, dtype, name: str) -> tf.Variable:
@@ -84,6 +94,19 @@ class TrainingPlan:
         self.state.steps_per_second = _variable(0.0, tf.float64, "steps_per_second")  # the probe's (0: none)
         self.state.replicas = _variable(self.replicas, tf.int64, "replicas")
         self.state.global_tokens = _variable(self.global_tokens, tf.int64, "global_tokens")
+        # The re-plan (train.budget_replan_at), a separate checkpoint part so that older checkpoints still restore.
+        self.replan_state = tf.Module(name="replan")
+        self.replan_state.first_total = _variable(
+            0, tf.int64, "first_total"
+        )  # the first plan's (sets dropout)
+        self.replan_state.mark_step = _variable(
+            0, tf.int64, "mark_step"
+        )  # where the re-plan's timing started
+        self.replan_state.mark_clock = _variable(0.0, tf.float64, "mark_clock")
+        self.replan_state.replanned_at = _variable(0, tf.int64, "replanned_at")  # 0: not re-planned
+        self.replan_state.steps_per_second = _variable(
+            0.0, tf.float64, "steps_per_second"
+        )  # the re-plan's rate
         self._probe: tuple[int, float] | None = None  # (step, clock) where this process' probe started
         self._probe_start = 0  # the step after which this process' probe starts
         log.info(
@@ -99,14 +122,19 @@ class TrainingPlan:
         return int(self.state.total_steps.numpy())
 
     @property
+    def _dropout_steps(self) -> int:
+        """The first plan's steps: a re-plan leaves the dropout as it was (0 in a checkpoint without them)."""
+        return int(self.replan_state.first_total.numpy()) or self.total_steps
+
+    @property
     def dropout(self) -> float | None:
         """The plan's dropout (`planned_dropout`), None without `train.dropout_by_plan` or before the plan."""
-        return planned_dropout(self.train.dropout_by_plan, self.total_steps)
+        return planned_dropout(self.train.dropout_by_plan, self._dropout_steps)
 
     @property
     def ffn_dropout(self) -> float | None:
         """The plan's feed-forward dropout, None without `train.ffn_dropout_by_plan` or before the plan."""
-        return planned_dropout(self.train.ffn_dropout_by_plan, self.total_steps)
+        return planned_dropout(self.train.ffn_dropout_by_plan, self._dropout_steps)
 
     def apply_dropout(self, model, retrace: Callable[[], None]) -> None:
         """Gives `model` (a `transformer.model.Transformer`) the plan's dropout and feed-forward dropout once the
@@ -116,7 +144,7 @@ class TrainingPlan:
         if rate is not None and rate != model.dropout:
             log.info(
                 "dropout %g -> %g for a plan of %d steps (train.dropout_by_plan)",
-                model.dropout, rate, self.total_steps,
+                model.dropout, rate, self._dropout_steps,
             )  # fmt: skip
             model.set_dropout(rate)
             changed = True
@@ -126,7 +154,7 @@ class TrainingPlan:
             if ffn != current:
                 log.info(
                     "feed-forward dropout %g -> %g for a plan of %d steps (train.ffn_dropout_by_plan)",
-                    current, ffn, self.total_steps,
+                    current, ffn, self._dropout_steps,
                 )  # fmt: skip
                 changed = True
             model.set_ffn_dropout(ffn)  # even at the same rate: fixed, set_dropout leaves it from now on
@@ -150,6 +178,8 @@ class TrainingPlan:
         A checkpoint written before the plan existed restores without it (nothing to compare).
         """
         reader = tf.train.load_checkpoint(prefix)
+        if not reader.has_tensor(_key("first_total", "replan")):  # written before re-planning existed
+            objects = {name: part for name, part in objects.items() if name != "replan"}
         if not reader.has_tensor(_key("replicas")):
             log.info("%s holds no plan (an older checkpoint): the global batch is not checked", prefix)
             return {name: part for name, part in objects.items() if name != "plan"}
@@ -178,9 +208,11 @@ class TrainingPlan:
         self.state.global_tokens.assign(self.global_tokens)
         total = self.total_steps
         if total:
+            replanned = int(self.replan_state.replanned_at.numpy())
             log.info(
-                "plan: %d steps (decided at step %d%s), kept from the checkpoint", total,
+                "plan: %d steps (decided at step %d%s%s), kept from the checkpoint", total,
                 int(self.state.decided_at.numpy()), self._rate_text(),
+                f", re-planned at step {replanned}" if replanned else "",
             )  # fmt: skip
             if t.max_steps and not t.max_minutes and t.max_steps != total and t.schedule != "inverse_sqrt":
                 log.warning(
@@ -197,7 +229,10 @@ class TrainingPlan:
     # The time budget
     def after_step(self, step: int, clock: float) -> None:
         """Called after every applied step with the training clock (seconds, the same on every worker)."""
-        if self.total_steps or not self.train.max_minutes:
+        if not self.train.max_minutes:
+            return
+        if self.total_steps:
+            self._replan_if_due(step, clock)
             return
         if step == self._probe_start:
             self._probe = (step, clock)
@@ -209,8 +244,54 @@ class TrainingPlan:
                 total = min(total, self.train.max_steps)
             self._decide(total, at=step, rate=rate, clock=clock)
 
+    def _replan_points(self) -> tuple[int, int]:
+        """(mark, re-plan): the steps at fractions f/2 and f of the first plan's decay (0, 0 when off)."""
+        fraction, first = self.train.budget_replan_at, int(self.replan_state.first_total.numpy())
+        if not (fraction and first and float(self.state.steps_per_second.numpy())):
+            return 0, 0  # off, a checkpoint from before re-planning, or a plan from max_steps: nothing timed
+        start = int(self.state.decided_at.numpy())
+        mark, replan = (
+            start + round((first - start) * fraction / 2),
+            start + round((first - start) * fraction),
+        )
+        return (mark, replan) if replan > mark else (0, 0)
+
+    def _replan_if_due(self, step: int, clock: float) -> None:
+        mark, replan = self._replan_points()
+        state = self.replan_state
+        if not mark or int(state.replanned_at.numpy()):
+            return
+        marked = int(state.mark_step.numpy())
+        if not marked:
+            if step >= mark:
+                state.mark_step.assign(step)
+                state.mark_clock.assign(clock)
+            return
+        if step < replan or step == marked:
+            return
+        rate = (step - marked) / max(clock - float(state.mark_clock.numpy()), 1e-9)
+        left = max(self.train.max_minutes * 60 - clock, 0.0)
+        total = step + int(left * rate)
+        if self.train.max_steps:
+            total = min(total, self.train.max_steps)
+        before = self.total_steps
+        self.state.total_steps.assign(max(total, 1))
+        state.replanned_at.assign(step)
+        state.steps_per_second.assign(rate)
+        log.info(
+            "re-plan at step %d: %d steps (was %d) for the %g-minute budget: %.4g steps/s over steps %d-%d, %.1f s "
+            "of training clock left", step, total, before, self.train.max_minutes, rate, marked + 1, step, left,
+        )  # fmt: skip
+        if self.record is not None:
+            self.record({
+                "tag": "replan", "step": step, "total_steps": total, "previous_total_steps": before,
+                "steps_per_second": rate, "elapsed_seconds": clock, "budget_seconds": self.train.max_minutes * 60,
+                "max_steps": self.train.max_steps,
+            })  # fmt: skip
+
     def _decide(self, total: int, *, at: int, rate: float, clock: float = 0.0) -> None:
         self.state.total_steps.assign(max(total, 1))
+        self.replan_state.first_total.assign(max(total, 1))
         self.state.decided_at.assign(at)
         self.state.steps_per_second.assign(rate)
         t = self.train
@@ -249,7 +330,7 @@ class TrainingPlan:
         if step == total:
             log.info("the time budget ended the run at step %d, as planned", step)
             return
-        rate = float(self.state.steps_per_second.numpy())
+        rate = float(self.replan_state.steps_per_second.numpy() or self.state.steps_per_second.numpy())
         log.warning(
             "the time budget ended the run at step %d, %d steps %s the planned %d (planned from %.4g steps/s%s)",
             step, abs(total - step), "before" if step < total else "after", total, rate,

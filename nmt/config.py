@@ -90,6 +90,10 @@ class TrainConfig:
     )
     budget_probe_skip: int = 20  # max_minutes: first steps of each process left out of the step-rate probe
     budget_probe_steps: int = 100  # max_minutes: steps timed to plan the run's total steps (nmt.budget)
+    budget_replan_at: float = (
+        0.6  # max_minutes: plan again at this fraction of the planned decay, from the rate
+    )
+    # timed since half of it (0 = keep the first plan; nmt.budget)
     beta_1: float = 0.9  # Adam beta_1
     beta_2: float = 0.98  # Adam beta_2
     epsilon: float = 1e-9  # Adam epsilon
@@ -232,6 +236,8 @@ def _validate_train(train: TrainConfig) -> None:
             raise ConfigError(f"train.{name}: must not be negative")
     if train.budget_probe_steps < 1:
         raise ConfigError("train.budget_probe_steps: must be at least 1")
+    if not 0 <= train.budget_replan_at < 1:
+        raise ConfigError(f"train.budget_replan_at: must be in [0, 1), got {train.budget_replan_at}")
     for name in ("dropout_by_plan", "ffn_dropout_by_plan"):
         _validate_dropout_by_plan(f"train.{name}", getattr(train, name))
         if getattr(train, name) and not (train.max_steps or train.max_minutes):

@@ -149,6 +149,7 @@ class Trainer(TrainerEvaluation):
             evals_since_best=self.evals_since_best,
             pending_evaluation=self.pending_evaluation,
             plan=self.plan.state,
+            replan=self.plan.replan_state,
             **self.step_fn.checkpoint_state(),
         )
         # Dropout RNG: Keras SeedGenerator states are in `model.variables` but not in the model's checkpoint
@@ -305,6 +306,8 @@ class Trainer(TrainerEvaluation):
                 if not planned and (planned := self.plan.total_steps):
                     bar.total = planned
                     self.plan.apply_dropout(self.model, self.step_fn.retrace)
+                elif planned != self.plan.total_steps:  # re-planned (train.budget_replan_at)
+                    bar.total = planned = self.plan.total_steps
                 window_tokens += float(metrics["tokens"].numpy())
                 bar.update(1)
                 if step % cfg.log_every == 0 or step == 1:

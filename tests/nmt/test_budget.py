@@ -31,7 +31,9 @@ AVERAGE_LAST, AVERAGE_FRACTION = 3, 0.25  # window_steps(24, 0.25, 3) == (20, 2)
 
 
 def plan_for(**train) -> TrainingPlan:
-    defaults = dict(max_minutes=BUDGET_MINUTES, budget_probe_skip=SKIP, budget_probe_steps=PROBE)
+    defaults = dict(
+        max_minutes=BUDGET_MINUTES, budget_probe_skip=SKIP, budget_probe_steps=PROBE, budget_replan_at=0.0
+    )  # the first plan alone; re-planning has its own tests
     records = []
     plan = TrainingPlan(TrainConfig(**(defaults | train)), 1, 512, record=records.append)
     plan.records = records
@@ -93,6 +95,86 @@ def test_a_resumed_plan_is_kept_and_an_unfinished_probe_starts_again(tmp_path):
     run_steps(unfinished, [3 + SKIP + PROBE], clock=0.75 + (SKIP + PROBE - 1) * SECONDS_PER_STEP)
     # Steps 6-9 timed (4 steps/s); at step 9 the clock reads 2.25 s: 3.75 s left, 15 more steps.
     assert unfinished.total_steps == 9 + 15 and int(unfinished.state.decided_at.numpy()) == 9
+
+
+# Re-planning (train.budget_replan_at 0.5): the first plan (step 6, 24 steps) decays over steps 6-24, so the
+# rate is timed from step 6 + round(18 x 0.25) = 10 and the plan made again at step 6 + 9 = 15.
+MARK, REPLAN = 10, 15
+
+
+def slower_after_mark(step: int) -> float:
+    return SECONDS_PER_STEP if step <= MARK else 2 * SECONDS_PER_STEP  # 4 steps/s, then 2
+
+
+def test_replan_moves_the_end_to_the_rate_timed_since_the_mark_and_keeps_the_dropout():
+    plan = plan_for(budget_replan_at=0.5, dropout_by_plan=[[10, 0.1], [30, 0.3]])
+    plan.start(0, 0.0)
+    run_steps(plan, range(1, REPLAN), seconds=slower_after_mark)
+    assert plan.total_steps == PLANNED and [r["tag"] for r in plan.records] == ["plan"]
+    assert plan.dropout == pytest.approx(0.24)  # planned_dropout at 24 steps
+    clock = run_steps(
+        plan, [REPLAN], seconds=slower_after_mark, clock=MARK * 0.25 + (REPLAN - MARK - 1) * 0.5
+    )
+    # Steps 11-15 took 2.5 s (2 steps/s); at step 15 the clock reads 5 s: 1 s left, 2 more steps.
+    assert clock == 5.0 and plan.total_steps == REPLAN + 2
+    record = plan.records[-1]
+    assert record["tag"] == "replan" and record["step"] == REPLAN and record["steps_per_second"] == 2.0
+    assert (record["total_steps"], record["previous_total_steps"]) == (REPLAN + 2, PLANNED)
+    assert plan.dropout == pytest.approx(0.24)  # the first plan's: no retrace, and a resume applies the same
+    run_steps(
+        plan, range(REPLAN + 1, 40), seconds=lambda step: 4.0, clock=clock
+    )  # much slower: no third plan
+    assert plan.total_steps == REPLAN + 2 and len(plan.records) == 2
+    # At the same rate throughout, the re-plan finds the first plan again.
+    steady = plan_for(budget_replan_at=0.5)
+    steady.start(0, 0.0)
+    run_steps(steady, range(1, 30))
+    assert steady.total_steps == PLANNED and [r["total_steps"] for r in steady.records] == [PLANNED, PLANNED]
+    # Off (0), or a plan from max_steps (nothing timed): never re-planned.
+    off = plan_for(budget_replan_at=0.0)
+    off.start(0, 0.0)
+    run_steps(off, range(1, 30), seconds=slower_after_mark)
+    assert off.total_steps == PLANNED and len(off.records) == 1
+    steps_only = plan_for(max_minutes=0.0, max_steps=24, budget_replan_at=0.5)
+    steps_only.start(0, 0.0)
+    run_steps(steps_only, range(1, 30), seconds=slower_after_mark)
+    assert steps_only.total_steps == 24
+
+
+def restore_plan(prefix: str, **train) -> TrainingPlan:
+    plan = plan_for(**train)
+    parts = plan.restorable(prefix, {"plan": plan.state, "replan": plan.replan_state})
+    tf.train.Checkpoint(**parts).restore(prefix).assert_existing_objects_matched()
+    return plan
+
+
+@pytest.mark.parametrize("stop_at", [MARK - 1, MARK + 2, REPLAN + 1])
+def test_a_resumed_run_replans_as_the_uninterrupted_one(tmp_path, stop_at):
+    uninterrupted = plan_for(budget_replan_at=0.5)
+    uninterrupted.start(0, 0.0)
+    run_steps(uninterrupted, range(1, 30), seconds=slower_after_mark)
+    first = plan_for(budget_replan_at=0.5)
+    first.start(0, 0.0)
+    clock = run_steps(first, range(1, stop_at + 1), seconds=slower_after_mark)
+    prefix = tf.train.Checkpoint(plan=first.state, replan=first.replan_state).save(str(tmp_path / "ckpt"))
+    resumed = restore_plan(prefix, budget_replan_at=0.5)
+    resumed.start(stop_at, clock)
+    run_steps(resumed, range(stop_at + 1, 30), seconds=slower_after_mark, clock=clock)
+    assert resumed.total_steps == uninterrupted.total_steps == REPLAN + 2
+    assert resumed.dropout == uninterrupted.dropout
+    assert (first.records + resumed.records) == uninterrupted.records  # each decision made once
+
+
+def test_a_checkpoint_from_before_replanning_resumes_with_its_plan(tmp_path):
+    old = plan_for()
+    old.start(0, 0.0)
+    run_steps(old, range(1, 8))
+    prefix = tf.train.Checkpoint(plan=old.state).save(str(tmp_path / "ckpt"))  # no replan/ variables
+    resumed = restore_plan(prefix, budget_replan_at=0.5, dropout_by_plan=[[10, 0.1], [30, 0.3]])
+    resumed.start(7, 1.75)
+    run_steps(resumed, range(8, 30), seconds=slower_after_mark, clock=1.75)
+    assert resumed.total_steps == PLANNED and resumed.records == []  # kept; its dropout from the plan's steps
+    assert resumed.dropout == pytest.approx(0.24)
 
 
 def test_the_log_says_how_far_from_the_plan_the_time_budget_stopped(caplog):

@@ -302,12 +302,6 @@ class Trainer(TrainerEvaluation):
                             f"stopping; the last good checkpoint ({self.manager.latest_checkpoint}) is intact"
                         )
                     continue
-                self.plan.after_step(step, float(self.elapsed.numpy()))
-                if not planned and (planned := self.plan.total_steps):
-                    bar.total = planned
-                    self.plan.apply_dropout(self.model, self.step_fn.retrace)
-                elif planned != self.plan.total_steps:  # re-planned (train.budget_replan_at)
-                    bar.total = planned = self.plan.total_steps
                 window_tokens += float(metrics["tokens"].numpy())
                 bar.update(1)
                 if step % cfg.log_every == 0 or step == 1:
@@ -322,6 +316,13 @@ class Trainer(TrainerEvaluation):
                             writer, step, metrics, lr, tokens_per_sec, self.step_fn.skipped_steps,
                             self.step_fn.layer_grad_norms(metrics),  # grouped only on logged steps
                         )  # fmt: skip
+                # After the step's log: its learning rate is the one its update used, before a (re-)plan moves it.
+                self.plan.after_step(step, float(self.elapsed.numpy()))
+                if not planned and (planned := self.plan.total_steps):
+                    bar.total = planned
+                    self.plan.apply_dropout(self.model, self.step_fn.retrace)
+                elif planned != self.plan.total_steps:  # re-planned (train.budget_replan_at)
+                    bar.total = planned = self.plan.total_steps
                 self.snapshots.save_if_due(step, self.plan.total_steps)
                 eval_due = cfg.eval_every and step % cfg.eval_every == 0
                 bleu_due = cfg.bleu_every and step % cfg.bleu_every == 0

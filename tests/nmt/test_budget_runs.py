@@ -43,9 +43,11 @@ from tests.nmt.test_budget import (
     PEAK,
     PLANNED,
     PROBE,
+    REPLAN,
     SECONDS_PER_STEP,
     SKIP,
     WARMUP,
+    slower_after_mark,
 )
 from tests.nmt.test_schedule import decay_reference
 from tests.nmt.test_trainer import read_events
@@ -57,19 +59,20 @@ from transformer.dropout import Dropout
 
 
 class StepClock:
-    """The trainer's clock: every step (one call when it starts, one when it ends) takes SECONDS_PER_STEP.
+    """The trainer's clock: every step (one call when it starts, one when it ends) takes SECONDS_PER_STEP, or
+    `seconds(n)` for this process' n-th step.
 
     With `signal_at`, it sends this process SIGTERM at the end of that step (of this process): the trainer's own
     handler then stops the run after the step with a checkpoint, as for a user's signal.
     """
 
-    def __init__(self, signal_at: int | None = None):
-        self.now, self.calls, self.signal_at = 100.0, 0, signal_at
+    def __init__(self, signal_at: int | None = None, seconds=lambda step: SECONDS_PER_STEP):
+        self.now, self.calls, self.signal_at, self.seconds = 100.0, 0, signal_at, seconds
 
     def __call__(self) -> float:
         self.calls += 1
         if self.calls % 2 == 0:
-            self.now += SECONDS_PER_STEP
+            self.now += self.seconds(self.calls // 2)
             if self.calls // 2 == self.signal_at:
                 os.kill(os.getpid(), signal.SIGTERM)
         return self.now
@@ -190,18 +193,47 @@ def test_final_weights_average_the_window_over_the_last_fraction(uninterrupted):
 def test_resumed_run_keeps_the_plan_and_ends_bit_identical(budget_config, uninterrupted, tmp_path):
     reference, _, _, _ = uninterrupted
     run_dir = tmp_path / "run"
-    _, stopped, _ = train_in_process(budget_config, run_dir, StepClock(signal_at=10))
-    assert stopped.status == "stopped" and stopped.step == 10, stopped
+    # Stopped at step 13: after the re-plan's mark (step 11, train.budget_replan_at 0.6 of the decay over steps 6-24),
+    # before the re-plan (step 17). The mark comes back from the checkpoint (compared below with the replan/ state).
+    _, stopped, _ = train_in_process(budget_config, run_dir, StepClock(signal_at=13))
+    assert stopped.status == "stopped" and stopped.step == 13, stopped
     # A slower machine after the restart: the plan stays (the time budget would now stop the run early).
     trainer, done, log = train_in_process(budget_config, run_dir, StepClock())
-    assert trainer.resumed_from == 10 and trainer.progress.total == PLANNED  # the kept plan, from the start
+    assert trainer.resumed_from == 13 and trainer.progress.total == PLANNED  # the kept plan, from the start
     assert "plan: 24 steps (decided at step 6, 4 steps/s measured), kept from the checkpoint" in log
     assert done.status == "done" and done.step == PLANNED, (done, log[-2000:])
-    assert [r["total_steps"] for r in read_records(run_dir) if r["tag"] == "plan"] == [
-        PLANNED
-    ]  # decided once
+    decisions = [(r["tag"], r["step"], r["total_steps"]) for r in read_records(run_dir) if "total_steps" in r]
+    assert decisions == [
+        ("plan", 6, PLANNED),
+        ("replan", 17, PLANNED),
+    ]  # each once; the same rate, the same plan
     assert_bit_identical(training_state(run_dir), training_state(reference), "resumed time-budget run")
     assert_bit_identical(final_weights(run_dir), final_weights(reference), "final weights")
+
+
+def test_a_replan_moves_the_decay_end_the_window_and_the_progress_bar(budget_config, tmp_path):
+    # Re-planned at half the decay (steps 6-24): the rate is timed from step 10 and is halved from step 11, so at
+    # step 15 the plan becomes 17 steps (tests/nmt/test_budget.py, the same constants).
+    config = dataclasses.replace(
+        budget_config, train=dataclasses.replace(budget_config.train, budget_replan_at=0.5)
+    )
+    run_dir = tmp_path / "run"
+    clock = StepClock(seconds=slower_after_mark)
+    trainer, result, log = train_in_process(config, run_dir, clock)
+    assert result.status == "done" and result.step == REPLAN + 2, (result, log[-2000:])
+    assert trainer.progress.total == REPLAN + 2
+    assert f"re-plan at step {REPLAN}: {REPLAN + 2} steps (was {PLANNED})" in log
+    assert f"the time budget ended the run at step {REPLAN + 2}, as planned" in log
+    events, _ = read_events(run_dir / "tensorboard" / "train")
+    logged = dict((step, float(value)) for step, value in events["learning_rate"])
+    before = np.arange(1, REPLAN + 1)  # the first plan's decay up to the re-plan (its step's update included)
+    want = decay_reference(before, PEAK, WARMUP, PLANNED, FLOOR, "linear", decided_at=SKIP + PROBE)
+    np.testing.assert_allclose([logged[s] for s in before], want, rtol=1e-5)
+    after = np.arange(REPLAN + 1, REPLAN + 3)  # then the decay ends at the new plan
+    want = decay_reference(after, PEAK, WARMUP, REPLAN + 2, FLOOR, "linear", decided_at=SKIP + PROBE)
+    np.testing.assert_allclose([logged[s] for s in after], want, rtol=1e-5)
+    assert logged[REPLAN + 2] == pytest.approx(FLOOR * PEAK, rel=1e-5)
+    assert snapshot_steps(run_dir) == [15, 16, 17]  # window_steps(17, 0.25, 3): the window of the new plan
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -96,17 +96,13 @@ class TrainingPlan:
         self.state.global_tokens = _variable(self.global_tokens, tf.int64, "global_tokens")
         # The re-plan (train.budget_replan_at), a separate checkpoint part so that older checkpoints still restore.
         self.replan_state = tf.Module(name="replan")
-        self.replan_state.first_total = _variable(
-            0, tf.int64, "first_total"
-        )  # the first plan's (sets dropout)
-        self.replan_state.mark_step = _variable(
-            0, tf.int64, "mark_step"
-        )  # where the re-plan's timing started
+        # first_total: the first plan's steps (they set the dropout); mark_step/mark_clock: where the re-plan's
+        # timing started; replanned_at: the re-plan's step (0: not yet); steps_per_second: the re-plan's rate.
+        self.replan_state.first_total = _variable(0, tf.int64, "first_total")
+        self.replan_state.mark_step = _variable(0, tf.int64, "mark_step")
         self.replan_state.mark_clock = _variable(0.0, tf.float64, "mark_clock")
-        self.replan_state.replanned_at = _variable(0, tf.int64, "replanned_at")  # 0: not re-planned
-        self.replan_state.steps_per_second = _variable(
-            0.0, tf.float64, "steps_per_second"
-        )  # the re-plan's rate
+        self.replan_state.replanned_at = _variable(0, tf.int64, "replanned_at")
+        self.replan_state.steps_per_second = _variable(0.0, tf.float64, "steps_per_second")
         self._probe: tuple[int, float] | None = None  # (step, clock) where this process' probe started
         self._probe_start = 0  # the step after which this process' probe starts
         log.info(
@@ -250,10 +246,8 @@ class TrainingPlan:
         if not (fraction and first and float(self.state.steps_per_second.numpy())):
             return 0, 0  # off, a checkpoint from before re-planning, or a plan from max_steps: nothing timed
         start = int(self.state.decided_at.numpy())
-        mark, replan = (
-            start + round((first - start) * fraction / 2),
-            start + round((first - start) * fraction),
-        )
+        span = first - start
+        mark, replan = start + round(span * fraction / 2), start + round(span * fraction)
         return (mark, replan) if replan > mark else (0, 0)
 
     def _replan_if_due(self, step: int, clock: float) -> None:

@@ -259,14 +259,18 @@ def test_engine_contract(ours, exports, tokenizer):
     long_line = " ".join(["the cat"] * 40)
     truncated = []
     lines = [reference[0], "", "   ", long_line]
+    (alone,) = ct2.translate(lines[:1], beam_size=2)
+    # The memorised reference where int8 products do not saturate; without VNNI any one sentence may change
+    # (tests.run_fixture.assert_int8_translations), and the contract is then checked against the sentence alone.
+    assert alone == reference[1] or int8_saturates(), alone
     out = ct2.translate(lines, beam_size=2, on_truncated=lambda i, n: truncated.append((i, n)))
-    assert out[:3] == [reference[1], "", ""] and isinstance(out[3], str)
+    assert out[:3] == [alone, "", ""] and isinstance(out[3], str)
     assert (
         truncated == [(3, len(ct2.encode([long_line])[0]))]
         and ct2.max_source_length == ours.max_source_length
     )
     best = ct2.translate(lines, beam_size=2, nbest=2)
-    assert best[1] == [] and best[0][0][0] == reference[1] and best[0][0][1] >= best[0][1][1]
+    assert best[1] == [] and best[0][0][0] == alone and best[0][0][1] >= best[0][1][1]
     assert list(ct2.translate_stream(iter(lines), chunk_size=2, beam_size=2)) == out
 
 

@@ -128,7 +128,8 @@ class TrainConfig:
     average_fraction: float = (
         0.0  # >0: the K averaged snapshots spread over this last fraction of the planned steps
     )
-    ema_decay: float = 0.0  # exponential moving average of weights (0 = off)
+    ema_decay: float = 0.0  # exponential moving average of weights (0 = off); with average_last, final/ keeps
+    # whichever of the EMA and the average has the lower validation loss
     max_bad_steps: int = 10  # consecutive non-finite steps tolerated before the run stops
 
 

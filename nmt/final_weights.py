@@ -75,10 +75,13 @@ def average_checkpoints(model, paths: list[str]) -> None:
         weight.assign((summed / len(paths)).astype(weight.dtype))
 
 
-def average_if_better(model, paths: list[str], loss_fn: Callable[[], float]) -> bool:
+def average_if_better(
+    model, paths: list[str], loss_fn: Callable[[], float], current: str = "last weights"
+) -> bool:
     """Averages `paths` into `model` if that does not raise `loss_fn()` (validation loss); else keeps the weights.
 
-    Returns whether the average was kept.
+    `current` names the model's weights before (the last weights, or the EMA) in the log. Returns whether the
+    average was kept.
     """
     last_weights = [w.numpy() for w in model.weights]
     last_loss = loss_fn()
@@ -86,14 +89,14 @@ def average_if_better(model, paths: list[str], loss_fn: Callable[[], float]) -> 
     average_loss = loss_fn()
     if average_loss <= last_loss:
         log.info(
-            "final weights: average of %d checkpoints (%s ... %s), validation loss %.4f (last %.4f)",
-            len(paths), paths[0], paths[-1], average_loss, last_loss,
+            "final weights: average of %d checkpoints (%s ... %s), validation loss %.4f (%s %.4f)",
+            len(paths), paths[0], paths[-1], average_loss, current, last_loss,
         )  # fmt: skip
         return True
     for weight, value in zip(model.weights, last_weights):
         weight.assign(value)
     log.info(
-        "final weights: last weights; the average of %d checkpoints had a higher validation loss (%.4f > %.4f)",
-        len(paths), average_loss, last_loss,
+        "final weights: %s; the average of %d checkpoints had a higher validation loss (%.4f > %.4f)",
+        current, len(paths), average_loss, last_loss,
     )  # fmt: skip
     return False

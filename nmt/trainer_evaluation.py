@@ -160,15 +160,20 @@ class TrainerEvaluation:
         return bool(patience and self.evals_since_best.numpy() >= patience)
 
     def _finalize(self) -> None:
-        """Writes DIR/final: EMA weights, or the average of K checkpoints (nmt.final_weights), or the last weights."""
+        """Writes DIR/final: the EMA weights or the last weights, replaced by the average of K checkpoints
+        (nmt.final_weights) when that has a lower validation loss (both logged)."""
         cfg = self.config.train
         if not self.chief:
             return
+        current = "last weights"
+        paths = self.snapshots.final_paths(self.step, self.manager.checkpoints)  # before the EMA: raw weights
         if cfg.ema_decay > 0:
             self.optimizer.finalize_variable_values(self.model.trainable_variables)
             log.info("final weights: exponential moving average (decay %g)", cfg.ema_decay)
-        elif len(paths := self.snapshots.final_paths(self.step, self.manager.checkpoints)) > 1:
+            current = "EMA"
+        if len(paths) > 1:
             from nmt.translator import validation_loss
 
-            average_if_better(self.model, paths, lambda: validation_loss(self.model, self.eval_dataset)[0])
+            loss = lambda: validation_loss(self.model, self.eval_dataset)[0]  # noqa: E731
+            average_if_better(self.model, paths, loss, current)
         save_model_weights(self.model, self.run_dir.final_dir, self.step)

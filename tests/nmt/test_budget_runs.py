@@ -15,6 +15,7 @@ import json
 import logging
 import math
 import os
+import re
 import signal
 from pathlib import Path
 
@@ -234,6 +235,43 @@ def test_a_replan_moves_the_decay_end_the_window_and_the_progress_bar(budget_con
     np.testing.assert_allclose([logged[s] for s in after], want, rtol=1e-5)
     assert logged[REPLAN + 2] == pytest.approx(FLOOR * PEAK, rel=1e-5)
     assert snapshot_steps(run_dir) == [15, 16, 17]  # window_steps(17, 0.25, 3): the window of the new plan
+
+
+def test_with_ema_the_final_weights_are_the_ema_or_the_window_average_whichever_has_the_lower_loss(
+    budget_config, tmp_path
+):
+    train_config = dataclasses.replace(budget_config.train, ema_decay=0.5, budget_replan_at=0.0)
+    config = dataclasses.replace(budget_config, train=train_config)
+    run_dir = tmp_path / "run"
+    # Steps after 18 take twice as long: the budget ends at step 21, off the window of the plan (20, 22, 24), so the
+    # last weights are snapshotted at the end, which must happen before the EMA replaces them.
+    clock = StepClock(seconds=lambda step: SECONDS_PER_STEP if step <= 18 else 2 * SECONDS_PER_STEP)
+    trainer, result, log = train_in_process(config, run_dir, clock)
+    assert result.status == "done" and result.step == 21, (result, log[-2000:])
+    assert snapshot_steps(run_dir) == [20, 21]
+    snapshots = [read_checkpoint(str(run_dir / "checkpoints" / "average" / f"ckpt-{s}")) for s in (20, 21)]
+    # The trained weights: the last training checkpoint (saved before final/), read through the model.
+    trainer.checkpoint.restore(tf.train.latest_checkpoint(str(run_dir / "checkpoints"))).expect_partial()
+    trained = read_checkpoint(
+        tf.train.Checkpoint(model=trainer.model).save(str(tmp_path / "trained" / "ckpt"))
+    )
+    assert_bit_identical(snapshots[-1], trained, "the last snapshot holds the trained weights, not the EMA")
+    mean = {
+        k: ((snapshots[0][k].astype(np.float64) + snapshots[1][k]) / 2).astype(v.dtype)
+        for k, v in trained.items()
+    }
+    final = final_weights(run_dir)
+    assert "final weights: exponential moving average (decay 0.5)" in log
+    if "final weights: average of 2 checkpoints" in log:
+        average, ema = (
+            float(x) for x in re.search(r"validation loss ([\d.]+) \(EMA ([\d.]+)\)", log).groups()
+        )
+        assert average <= ema
+        assert_bit_identical(final, mean, "final weights = mean of the window's snapshots")
+    else:  # the EMA had the lower validation loss: kept, and it is neither the mean nor the last weights
+        assert "final weights: EMA; the average of 2 checkpoints had a higher validation loss" in log
+        assert any(not np.array_equal(final[k], mean[k]) for k in final)
+        assert any(not np.array_equal(final[k], trained[k]) for k in final)
 
 
 # ----------------------------------------------------------------------------------------------------------------

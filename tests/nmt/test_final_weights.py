@@ -1,5 +1,6 @@
 """Checkpoint averaging for DIR/final: the mean of the checkpoints, kept only when it does not raise the loss."""
 
+import logging
 import types
 
 import keras
@@ -28,7 +29,7 @@ def test_average_is_the_mean_of_the_checkpoints(tmp_path):
         np.testing.assert_array_equal(weight.numpy(), np.full(weight.shape, 3.0, np.float32))
 
 
-def test_average_kept_only_when_the_loss_does_not_rise(tmp_path):
+def test_average_kept_only_when_the_loss_does_not_rise(tmp_path, caplog):
     model, paths = _model_and_checkpoints(tmp_path, [1.0, 2.0, 6.0])  # the model holds 6.0 (the last)
 
     def distance_to(target):
@@ -42,6 +43,14 @@ def test_average_kept_only_when_the_loss_does_not_rise(tmp_path):
     assert not average_if_better(model, paths, distance_to(6.0))  # worse: the last weights come back exactly
     for weight in model.weights:
         np.testing.assert_array_equal(weight.numpy(), np.full(weight.shape, 6.0, np.float32))
+    with caplog.at_level(logging.INFO, logger="nmt.train"):
+        caplog.clear()
+        assert not average_if_better(model, paths, distance_to(6.0), current="EMA")  # named in the log
+    assert (
+        caplog.records[-1]
+        .getMessage()
+        .startswith("final weights: EMA; the average of 3 checkpoints had a higher validation loss")
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------------

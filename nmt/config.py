@@ -90,10 +90,8 @@ class TrainConfig:
     )
     budget_probe_skip: int = 20  # max_minutes: first steps of each process left out of the step-rate probe
     budget_probe_steps: int = 100  # max_minutes: steps timed to plan the run's total steps (nmt.budget)
-    budget_replan_at: float = (
-        0.6  # max_minutes: plan again at this fraction of the planned decay, from the rate
-    )
-    # timed since half of it (0 = keep the first plan; nmt.budget)
+    budget_replan_at: float = 0.6  # max_minutes: plan again at this fraction of the planned decay, from the
+    # rate timed since half of it (0 = keep the first plan; nmt.budget)
     beta_1: float = 0.9  # Adam beta_1
     beta_2: float = 0.98  # Adam beta_2
     epsilon: float = 1e-9  # Adam epsilon

@@ -105,6 +105,7 @@ class TrainingPlan:
         self.replan_state.steps_per_second = _variable(0.0, tf.float64, "steps_per_second")
         self._probe: tuple[int, float] | None = None  # (step, clock) where this process' probe started
         self._probe_start = 0  # the step after which this process' probe starts
+        self._replan_steps: tuple[int, int] | None = None  # (mark, re-plan) while a re-plan is pending
         log.info(
             "global batch: %d tokens per step = %d replica(s) x %d tokens x %d accumulation step(s); peak "
             "learning rate %.4g (train.learning_rate %g for %d tokens, learning_rate_scaling: %s)",
@@ -220,58 +221,63 @@ class TrainingPlan:
             self._probe = (step, clock) if t.budget_probe_skip == 0 else None
         elif t.max_steps:
             self._decide(t.max_steps, at=0, rate=0.0)
+        self._replan_steps = self._pending_replan()
 
     # ------------------------------------------------------------------------------------------------------------
     # The time budget
-    def after_step(self, step: int, clock: float) -> None:
-        """Called after every applied step with the training clock (seconds, the same on every worker)."""
+    def after_step(self, step: int, clock: float) -> bool:
+        """Called after every applied step with the training clock (seconds, the same on every worker); returns
+        whether the planned steps changed (the first plan, or the re-plan)."""
         if not self.train.max_minutes:
-            return
+            return False
+        if self._replan_steps:
+            return self._replan_if_due(step, clock)
         if self.total_steps:
-            self._replan_if_due(step, clock)
-            return
+            return False
         if step == self._probe_start:
             self._probe = (step, clock)
         elif self._probe and step == self._probe[0] + self.train.budget_probe_steps:
             rate = (step - self._probe[0]) / max(clock - self._probe[1], 1e-9)
-            left = max(self.train.max_minutes * 60 - clock, 0.0)
-            total = step + int(left * rate)
-            if self.train.max_steps:
-                total = min(total, self.train.max_steps)
-            self._decide(total, at=step, rate=rate, clock=clock)
+            self._decide(self._total_at(step, clock, rate), at=step, rate=rate, clock=clock)
+            self._replan_steps = self._pending_replan()
+            return True
+        return False
 
-    def _replan_points(self) -> tuple[int, int]:
-        """(mark, re-plan): the steps at fractions f/2 and f of the first plan's decay (0, 0 when off)."""
+    def _total_at(self, step: int, clock: float, rate: float) -> int:
+        """The steps the budget allows: `step` plus the time left at `rate`, at most max_steps."""
+        total = step + int(max(self.train.max_minutes * 60 - clock, 0.0) * rate)
+        return min(total, self.train.max_steps) if self.train.max_steps else total
+
+    def _pending_replan(self) -> tuple[int, int] | None:
+        """(mark, re-plan): the steps at fractions f/2 and f of the first plan's decay; None when there is nothing
+        to re-plan (off, done, a plan from max_steps, a checkpoint from before re-planning)."""
         fraction, first = self.train.budget_replan_at, int(self.replan_state.first_total.numpy())
         if not (fraction and first and float(self.state.steps_per_second.numpy())):
-            return 0, 0  # off, a checkpoint from before re-planning, or a plan from max_steps: nothing timed
+            return None
+        if int(self.replan_state.replanned_at.numpy()):
+            return None
         start = int(self.state.decided_at.numpy())
         span = first - start
         mark, replan = start + round(span * fraction / 2), start + round(span * fraction)
-        return (mark, replan) if replan > mark else (0, 0)
+        return (mark, replan) if replan > mark else None
 
-    def _replan_if_due(self, step: int, clock: float) -> None:
-        mark, replan = self._replan_points()
-        state = self.replan_state
-        if not mark or int(state.replanned_at.numpy()):
-            return
+    def _replan_if_due(self, step: int, clock: float) -> bool:
+        (mark, replan), state = self._replan_steps, self.replan_state
         marked = int(state.mark_step.numpy())
         if not marked:
             if step >= mark:
                 state.mark_step.assign(step)
                 state.mark_clock.assign(clock)
-            return
+            return False
         if step < replan or step == marked:
-            return
+            return False
         rate = (step - marked) / max(clock - float(state.mark_clock.numpy()), 1e-9)
+        total, before = self._total_at(step, clock, rate), self.total_steps
         left = max(self.train.max_minutes * 60 - clock, 0.0)
-        total = step + int(left * rate)
-        if self.train.max_steps:
-            total = min(total, self.train.max_steps)
-        before = self.total_steps
         self.state.total_steps.assign(max(total, 1))
         state.replanned_at.assign(step)
         state.steps_per_second.assign(rate)
+        self._replan_steps = None
         log.info(
             "re-plan at step %d: %d steps (was %d) for the %g-minute budget: %.4g steps/s over steps %d-%d, %.1f s "
             "of training clock left", step, total, before, self.train.max_minutes, rate, marked + 1, step, left,
@@ -282,6 +288,7 @@ class TrainingPlan:
                 "steps_per_second": rate, "elapsed_seconds": clock, "budget_seconds": self.train.max_minutes * 60,
                 "max_steps": self.train.max_steps,
             })  # fmt: skip
+        return True
 
     def _decide(self, total: int, *, at: int, rate: float, clock: float = 0.0) -> None:
         self.state.total_steps.assign(max(total, 1))

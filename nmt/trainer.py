@@ -317,13 +317,12 @@ class Trainer(TrainerEvaluation):
                             self.step_fn.layer_grad_norms(metrics),  # grouped only on logged steps
                         )  # fmt: skip
                 # After the step's log: its learning rate is the one its update used, before a (re-)plan moves it.
-                self.plan.after_step(step, float(self.elapsed.numpy()))
-                if not planned and (planned := self.plan.total_steps):
-                    bar.total = planned
-                    self.plan.apply_dropout(self.model, self.step_fn.retrace)
-                elif planned != self.plan.total_steps:  # re-planned (train.budget_replan_at)
+                if self.plan.after_step(step, float(self.elapsed.numpy())):  # the plan, or a re-plan
+                    first = not planned
                     bar.total = planned = self.plan.total_steps
-                self.snapshots.save_if_due(step, self.plan.total_steps)
+                    if first:
+                        self.plan.apply_dropout(self.model, self.step_fn.retrace)
+                self.snapshots.save_if_due(step, planned)
                 eval_due = cfg.eval_every and step % cfg.eval_every == 0
                 bleu_due = cfg.bleu_every and step % cfg.bleu_every == 0
                 if (eval_due or bleu_due) and self._budget_left():  # the last step gets the final evaluation

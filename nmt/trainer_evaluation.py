@@ -174,6 +174,7 @@ class TrainerEvaluation:
         if len(paths) > 1:
             from nmt.translator import validation_loss
 
-            loss = lambda: validation_loss(self.model, self.eval_dataset)[0]  # noqa: E731
-            average_if_better(self.model, paths, loss, current)
+            average_if_better(
+                self.model, paths, lambda: validation_loss(self.model, self.eval_dataset)[0], current
+            )
         save_model_weights(self.model, self.run_dir.final_dir, self.step)

@@ -44,7 +44,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--reference", help="reference translations, line-aligned with --source")
     parser.add_argument("--output", help="hypotheses file (default: DIR/hypotheses.<split>.txt)")
-    parser.add_argument("--weights", default="auto", choices=["auto", "final", "best", "latest"])
+    cli.add_weights_argument(parser)
     parser.add_argument("--max-sentences", type=int, default=0, help="only the first N sentences (0 = all)")
     parser.add_argument(
         "--batch-size", type=int, default=None, help="sentences per decoding batch; default: eval.batch_size"

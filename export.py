@@ -56,7 +56,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="savedmodel only: beam size baked in (1 = greedy); default eval.beam_size",
     )
-    parser.add_argument("--weights", default="auto", choices=["auto", "final", "best", "latest"])
+    cli.add_weights_argument(parser)
     parser.add_argument("--verbose", action="store_true", help="debug logging")
     return parser.parse_args(argv)
 

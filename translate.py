@@ -52,7 +52,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--batch-size", type=int, default=None, help="sentences per batch; default eval.batch_size"
     )
     parser.add_argument("--chunk-size", type=int, default=1000, help="lines read and translated at a time")
-    parser.add_argument("--weights", default="auto", choices=["auto", "final", "best", "latest"])
+    cli.add_weights_argument(parser)
     cli.add_xla_argument(parser)
     cli.add_streams_argument(parser)
     cli.add_engine_arguments(parser)

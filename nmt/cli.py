@@ -151,6 +151,20 @@ def xla_setting(value: str) -> bool | str:
     return {"on": True, "off": False}.get(value, "auto")
 
 
+def add_weights_argument(parser) -> None:
+    """`--weights`: which weights of the run directory (`nmt.final_weights.load_run_weights`)."""
+    from nmt.run_dir import WEIGHTS
+
+    parser.add_argument(
+        "--weights",
+        default="auto",
+        choices=WEIGHTS,
+        help="final, best (validation BLEU) or latest checkpoint; auto (default): the first of those that exists; "
+        "average or ema: the two candidates for final/, made again from the run's checkpoints (the mean of the "
+        "averaging window's snapshots; the EMA of train.ema_decay), to evaluate each whichever final/ kept",
+    )
+
+
 def add_engine_arguments(parser) -> None:
     """`--engine tensorflow|ctranslate2` and `--engine-dir DIR` (a CTranslate2 export); see `check_engine`."""
     parser.add_argument(

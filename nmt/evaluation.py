@@ -259,19 +259,20 @@ def _loss_model(model_dir, translator, weights: str) -> tuple:
     With `weights` "auto", the checkpoint the export was made from if it is in `model_dir`; else the
     `weights` of the run directory. No weights at all: (None, a `loss_note`), and the record's loss is null.
     """
+    from nmt.final_weights import load_run_weights
     from nmt.run_dir import RunDir, RunDirError, restore_model_weights
     from transformer.model import build_model
 
     exported = translator.weights
     try:
         inside = exported and Path(exported).resolve().is_relative_to(Path(model_dir).resolve())
-        if weights == "auto" and inside and Path(f"{exported}.index").is_file():
-            prefix = exported
-        else:
-            prefix = RunDir(model_dir).weights_prefix(weights)
         tokenizer = translator.tokenizer
         model = build_model(translator.config.model, tokenizer.source_vocab_size, tokenizer.target_vocab_size)
-        restore_model_weights(model, prefix)
+        if weights == "auto" and inside and Path(f"{exported}.index").is_file():
+            prefix = exported
+            restore_model_weights(model, prefix)
+        else:
+            prefix = load_run_weights(model, RunDir(model_dir), weights, translator.config.train)
     except RunDirError as err:
         log.warning("no loss: %s", err)
         return None, {"loss_note": f"no TensorFlow weights for the loss: {err}"}

@@ -100,3 +100,66 @@ def average_if_better(
         current, len(paths), average_loss, last_loss,
     )  # fmt: skip
     return False
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The weights evaluate/translate/export load (`--weights`): a stored checkpoint, or a candidate made again
+
+
+def load_run_weights(model, run_dir, which: str, train) -> str:
+    """Sets the (built) `model`'s weights to `which` of `run_dir` (an `nmt.run_dir.RunDir`), returns what they are.
+
+    final, best, latest, auto: the checkpoint `RunDir.weights_prefix` names (its prefix is returned). The two
+    candidates for final/, whichever it kept, so each can be evaluated on its own:
+      average: the mean of the averaging window's snapshots (DIR/checkpoints/average), or without any, of the last
+        `train.average_last` training checkpoints (as `AveragingSnapshots.final_paths` takes them);
+      ema: the exponential moving average of the weights (`train.ema_decay`) in the latest training checkpoint.
+    Raises RunDirError naming the problem (no such candidate in this run, a missing or corrupt checkpoint).
+    """
+    from nmt.run_dir import CANDIDATES, RunDirError, restore_model_weights
+
+    if which not in CANDIDATES:
+        prefix = run_dir.weights_prefix(which)
+        restore_model_weights(model, prefix)
+        return prefix
+    latest = tf.train.latest_checkpoint(str(run_dir.checkpoint_dir))
+    try:
+        if which == "ema":
+            return _restore_ema(model, run_dir, latest, train)
+        paths = _average_paths(run_dir, train)
+        average_checkpoints(model, paths)
+    except (tf.errors.OpError, ValueError, AssertionError, IndexError) as err:  # IndexError: a truncated file
+        message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise RunDirError(f"{run_dir.path}: cannot make the {which} weights: {message}") from err
+    return f"average of {len(paths)} checkpoints ({paths[0]} ... {paths[-1]})"
+
+
+def _average_paths(run_dir, train) -> list[str]:
+    from nmt.run_dir import RunDirError
+
+    if train.average_last < 2:
+        raise RunDirError(
+            f"{run_dir.path}: no average: train.average_last is {train.average_last} (at least 2)"
+        )
+    for directory in (run_dir.checkpoint_dir / "average", run_dir.checkpoint_dir):
+        state = tf.train.get_checkpoint_state(str(directory)) if directory.is_dir() else None
+        if state and state.all_model_checkpoint_paths:
+            return list(state.all_model_checkpoint_paths)[-train.average_last :]
+    raise RunDirError(f"{run_dir.path}: no checkpoints to average in {run_dir.checkpoint_dir}")
+
+
+def _restore_ema(model, run_dir, latest: str | None, train) -> str:
+    from nmt.optimizer import adam
+    from nmt.run_dir import RunDirError
+
+    if train.ema_decay <= 0:
+        raise RunDirError(f"{run_dir.path}: no EMA: trained with train.ema_decay 0")
+    if not latest:
+        raise RunDirError(f"{run_dir.path}: no EMA: no training checkpoint in {run_dir.checkpoint_dir}")
+    optimizer = adam(train, lambda: 0.0)  # the learning rate is not used (and its schedule not checkpointed)
+    optimizer.build(model.trainable_variables)
+    status = tf.train.Checkpoint(model=model, optimizer=optimizer).restore(latest)
+    status.expect_partial()
+    status.assert_existing_objects_matched()
+    optimizer.finalize_variable_values(model.trainable_variables)  # the averages replace the weights
+    return f"EMA (decay {train.ema_decay:g}) in {latest}"

@@ -24,6 +24,12 @@ from pathlib import Path
 
 from nmt.config import Config, ConfigError, load_config
 
+# The weights evaluate/translate/export load (--weights): stored checkpoints (`RunDir.weights_prefix`), or the two
+# candidates for final/ (`Trainer._finalize` compares them) made again from the run directory
+# (`nmt.final_weights.load_run_weights`).
+CANDIDATES = ("average", "ema")
+WEIGHTS = ("auto", "final", "best", "latest", *CANDIDATES)
+
 
 class RunDirError(RuntimeError):
     """A run directory that is missing, incomplete, locked or inconsistent."""
@@ -99,7 +105,7 @@ class RunDir:
 
         dirs = {"final": self.final_dir, "best": self.best_dir, "latest": self.checkpoint_dir}
         if which != "auto" and which not in dirs:
-            raise RunDirError(f"unknown weights {which!r}: use final, best, latest or auto")
+            raise RunDirError(f"unknown checkpoint {which!r}: use final, best, latest or auto")
         order = ["final", "best", "latest"] if which == "auto" else [which]
         for name in order:
             prefix = tf.train.latest_checkpoint(str(dirs[name])) if dirs[name].is_dir() else None

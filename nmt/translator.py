@@ -161,21 +161,25 @@ class Translator:
 
     @classmethod
     def from_run_dir(cls, path: str | Path, weights: str = "auto", **kwargs) -> Translator:
-        """Loads config.yaml, the tokenizer and the weights (final, best, latest or auto) of a run directory."""
+        """Loads config.yaml, the tokenizer and the weights of a run directory: final, best, latest or auto, or a
+        candidate for final/ made again (average, ema; `nmt.final_weights.load_run_weights`)."""
         from data.tokenizer import Tokenizer
-        from nmt.run_dir import RunDir, restore_model_weights
+        from nmt.final_weights import load_run_weights
+        from nmt.run_dir import CANDIDATES, RunDir
         from transformer.model import build_model
 
         run_dir = RunDir(path).require()
         config = run_dir.load_config()
-        prefix = run_dir.weights_prefix(weights)
+        if weights not in CANDIDATES:
+            run_dir.weights_prefix(weights)  # RunDirError before the tokenizer and model are loaded
         tokenizer = Tokenizer.load(run_dir.tokenizer_dir)
         model = build_model(config.model, tokenizer.source_vocab_size, tokenizer.target_vocab_size)
-        restore_model_weights(model, prefix)  # RunDirError on a missing, mismatched or corrupt checkpoint
-        log.info("loaded %s (weights %s)", run_dir.path, prefix)
+        # RunDirError on a missing, mismatched or corrupt checkpoint
+        loaded = load_run_weights(model, run_dir, weights, config.train)
+        log.info("loaded %s (weights %s)", run_dir.path, loaded)
         translator = cls(model, tokenizer, config.eval, max_source_length=config.model.max_length, **kwargs)
         translator.config = config
-        translator.weights = prefix
+        translator.weights = loaded
         return translator
 
     # ------------------------------------------------------------------------------------------------------------

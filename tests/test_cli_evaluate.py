@@ -101,6 +101,19 @@ def test_evaluate_refuses_a_search_setting_out_of_range(tiny_run_dir, option, me
     assert caught.value.exit_code == 2
 
 
+@pytest.mark.parametrize(
+    "weights, message",
+    [("average", r"no average: train.average_last is 0 \(at least 2\)"), ("ema", "no EMA: trained with")],
+)
+def test_evaluate_names_a_candidate_the_run_does_not_have(tiny_run_dir, weights, message):
+    sys.path.insert(0, str(ROOT))
+    import evaluate
+    from nmt.run_dir import RunDirError
+
+    with pytest.raises(RunDirError, match=message):  # cli.run: exit code 1 with the message
+        evaluate.main(["--model-dir", str(tiny_run_dir), "--weights", weights, "--max-sentences", "1"])
+
+
 def test_evaluate_refuses_negative_streams(tiny_run_dir):
     sys.path.insert(0, str(ROOT))
     import evaluate

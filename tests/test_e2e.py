@@ -128,14 +128,18 @@ def test_train_writes_a_self_describing_run_directory(trained):
     assert bool(kept) != bool(rejected), stderr[-2000:]
     average, last = map(float, (kept or rejected).groups())
     assert records[-1]["loss"] == pytest.approx(min(average, last), abs=1e-4)
+    mean = [((a.astype(np.float64) + b.astype(np.float64)) / 2).astype(a.dtype) for a, b in zip(at_40, at_60)]
     if kept:
-        mean = [
-            ((a.astype(np.float64) + b.astype(np.float64)) / 2).astype(a.dtype) for a, b in zip(at_40, at_60)
-        ]
         assert_same_weights(final, mean, "final/ is not the average of checkpoints 40 and 60")
     else:
         assert_same_weights(final, at_60, "final/ is not the last weights")
     assert not all(np.array_equal(a, b) for a, b in zip(at_40, at_60))  # the two candidates do differ
+    # --weights average makes the mean again from the training checkpoints (no window here), whichever final/ kept
+    from nmt.translator import Translator
+
+    averaged = Translator.from_run_dir(model_dir, weights="average")
+    assert_same_weights([w.numpy() for w in averaged.model.weights], mean, "--weights average")
+    assert averaged.weights.startswith("average of 2 checkpoints") and averaged.weights.endswith("ckpt-60)")
 
 
 @pytest.mark.slow  # ~19 s; resume stays in make test (tests/faults/test_graceful_stop.py, tests/nmt/test_budget_runs.py)

@@ -25,7 +25,8 @@ import tensorflow as tf
 
 import train as train_cli
 from nmt.config import config_from_dict
-from nmt.run_dir import RunDir
+from nmt.final_weights import load_run_weights
+from nmt.run_dir import RunDir, RunDirError
 from nmt.trainer import Trainer
 from tests.faults.helpers import (
     assert_bit_identical,
@@ -256,6 +257,8 @@ def test_with_ema_the_final_weights_are_the_ema_or_the_window_average_whichever_
         tf.train.Checkpoint(model=trainer.model).save(str(tmp_path / "trained" / "ckpt"))
     )
     assert_bit_identical(snapshots[-1], trained, "the last snapshot holds the trained weights, not the EMA")
+    trainer.optimizer.finalize_variable_values(trainer.model.trainable_variables)  # the trainer's own EMA
+    ema = read_checkpoint(tf.train.Checkpoint(model=trainer.model).save(str(tmp_path / "ema" / "ckpt")))
     mean = {
         k: ((snapshots[0][k].astype(np.float64) + snapshots[1][k]) / 2).astype(v.dtype)
         for k, v in trained.items()
@@ -263,15 +266,32 @@ def test_with_ema_the_final_weights_are_the_ema_or_the_window_average_whichever_
     final = final_weights(run_dir)
     assert "final weights: exponential moving average (decay 0.5)" in log
     if "final weights: average of 2 checkpoints" in log:
-        average, ema = (
+        average_loss, ema_loss = (
             float(x) for x in re.search(r"validation loss ([\d.]+) \(EMA ([\d.]+)\)", log).groups()
         )
-        assert average <= ema
+        assert average_loss <= ema_loss
         assert_bit_identical(final, mean, "final weights = mean of the window's snapshots")
     else:  # the EMA had the lower validation loss: kept, and it is neither the mean nor the last weights
         assert "final weights: EMA; the average of 2 checkpoints had a higher validation loss" in log
-        assert any(not np.array_equal(final[k], mean[k]) for k in final)
-        assert any(not np.array_equal(final[k], trained[k]) for k in final)
+        assert_bit_identical(final, ema, "final weights = the EMA")
+    assert any(not np.array_equal(ema[k], mean[k]) for k in ema)
+    assert any(not np.array_equal(ema[k], trained[k]) for k in ema)
+    # evaluate/translate/export --weights average|ema: each candidate made again from the run directory, whichever
+    # final/ kept
+    # final/ kept (the trainer's model is reused: every weight is set; tests/test_e2e.py goes through Translator)
+    for which, expected in (("average", mean), ("ema", ema)):
+        loaded = load_run_weights(trainer.model, RunDir(run_dir), which, config.train)
+        saved = tf.train.Checkpoint(model=trainer.model).save(str(tmp_path / f"loaded-{which}" / "ckpt"))
+        assert_bit_identical(read_checkpoint(saved), expected, f"--weights {which}")
+    assert loaded.startswith("EMA (decay 0.5) in ") and loaded.endswith("ckpt-21")
+
+
+def test_weights_a_run_did_not_keep_are_refused_by_name(uninterrupted):
+    run_dir = uninterrupted[0]  # no EMA
+    with pytest.raises(RunDirError, match="no EMA: trained with train.ema_decay 0"):
+        load_run_weights(uninterrupted[3].model, RunDir(run_dir), "ema", uninterrupted[3].config.train)
+    with pytest.raises(RunDirError, match="unknown checkpoint 'average'"):
+        RunDir(run_dir).weights_prefix("average")
 
 
 # ----------------------------------------------------------------------------------------------------------------

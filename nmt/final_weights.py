@@ -116,7 +116,7 @@ def load_run_weights(model, run_dir, which: str, train) -> str:
       ema: the exponential moving average of the weights (`train.ema_decay`) in the latest training checkpoint.
     Raises RunDirError naming the problem (no such candidate in this run, a missing or corrupt checkpoint).
     """
-    from nmt.run_dir import CANDIDATES, RunDirError, restore_model_weights
+    from nmt.run_dir import CANDIDATES, RunDirError, first_line, restore_errors, restore_model_weights
 
     if which not in CANDIDATES:
         prefix = run_dir.weights_prefix(which)
@@ -128,9 +128,8 @@ def load_run_weights(model, run_dir, which: str, train) -> str:
             return _restore_ema(model, run_dir, latest, train)
         paths = _average_paths(run_dir, train)
         average_checkpoints(model, paths)
-    except (tf.errors.OpError, ValueError, AssertionError, IndexError) as err:  # IndexError: a truncated file
-        message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise RunDirError(f"{run_dir.path}: cannot make the {which} weights: {message}") from err
+    except restore_errors() as err:
+        raise RunDirError(f"{run_dir.path}: cannot make the {which} weights: {first_line(err)}") from err
     return f"average of {len(paths)} checkpoints ({paths[0]} ... {paths[-1]})"
 
 

@@ -225,6 +225,19 @@ def save_model_weights(model, directory: Path, step: int) -> str:
     return manager.save(checkpoint_number=step)
 
 
+def restore_errors() -> tuple[type[BaseException], ...]:
+    """What restoring a missing, mismatched or corrupt checkpoint raises (IndexError: a truncated file)."""
+    import tensorflow as tf
+
+    return (tf.errors.OpError, ValueError, AssertionError, IndexError)
+
+
+def first_line(err: BaseException) -> str:
+    """The first line of an error's message (TensorFlow's run to pages), or its type's name when it has none."""
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
 def restore_model_weights(model, prefix: str) -> None:
     """Restores model variables from any checkpoint holding `model` (weights-only or a full training one).
 
@@ -237,6 +250,5 @@ def restore_model_weights(model, prefix: str) -> None:
         status = tf.train.Checkpoint(model=model).restore(prefix)
         status.assert_existing_objects_matched()
         status.expect_partial()
-    except (tf.errors.OpError, ValueError, AssertionError, IndexError) as err:  # IndexError: a truncated file
-        message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise RunDirError(f"cannot restore model weights from {prefix}: {message}") from err
+    except restore_errors() as err:
+        raise RunDirError(f"cannot restore model weights from {prefix}: {first_line(err)}") from err

@@ -27,7 +27,7 @@ from nmt.distribute import StopControl, WorkersDisagree, is_chief, make_strategy
 from nmt.final_weights import AveragingSnapshots
 from nmt.optimizer import adam
 from nmt.precision import device_kind, resolve_autocluster, resolve_precision, resolve_xla, set_policy
-from nmt.run_dir import RunDir, RunDirError
+from nmt.run_dir import RunDir, RunDirError, first_line, restore_errors
 from nmt.summaries import drop_events_after, write_train_summaries
 from nmt.train_step import TrainStep
 from nmt.trainer_evaluation import TrainerEvaluation
@@ -202,10 +202,9 @@ class Trainer(TrainerEvaluation):
             tf.train.Checkpoint(**parts).restore(latest).assert_existing_objects_matched()
         except BatchChanged as err:
             raise TrainingError(str(err)) from None
-        except (tf.errors.OpError, ValueError, AssertionError, IndexError) as err:  # IndexError: truncated
-            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        except restore_errors() as err:
             raise TrainingError(
-                f"cannot resume from checkpoint {latest}: {first}. The checkpoint is corrupt or was written by a "
+                f"cannot resume from checkpoint {latest}: {first_line(err)}. The checkpoint is corrupt or was written by a "
                 "different model/config; move it away or use another --model-dir"
             ) from err
         step = int(self.optimizer.iterations.numpy())

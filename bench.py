@@ -7,7 +7,8 @@
 
 Records: {"bench": "train"} per precision x XLA (and per --train-batch-tokens x --train-bucket-steps value: the
 batch-shape sweep) (our TrainStep vs a stock-Keras reference of the same size, tokens/s, ratio, MFU, the matmul-only
-lower bound and overhead ratio), {"bench": "decode"} per search x cache x XLA, then per search in CTranslate2
+lower bound and overhead ratio), {"bench": "train_ema"} (the cost of `train.ema_decay` per step: our step with and
+without the EMA, the main job's precision), {"bench": "decode"} per search x cache x XLA, then per search in CTranslate2
 (float32, int8, patiences) and TensorFlow int8, with BLEU, speed-ups and paired bootstraps, and
 {"bench": "decode_targets"} (benchmarks/decode_engines.py), {"bench": "attention"} per variant x length,
 {"bench": "input"}, {"bench": "input_scale"} per synthetic corpus size (preparation pairs/s, cache size, first
@@ -52,7 +53,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--only",
         type=_list(str),
-        help="comma-separated subset of train,decode,attention,input,input_scale,refusal",
+        help="comma-separated subset of train,train_ema,decode,attention,input,input_scale,refusal",
     )
     parser.add_argument("--config", help="YAML config (default base.yaml; tiny.yaml with --quick)")
     add_set_argument(parser)
@@ -65,6 +66,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--train-batches", type=int, help="batches per timed training pass")
     parser.add_argument("--train-shapes", type=int, help="distinct batch shapes among them")
     parser.add_argument("--train-rounds", type=int, help="timed passes per model (median)")
+    parser.add_argument("--ema-decay", type=float, help="train_ema: the decay whose cost is measured (0.998)")
     parser.add_argument(
         "--train-batch-tokens", type=_list(int), help="train rows per data.batch_tokens, e.g. 1024,2048,4096"
     )
@@ -99,7 +101,7 @@ def options_from_args(args):
     from benchmarks.runner import BenchOptions
 
     names = ("config", "run_dir", "tokenizer_dir", "precisions", "xla", "train_batches", "train_shapes",
-             "train_rounds", "train_batch_tokens", "train_bucket_steps", "decode_all", "decode_sentences",
+             "train_rounds", "ema_decay", "train_batch_tokens", "train_bucket_steps", "decode_all", "decode_sentences",
              "decode_xla", "beams", "decode_engines", "ct2_patience", "ct2_dir", "attention_lengths",
              "memory_budget_mb", "chunk_size", "window", "only")  # fmt: skip
     changes = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
@@ -124,9 +126,9 @@ def main(argv=None) -> int:
     except ConfigError as err:
         print(f"bench.py: config error: {err}", file=sys.stderr)
         return 2
-    # Without train rows, decode as evaluate.py and translate.py do (Eigen kernels, oneDNN on AMX); bf16 training needs
+    # Without training rows, decode as evaluate.py and translate.py do (Eigen kernels, oneDNN on AMX); bf16 training needs
     # oneDNN.
-    if "train" not in options.only:
+    if not {"train", "train_ema"} & set(options.only):
         decoding_kernels()
     import tensorflow as tf
 

@@ -1,4 +1,4 @@
-"""Runs the selected benchmarks in one process, in a fixed order (train, decode, attention, input).
+"""Runs the selected benchmarks in one process, in a fixed order (`BENCHES`: train, train_ema, decode, ...).
 
 Settings live in `BenchOptions`; `BenchOptions.quick()` is the ~1-minute smoke (configs/tiny.yaml, float32 without
 XLA, a few batches and sentences, short attention lengths).
@@ -16,7 +16,7 @@ from benchmarks.common import BenchContext, JsonLines
 
 log = logging.getLogger("benchmarks")
 
-BENCHES = ("train", "decode", "attention", "input", "input_scale", "refusal")
+BENCHES = ("train", "train_ema", "decode", "attention", "input", "input_scale", "refusal")
 DECODE_ENGINES = ("ctranslate2", "tensorflow_int8")  # benchmarks.decode_engines.ENGINES, without its imports
 TOKENIZER_FIELDS = ("dataset", "source", "target", "folder", "train_split", "tokenizer", "vocab_size",
                     "joint_vocab", "tokenizer_max_sentences")  # fmt: skip
@@ -41,6 +41,9 @@ class BenchOptions:
     train_batches: int = 3  # batches per timed pass
     train_shapes: int = 1  # distinct batch shapes among them, the most common (XLA compiles one per shape)
     train_rounds: int = 2  # timed passes per model (median)
+    ema_decay: float = (
+        0.998  # train_ema: the EMA's cost per step at this decay, the main job's precision, no XLA
+    )
     peak_size: int = 2048  # matmul size of the peak measurement
     # batch-shape sweep: the train rows again per data.batch_tokens x bucket step (empty: the config's own value;
     # a bucket step n: edges n, 2n, ... below data.max_length; 0: the automatic edges)
@@ -134,6 +137,8 @@ def check_options(options: BenchOptions) -> None:
         raise ValueError(f"train batch tokens must be positive, got {options.train_batch_tokens}")
     if any(step < 0 for step in options.train_bucket_steps):
         raise ValueError(f"train bucket steps must be >= 0 (0 = automatic), got {options.train_bucket_steps}")
+    if not 0.0 < options.ema_decay < 1.0:
+        raise ValueError(f"EMA decay must be in (0, 1), got {options.ema_decay}")
 
 
 def run_benchmarks(options: BenchOptions, emit=None, config=None) -> list[dict]:
@@ -166,6 +171,19 @@ def run_benchmarks(options: BenchOptions, emit=None, config=None) -> list[dict]:
                         peak_size=options.peak_size,
                         config=variant,
                     )
+            if "train_ema" in options.only:
+                from benchmarks.train_ema import bench_train_ema
+
+                records.append(
+                    bench_train_ema(
+                        context,
+                        emit,
+                        ema_decay=options.ema_decay,
+                        num_batches=options.train_batches,
+                        max_shapes=options.train_shapes,
+                        rounds=options.train_rounds,
+                    )
+                )
             if "decode" in options.only:
                 from benchmarks.decode_speed import bench_decode
 

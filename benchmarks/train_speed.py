@@ -92,10 +92,13 @@ def sample_batches(context: BenchContext, *, num_batches: int, max_shapes: int, 
     return batches
 
 
-def make_train_step(model, config, *, precision: str, xla: bool, stock_adam: bool = False):
+def make_train_step(
+    model, config, *, precision: str, xla: bool, stock_adam: bool = False, ema_decay: float = 0.0
+):
     """The real `TrainStep` with the trainer's optimizer settings, on the default strategy.
 
     `stock_adam`: Keras' own Adam (the stock reference) instead of the trainer's `nmt.optimizer.FusedAdam`.
+    `ema_decay`: > 0 keeps an EMA of the weights, as `train.ema_decay` does (`benchmarks.train_ema`).
     """
     from nmt.optimizer import FusedAdam
     from nmt.schedule import WarmupInverseSqrt
@@ -107,6 +110,8 @@ def make_train_step(model, config, *, precision: str, xla: bool, stock_adam: boo
         beta_1=cfg.beta_1,
         beta_2=cfg.beta_2,
         epsilon=cfg.epsilon,
+        use_ema=ema_decay > 0,
+        ema_momentum=ema_decay if ema_decay > 0 else 0.99,
     )
     optimizer.build(model.trainable_variables)
     return TrainStep(
@@ -121,7 +126,7 @@ def make_train_step(model, config, *, precision: str, xla: bool, stock_adam: boo
     )
 
 
-def _train_pass(step, batches) -> float:
+def train_pass(step, batches) -> float:
     """One optimizer step per batch; returns the last loss (reading it waits for the work to finish)."""
     metrics = None
     for batch in batches:
@@ -196,7 +201,7 @@ def bench_train(
                     step.autocluster = xla == "fusible"
                 traces_before = {name: step.num_traces for name, step in steps.items()}
                 warmup = {
-                    name: timed(lambda s=step: _train_pass(s, warmup_batches))[0]
+                    name: timed(lambda s=step: train_pass(s, warmup_batches))[0]
                     for name, step in steps.items()
                 }
                 # Our step projects the real target tokens only, except under XLA (static shapes).
@@ -209,7 +214,7 @@ def bench_train(
                 losses = {}
                 for _ in range(rounds):
                     for name, step in steps.items():  # ours, reference, matmul-only, ours, reference, ...
-                        elapsed, losses[name] = timed(lambda s=step: _train_pass(s, batches))
+                        elapsed, losses[name] = timed(lambda s=step: train_pass(s, batches))
                         seconds[name].append(elapsed)
                     seconds["matmul_only"].append(timed(bound.run)[0])
                 step_seconds = median(seconds["ours"]) / len(batches)

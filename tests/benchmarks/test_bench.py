@@ -125,6 +125,16 @@ def test_quick_benchmarks_emit_json_lines_with_the_required_fields(tiny):
     # Fusible projects the real tokens only, as without XLA.
     assert train_fusible["matmul_gflops_per_pass"] == train["matmul_gflops_per_pass"]
 
+    (ema,) = [r for r in lines if r["bench"] == "train_ema"]  # the EMA's cost, same batches, same run
+    assert ema["precision"] == "float32" and ema["ema_decay"] == 0.998 and ema["xla"] is False
+    assert ema["ema_update_error"] < 1e-5  # the step with EMA updates the copy as NumPy recomputes it
+    for key in ("tokens_per_sec", "without_ema_tokens_per_sec", "ratio", "ema_megabytes"):
+        assert isinstance(ema[key], NUMBER) and ema[key] > 0, key
+    assert ema["ema_megabytes"] == pytest.approx(
+        train["params"] * 4 / 2**20, abs=0.01
+    )  # a float32 copy of all
+    assert len(ema["seconds_ema"]) == len(ema["seconds_without_ema"]) == ema["rounds"]
+
     decode = by_bench["decode"]
     assert {(r["search"], r["cache"]) for r in decode} == {("greedy", True), ("greedy", False)}
     for r in decode:

@@ -3,28 +3,20 @@
 import keras
 import tensorflow as tf
 
-from transformer.dropout import Dropout
-from transformer.feed_forward import FeedForward
 from transformer.multi_head import MultiHeadAttention
-from transformer.residual import NORMS, layer_norm, residual_sublayer
+from transformer.residual import ResidualLayer, layer_norm
 
 
 @keras.saving.register_keras_serializable(package="transformer")
-class DecoderLayer(keras.layers.Layer):
+class DecoderLayer(ResidualLayer):
     """Masked self-attention, cross-attention over the encoder memory, feed-forward; each a residual sublayer.
 
     Same residual / LayerNorm placement as `EncoderLayer` (``norm="post"`` default, ``"pre"``, ``residual=False``).
     Self-attention is always full attention (the caller passes the causal mask); ``share_qkv`` applies to the
     self-attention only (cross-attention projects queries and memory separately).
 
-    Args:
-        d_model, num_heads, d_ff: ints, widths.
-        dropout: float, residual and feed-forward dropout.
-        attention_dropout: float, dropout on the attention weights.
-        ffn_dropout: optional float, dropout on the feed-forward hidden activations instead of ``dropout``.
-        norm: ``"post"`` or ``"pre"``.
-        residual: bool; False removes the residual connections (ablation).
-        share_qkv, scale, mask_fill, soft_cap: passed to the `MultiHeadAttention` layers (``share_qkv``: self only).
+    Args: those of `ResidualLayer` (d_model, num_heads, d_ff, dropout, attention_dropout, ffn_dropout, norm,
+    residual, share_qkv, scale, mask_fill, soft_cap).
 
     Call arguments:
         x: ``(B, T, d_model)``.
@@ -39,60 +31,24 @@ class DecoderLayer(keras.layers.Layer):
     Incremental decoding: `init_cache` then `decode_step` once per position gives the same outputs as `call`.
     """
 
-    def __init__(
-        self,
-        *,
-        d_model,
-        num_heads,
-        d_ff,
-        dropout=0.1,
-        attention_dropout=0.0,
-        ffn_dropout=None,
-        norm="post",
-        residual=True,
-        share_qkv="none",
-        scale=None,
-        mask_fill="auto",
-        soft_cap=None,
-        **kwargs,
-    ):
+    def __init__(self, **kwargs):
         super().__init__(**kwargs)
-        if norm not in NORMS:
-            raise ValueError(f"norm must be one of {NORMS}, got {norm!r}")
-        self.d_model = d_model
-        self.num_heads = num_heads
-        self.d_ff = d_ff
-        self.dropout = dropout
-        self.attention_dropout = attention_dropout
-        self.ffn_dropout = ffn_dropout
-        self.norm = norm
-        self.residual = residual
-        self.share_qkv = share_qkv
-        self.scale = scale
-        self.mask_fill = mask_fill
-        self.soft_cap = soft_cap
         common = dict(
-            d_model=d_model,
-            num_heads=num_heads,
-            dropout=attention_dropout,
-            scale=scale,
-            mask_fill=mask_fill,
-            soft_cap=soft_cap,
+            d_model=self.d_model,
+            num_heads=self.num_heads,
+            dropout=self.attention_dropout,
+            scale=self.scale,
+            mask_fill=self.mask_fill,
+            soft_cap=self.soft_cap,
             dtype=self.dtype_policy,
         )
-        self.self_attention = MultiHeadAttention(share_qkv=share_qkv, name="self_attention", **common)
+        self.self_attention = MultiHeadAttention(share_qkv=self.share_qkv, name="self_attention", **common)
         self.cross_attention = MultiHeadAttention(name="cross_attention", **common)
-        self.feed_forward = FeedForward(
-            d_model=d_model,
-            d_ff=d_ff,
-            dropout=dropout if ffn_dropout is None else ffn_dropout,
-            name="feed_forward",
-            dtype=self.dtype_policy,
-        )
+        self.feed_forward = self.feed_forward_sublayer()
         self.self_attention_norm = layer_norm("self_attention_norm")
         self.cross_attention_norm = layer_norm("cross_attention_norm")
         self.feed_forward_norm = layer_norm("feed_forward_norm")
-        self.residual_dropout = Dropout(dropout, dtype=self.dtype_policy)
+        self.residual_dropout = self.residual_dropout_layer()
 
     def build(self, x_shape, memory_shape=None):
         memory_shape = x_shape if memory_shape is None else memory_shape
@@ -102,20 +58,6 @@ class DecoderLayer(keras.layers.Layer):
         for norm_layer in (self.self_attention_norm, self.cross_attention_norm, self.feed_forward_norm):
             norm_layer.build(x_shape)
         self.built = True
-
-    def set_dropout(self, rate):
-        """Changes the residual dropout, and the feed-forward one unless `ffn_dropout` fixes it (not the attention
-        dropout; see `Dropout.set_rate`)."""
-        self.residual_dropout.set_rate(rate)
-        if self.ffn_dropout is None:
-            self.feed_forward.set_dropout(rate)
-        self.dropout = rate
-
-    def set_ffn_dropout(self, rate):
-        """Fixes the feed-forward hidden dropout at `rate` (as the ``ffn_dropout`` argument would): later
-        `set_dropout` calls leave it."""
-        self.feed_forward.set_dropout(rate)
-        self.ffn_dropout = rate
 
     def call(self, x, memory, self_mask=None, memory_mask=None, training=False):
         x, _ = self._sublayer(
@@ -171,35 +113,6 @@ class DecoderLayer(keras.layers.Layer):
         )
         x, _ = self._sublayer(x, lambda h: (self.feed_forward(h), None), self.feed_forward_norm, False)
         return x, {"self": new_self, "cross": cache["cross"]}
-
-    def _sublayer(self, x, fn, norm_layer, training):
-        return residual_sublayer(
-            x,
-            fn,
-            norm_layer=norm_layer,
-            dropout_layer=self.residual_dropout,
-            norm=self.norm,
-            residual=self.residual,
-            training=training,
-        )
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            d_model=self.d_model,
-            num_heads=self.num_heads,
-            d_ff=self.d_ff,
-            dropout=self.dropout,
-            attention_dropout=self.attention_dropout,
-            ffn_dropout=self.ffn_dropout,
-            norm=self.norm,
-            residual=self.residual,
-            share_qkv=self.share_qkv,
-            scale=self.scale,
-            mask_fill=self.mask_fill,
-            soft_cap=self.soft_cap,
-        )
-        return config
 
 
 def _batch_size(x):

@@ -1,13 +1,13 @@
 """transformer.decoding with fake step functions (hand-made probability tables), plus one real tiny model."""
 
 import math
-import types
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from nmt.batch_decoding import decode_batch
+from tests.transformer.model_configs import tiny_config
 from transformer.decoding import beam_search, greedy_search, length_penalty
 from transformer.model import build_model
 from transformer.step_fns import cached_decoding, cached_step_fn, full_step_fn
@@ -247,25 +247,7 @@ def test_searches_compile_with_xla():
 
 
 def tiny_model():
-    config = types.SimpleNamespace(
-        d_model=16,
-        num_heads=2,
-        d_ff=32,
-        num_layers=1,
-        dropout=0.0,
-        attention_dropout=0.0,
-        norm="post",
-        residual=True,
-        share_embeddings=True,
-        tie_output=True,
-        share_qkv="none",
-        attention="full",
-        chunk_size=4,
-        window=3,
-        scale=None,
-        mask_fill="auto",
-        max_length=16,
-    )
+    config = tiny_config(d_model=16, num_heads=2, d_ff=32, max_length=16)
     return build_model(config, 32, 32)
 
 

@@ -1,41 +1,17 @@
 """transformer.model: invariances (causality, padding, cached == full), gradients, precision, serialization."""
 
 import inspect
-import types
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests.transformer.model_configs import tiny_config
 from transformer.model import Transformer, build_model
 from transformer.vocab import BOS_ID, PAD_ID
 
 VOCAB = 40
-
-
-def tiny_config(**overrides):
-    values = dict(
-        d_model=32,
-        num_heads=4,
-        d_ff=64,
-        num_layers=1,
-        dropout=0.0,
-        attention_dropout=0.0,
-        norm="post",
-        residual=True,
-        share_embeddings=True,
-        tie_output=True,
-        share_qkv="none",
-        attention="full",
-        chunk_size=4,
-        window=3,
-        scale=None,
-        mask_fill="auto",
-        max_length=32,
-    )
-    values.update(overrides)
-    return types.SimpleNamespace(**values)
 
 
 def batch(seed=0, source_length=7, target_length=20):

@@ -126,7 +126,7 @@ def main(argv=None) -> int:
     except ConfigError as err:
         print(f"bench.py: config error: {err}", file=sys.stderr)
         return 2
-    # Without training rows, decode as evaluate.py and translate.py do (Eigen kernels, oneDNN on AMX); bf16 training needs
+    # Without train rows, decode as evaluate.py and translate.py do (Eigen kernels, oneDNN on AMX); bf16 training needs
     # oneDNN.
     if not {"train", "train_ema"} & set(options.only):
         decoding_kernels()

@@ -41,9 +41,8 @@ class BenchOptions:
     train_batches: int = 3  # batches per timed pass
     train_shapes: int = 1  # distinct batch shapes among them, the most common (XLA compiles one per shape)
     train_rounds: int = 2  # timed passes per model (median)
-    ema_decay: float = (
-        0.998  # train_ema: the EMA's cost per step at this decay, the main job's precision, no XLA
-    )
+    # train_ema: the EMA's cost per step at this decay (that of the first AVX2 EMA hour), the main job's precision
+    ema_decay: float = 0.998
     peak_size: int = 2048  # matmul size of the peak measurement
     # batch-shape sweep: the train rows again per data.batch_tokens x bucket step (empty: the config's own value;
     # a bucket step n: edges n, 2n, ... below data.max_length; 0: the automatic edges)

@@ -29,8 +29,6 @@ from benchmarks.train_speed import make_train_step, sample_batches, train_pass
 
 log = logging.getLogger("benchmarks")
 
-DEFAULT_EMA_DECAY = 0.998  # the decay of the first AVX2 EMA hour (docs/main-job-2026-12-04c-avx2-ema)
-
 
 def main_job_precision(config) -> str:
     """The Keras policy the trainer would use for `config` on this machine (`train.precision`, `auto` resolved)."""
@@ -61,7 +59,7 @@ def bench_train_ema(
     context: BenchContext,
     emit,
     *,
-    ema_decay: float = DEFAULT_EMA_DECAY,
+    ema_decay: float,
     precision: str | None = None,
     num_batches: int = 3,
     max_shapes: int = 1,
@@ -70,7 +68,8 @@ def bench_train_ema(
 ) -> dict:
     """Emits and returns one `{"bench": "train_ema"}` record (see the module docstring).
 
-    `precision`: the Keras policy (default: the main job's on this machine, `main_job_precision`).
+    `ema_decay`: the decay whose cost is measured (`bench.py --ema-decay`, default 0.998). `precision`: the Keras
+    policy (default: the main job's on this machine, `main_job_precision`).
     """
     from transformer.model import build_model
 

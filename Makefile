@@ -49,8 +49,10 @@ test: lint
 test-all: lint
 	$(PY) -m pytest $(PYTEST_WORKERS)
 
+# Every benchmark, one JSON line per record, the last one each benchmark's wall seconds; BENCH_ARGS="--only train".
+BENCH_ARGS ?=
 bench: install
-	$(PY) bench.py
+	$(PY) bench.py $(BENCH_ARGS)
 
 # Once, not in CI: the tests on the tiny trained fixture under 5 seeds, oneDNN on/off, an ISA cap and 1/2 threads
 # (tests/robustness.py: 17 pytest processes, slow). ROBUSTNESS_ARGS="--output docs/robustness-DATE.jsonl".

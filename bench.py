@@ -3,6 +3,7 @@
     python bench.py                         # everything (make bench); input_scale prepares 0.5M and 5M pairs
     python bench.py --quick                 # ~1-minute smoke on configs/tiny.yaml
     python bench.py --only train,input --precisions float32 --xla off
+    make bench BENCH_ARGS="--only input_scale --input-scale-pairs 500000"
     python bench.py --only train --precisions mixed_bfloat16 --xla off --train-batch-tokens 1024,2048,4096
 
 Records: {"bench": "train"} per precision x XLA (and per --train-batch-tokens x --train-bucket-steps value: the
@@ -90,6 +91,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--ct2-dir", help="CTranslate2 exports and hypotheses (default runs/bench-ctranslate2)"
     )
+    parser.add_argument(
+        "--input-scale-pairs", type=_list(int), help="input_scale corpus sizes (default 500000,5000000)"
+    )
     parser.add_argument("--attention-lengths", type=_list(int), help="e.g. 256,512,1024,2048,4096,8192")
     parser.add_argument("--memory-budget-mb", type=float, help="skip full attention whose scores exceed this")
     parser.add_argument("--chunk-size", type=int, help="chunked attention block size")
@@ -103,7 +107,7 @@ def options_from_args(args):
     names = ("config", "run_dir", "tokenizer_dir", "precisions", "xla", "train_batches", "train_shapes",
              "train_rounds", "ema_decay", "train_batch_tokens", "train_bucket_steps", "decode_all", "decode_sentences",
              "decode_xla", "beams", "decode_engines", "ct2_patience", "ct2_dir", "attention_lengths",
-             "memory_budget_mb", "chunk_size", "window", "only")  # fmt: skip
+             "memory_budget_mb", "chunk_size", "window", "input_scale_pairs", "only")  # fmt: skip
     changes = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
     changes["overrides"] = args.overrides
     return BenchOptions.quick(**changes) if args.quick else BenchOptions(**changes)

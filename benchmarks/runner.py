@@ -10,6 +10,7 @@ import contextlib
 import dataclasses
 import logging
 import sys
+import time
 from pathlib import Path
 
 from benchmarks.common import BenchContext, JsonLines
@@ -134,6 +135,8 @@ def check_options(options: BenchOptions) -> None:
             raise ValueError(f"unknown {kind} {', '.join(unknown)}; choose from {', '.join(known)}")
     if any(tokens < 1 for tokens in options.train_batch_tokens):
         raise ValueError(f"train batch tokens must be positive, got {options.train_batch_tokens}")
+    if any(pairs < 1 for pairs in options.input_scale_pairs):
+        raise ValueError(f"input_scale corpus sizes must be positive, got {options.input_scale_pairs}")
     if any(step < 0 for step in options.train_bucket_steps):
         raise ValueError(f"train bucket steps must be >= 0 (0 = automatic), got {options.train_bucket_steps}")
     if not 0.0 < options.ema_decay < 1.0:
@@ -153,93 +156,122 @@ def run_benchmarks(options: BenchOptions, emit=None, config=None) -> list[dict]:
     tokenizer_dir = options.tokenizer_dir or compatible_tokenizer_dir(config, options.run_dir)
     context = BenchContext(config, Path(tokenizer_dir) if tokenizer_dir else None)
     records = []
+    seconds: dict[str, float] = {}  # wall time per benchmark, for the closing "timing" record
+    started = time.perf_counter()
+    complete = False
+
+    @contextlib.contextmanager
+    def timed(name: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            seconds[name] = round(seconds.get(name, 0.0) + time.perf_counter() - start, 1)
+
     try:
         with contextlib.redirect_stdout(sys.stderr):  # TFDS prints progress on stdout: keep it for JSON
             if "train" in options.only:
-                from benchmarks.train_speed import bench_train, train_variants
+                with timed("train"):
+                    from benchmarks.train_speed import bench_train, train_variants
 
-                for variant in train_variants(config, options.train_batch_tokens, options.train_bucket_steps):
-                    records += bench_train(
-                        context,
-                        emit,
-                        precisions=options.precisions,
-                        xla_settings=options.xla,
-                        num_batches=options.train_batches,
-                        max_shapes=options.train_shapes,
-                        rounds=options.train_rounds,
-                        peak_size=options.peak_size,
-                        config=variant,
-                    )
+                    for variant in train_variants(
+                        config, options.train_batch_tokens, options.train_bucket_steps
+                    ):
+                        records += bench_train(
+                            context,
+                            emit,
+                            precisions=options.precisions,
+                            xla_settings=options.xla,
+                            num_batches=options.train_batches,
+                            max_shapes=options.train_shapes,
+                            rounds=options.train_rounds,
+                            peak_size=options.peak_size,
+                            config=variant,
+                        )
             if "train_ema" in options.only:
-                from benchmarks.train_ema import bench_train_ema
+                with timed("train_ema"):
+                    from benchmarks.train_ema import bench_train_ema
 
-                records.append(
-                    bench_train_ema(
+                    records.append(
+                        bench_train_ema(
+                            context,
+                            emit,
+                            ema_decay=options.ema_decay,
+                            num_batches=options.train_batches,
+                            max_shapes=options.train_shapes,
+                            rounds=options.train_rounds,
+                        )
+                    )
+            if "decode" in options.only:
+                with timed("decode"):
+                    from benchmarks.decode_speed import bench_decode
+
+                    records += bench_decode(
                         context,
                         emit,
-                        ema_decay=options.ema_decay,
-                        num_batches=options.train_batches,
-                        max_shapes=options.train_shapes,
-                        rounds=options.train_rounds,
+                        run_dir=options.run_dir,
+                        sentences=options.decode_all,
+                        no_cache_sentences=options.decode_sentences,
+                        beams=options.beams,
+                        xla_settings=options.decode_xla_settings,
                     )
-                )
-            if "decode" in options.only:
-                from benchmarks.decode_speed import bench_decode
-
-                records += bench_decode(
-                    context,
-                    emit,
-                    run_dir=options.run_dir,
-                    sentences=options.decode_all,
-                    no_cache_sentences=options.decode_sentences,
-                    beams=options.beams,
-                    xla_settings=options.decode_xla_settings,
-                )
             if "decode" in options.only and options.decode_engines:
-                from benchmarks.decode_engines import bench_decode_engines
+                with timed("decode"):
+                    from benchmarks.decode_engines import bench_decode_engines
 
-                records += bench_decode_engines(
-                    context,
-                    emit,
-                    run_dir=options.run_dir,
-                    sentences=options.decode_all,
-                    beams=options.beams,
-                    engines=options.decode_engines,
-                    patiences=options.ct2_patience,
-                    xla_settings=options.decode_xla_settings,
-                    export_dir=options.ct2_dir,
-                )
+                    records += bench_decode_engines(
+                        context,
+                        emit,
+                        run_dir=options.run_dir,
+                        sentences=options.decode_all,
+                        beams=options.beams,
+                        engines=options.decode_engines,
+                        patiences=options.ct2_patience,
+                        xla_settings=options.decode_xla_settings,
+                        export_dir=options.ct2_dir,
+                    )
             if "attention" in options.only:
-                from benchmarks.attention_memory import bench_attention
+                with timed("attention"):
+                    from benchmarks.attention_memory import bench_attention
 
-                records += bench_attention(
-                    emit,
-                    lengths=options.attention_lengths,
-                    d_model=256,
-                    num_heads=4,
-                    chunk_size=options.chunk_size,
-                    window=options.window,
-                    memory_budget_mb=options.memory_budget_mb,
-                    repeats=options.attention_repeats,
-                )
+                    records += bench_attention(
+                        emit,
+                        lengths=options.attention_lengths,
+                        d_model=256,
+                        num_heads=4,
+                        chunk_size=options.chunk_size,
+                        window=options.window,
+                        memory_budget_mb=options.memory_budget_mb,
+                        repeats=options.attention_repeats,
+                    )
             if "input" in options.only:
-                from benchmarks.input_speed import bench_input
+                with timed("input"):
+                    from benchmarks.input_speed import bench_input
 
-                records.append(bench_input(context, emit))
+                    records.append(bench_input(context, emit))
             if "input_scale" in options.only:
-                from benchmarks.input_scale import bench_input_scale
+                with timed("input_scale"):
+                    from benchmarks.input_scale import bench_input_scale
 
-                records += bench_input_scale(
-                    emit,
-                    config=options.config,
-                    overrides=options.overrides,
-                    pairs=options.input_scale_pairs,
-                    workdir=options.input_scale_dir,
-                )
+                    records += bench_input_scale(
+                        emit,
+                        config=options.config,
+                        overrides=options.overrides,
+                        pairs=options.input_scale_pairs,
+                        workdir=options.input_scale_dir,
+                    )
             if "refusal" in options.only:  # train.py refusing a run directory in use (README, Reliability)
-                from benchmarks.refusal import bench_refusal
+                with timed("refusal"):
+                    from benchmarks.refusal import bench_refusal
 
-                records.append(bench_refusal(emit, config=options.config, overrides=options.overrides))
+                    records.append(bench_refusal(emit, config=options.config, overrides=options.overrides))
+        complete = True
     finally:
         context.close()
+        # how long each benchmark took on this machine (make bench's wall time, README); also when stopped early
+        from benchmarks.machine import machine_facts
+
+        timing = {"bench": "timing", "complete": complete, "seconds": seconds}
+        timing["total_seconds"] = round(time.perf_counter() - started, 1)
+        records.append(emit({**timing, "machine": machine_facts()}))
     return records

@@ -161,6 +161,37 @@ def test_quick_benchmarks_emit_json_lines_with_the_required_fields(tiny):
     assert refusal["refused"] is True and refusal["exit_code"] == 3 and refusal["repeats"] == 3
     assert 0 < refusal["min_seconds"] <= refusal["seconds"] <= refusal["max_seconds"]
 
+    timing = lines[-1]  # last: each benchmark's wall seconds, in run order, within the total
+    assert timing["bench"] == "timing" and timing["complete"] is True and timing["machine"]["cpus"]
+    assert list(timing["seconds"]) == ["train", "train_ema", "decode", "attention", "input", "refusal"]
+    assert all(seconds > 0 for seconds in timing["seconds"].values())
+    assert sum(timing["seconds"].values()) <= timing["total_seconds"] + 0.1 * len(timing["seconds"])
+
+
+def test_a_stopped_bench_still_says_how_long_each_benchmark_ran(tiny, monkeypatch):
+    """Ctrl-C (or a failure) inside a benchmark: the records so far are kept and a closing timing record says the
+    run is incomplete, with the interrupted benchmark's seconds; the interruption itself is not swallowed."""
+    import benchmarks.input_speed
+    from benchmarks.common import JsonLines
+    from benchmarks.runner import BenchOptions, run_benchmarks
+
+    def interrupted(context, emit):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(benchmarks.input_speed, "bench_input", interrupted)
+    config, tokenizer_dir = tiny
+    options = BenchOptions.quick(
+        only=("attention", "input", "refusal"), tokenizer_dir=str(tokenizer_dir), run_dir="does/not/exist",
+        attention_lengths=(32,), attention_repeats=1,
+    )  # fmt: skip
+    stream = io.StringIO()
+    with pytest.raises(KeyboardInterrupt):
+        run_benchmarks(options, emit=JsonLines(stream), config=config)
+    lines = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert {r["bench"] for r in lines[:-1]} == {"attention"}  # refusal never ran
+    assert lines[-1]["bench"] == "timing" and lines[-1]["complete"] is False
+    assert list(lines[-1]["seconds"]) == ["attention", "input"]
+
 
 def test_flops_count_attention_on_real_lengths():
     import numpy as np
@@ -415,3 +446,13 @@ def test_bench_cli_xla_settings_and_fusible_is_for_the_train_rows_only():
     with pytest.raises(SystemExit) as exit_info:
         bench.parse_args(["--xla", "sometimes"])
     assert exit_info.value.code == 2
+
+
+def test_bench_cli_input_scale_pairs(capsys):
+    import bench
+
+    assert bench.options_from_args(bench.parse_args([])).input_scale_pairs == (500_000, 5_000_000)
+    options = bench.options_from_args(bench.parse_args(["--input-scale-pairs", "1000,20000"]))
+    assert options.input_scale_pairs == (1000, 20000)
+    assert bench.main(["--only", "input_scale", "--input-scale-pairs", "0"]) == 2
+    assert "input_scale corpus sizes must be positive" in capsys.readouterr().err

@@ -240,6 +240,8 @@ def test_sweep_emits_one_train_row_per_batch_tokens_value(tmp_path):
     stream = io.StringIO()
     records = run_benchmarks(options, emit=JsonLines(stream), config=config)
     assert [json.loads(line) for line in stream.getvalue().splitlines()] == records
+    *records, timing = records  # the closing record: wall seconds per benchmark run
+    assert timing["bench"] == "timing" and timing["complete"] is True and list(timing["seconds"]) == ["train"]
     assert [(r["bench"], r["batch_tokens"], r["precision"], r["xla"]) for r in records] == [
         ("train", 128, "float32", False),
         ("train", 256, "float32", False),

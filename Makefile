@@ -10,10 +10,12 @@ MODEL_DIR ?= runs/base
 
 install: $(STAMP)
 
+# Silent recipes, a note on stderr: stdout stays the commands' own (make bench > bench.jsonl is JSON lines only).
 $(STAMP): requirements.txt
+	@echo "make install: $(VENV) from requirements.txt" >&2
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -r requirements.txt
+	@$(PY) -m pip install --quiet --upgrade pip >&2
+	@$(PY) -m pip install --quiet -r requirements.txt >&2
 	@touch $(STAMP)
 
 train: install
@@ -49,10 +51,12 @@ test: lint
 test-all: lint
 	$(PY) -m pytest $(PYTEST_WORKERS)
 
-# Every benchmark, one JSON line per record, the last one each benchmark's wall seconds; BENCH_ARGS="--only train".
+# Every benchmark, one JSON line per record on stdout (the last: each benchmark's wall seconds), logs on stderr;
+# BENCH_ARGS="--only train" for a subset.
 BENCH_ARGS ?=
 bench: install
-	$(PY) bench.py $(BENCH_ARGS)
+	@echo "$(PY) bench.py $(BENCH_ARGS)" >&2
+	@$(PY) bench.py $(BENCH_ARGS)
 
 # Once, not in CI: the tests on the tiny trained fixture under 5 seeds, oneDNN on/off, an ISA cap and 1/2 threads
 # (tests/robustness.py: 17 pytest processes, slow). ROBUSTNESS_ARGS="--output docs/robustness-DATE.jsonl".

@@ -1,0 +1,74 @@
+"""bench.py's command line: options reach BenchOptions, bad ones exit 2 with the reason on stderr."""
+
+import pytest
+
+
+def test_bench_cli_rejects_unknown_benchmark(capsys):
+    import bench
+
+    assert bench.main(["--only", "train,nope"]) == 2
+    assert "nope" in capsys.readouterr().err
+
+
+def test_bench_cli_decode_engine_options():
+    import bench
+
+    options = bench.options_from_args(
+        bench.parse_args(
+            ["--decode-engines", "ctranslate2", "--ct2-patience", "2,3", "--ct2-dir", "elsewhere"]
+        )
+    )
+    assert options.decode_engines == ("ctranslate2",) and options.ct2_patience == (2.0, 3.0)
+    assert options.ct2_dir == "elsewhere"
+    assert bench.options_from_args(bench.parse_args(["--decode-engines", ""])).decode_engines == ()
+    assert bench.options_from_args(bench.parse_args([])).decode_engines == ("ctranslate2", "tensorflow_int8")
+    assert bench.options_from_args(bench.parse_args(["--quick"])).decode_engines == ()  # the smoke has none
+    assert bench.main(["--decode-engines", "ctranslate2,nope"]) == 2
+
+
+def test_bench_cli_xla_settings_and_fusible_is_for_the_train_rows_only():
+    import bench
+
+    def options(*argv):
+        return bench.options_from_args(bench.parse_args(list(argv)))
+
+    assert options().xla == (False, True) and options().decode_xla_settings == (False, True)
+    assert options("--xla", "off,fusible").xla == (False, "fusible")
+    assert options("--xla", "fusible").decode_xla_settings == (False,)
+    assert options("--xla", "fusible", "--decode-xla", "on").decode_xla_settings == (True,)
+    with pytest.raises(SystemExit) as exit_info:
+        bench.parse_args(["--xla", "sometimes"])
+    assert exit_info.value.code == 2
+
+
+def test_bench_cli_input_scale_pairs(capsys):
+    import bench
+
+    assert bench.options_from_args(bench.parse_args([])).input_scale_pairs == (500_000, 5_000_000)
+    options = bench.options_from_args(bench.parse_args(["--input-scale-pairs", "1000,20000"]))
+    assert options.input_scale_pairs == (1000, 20000)
+    assert bench.main(["--only", "input_scale", "--input-scale-pairs", "0"]) == 2
+    assert "input_scale corpus sizes must be positive" in capsys.readouterr().err
+
+
+def test_make_bench_writes_json_lines_only_on_stdout(tmp_path):
+    """`make bench > bench.jsonl` keeps every line JSON: make's own echo and the install step go to stderr."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    repo = Path(__file__).resolve().parents[2]
+    stamp = tmp_path / "installed-stamp"
+    stamp.touch()  # newer than requirements.txt: the install step is up to date, nothing is installed
+    done = subprocess.run(
+        ["make", "bench", f"PY={sys.executable}", f"STAMP={stamp}", "BENCH_ARGS=--quick --only refusal"],
+        cwd=repo, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    records = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [record["bench"] for record in records] == ["refusal", "timing"]
+    assert "bench.py --quick --only refusal" in done.stderr  # the command, said on stderr

@@ -1,0 +1,63 @@
+"""benchmarks.significance: sacreBLEU's paired bootstrap of two systems, as a function and as a command."""
+
+import json
+
+import pytest
+
+
+def test_paired_bootstrap_reports_sacrebleus_bleu_difference_and_a_verdict():
+    """BLEU and its difference against sacreBLEU's corpus_bleu; identical systems are said to be identical (sacreBLEU
+    gives them a small p-value on purpose); a system that drops most of the words loses significantly."""
+    import random
+
+    import sacrebleu
+
+    from benchmarks.significance import paired_bootstrap
+
+    rng = random.Random(0)
+    words = "ein mann eine frau der hund die katze sieht mag hat das haus den ball heute".split()
+    references = [" ".join(rng.choice(words) for _ in range(rng.randint(4, 9))) for _ in range(60)]
+    close = [ref if i % 3 else " ".join(ref.split()[:-1]) for i, ref in enumerate(references)]
+    poor = [" ".join(ref.split()[:2]) for ref in references]
+
+    same = paired_bootstrap(close, close, references, "de", samples=200)
+    assert same["bleu_delta"] == 0 and same["same_translations"] == 60 == same["sentences"]
+    assert same["verdict"] == "identical translations"
+
+    loss = paired_bootstrap(close, poor, references, "de", samples=200)
+    expected = (
+        sacrebleu.corpus_bleu(poor, [references]).score - sacrebleu.corpus_bleu(close, [references]).score
+    )
+    assert loss["bleu_delta"] == pytest.approx(expected, abs=0.006) and expected < -10
+    assert loss["baseline_bleu"] == pytest.approx(sacrebleu.corpus_bleu(close, [references]).score, abs=0.006)
+    assert 0 < loss["p_value"] < 0.05 and loss["verdict"] == "significant loss" and loss["samples"] == 200
+
+
+def test_significance_command_prints_the_bootstrap_of_two_files_and_refuses_misaligned_ones(tmp_path, capsys):
+    """`python -m benchmarks.significance`: the JSON line is `paired_bootstrap` of the files' lines (references
+    read from .gz too); files of different lengths are an error that names the counts."""
+    import gzip
+
+    from benchmarks.significance import main, paired_bootstrap
+
+    references = [f"der hund {i} sieht das haus" for i in range(30)]
+    baseline = [ref if i % 2 else "der hund" for i, ref in enumerate(references)]
+    system = [ref if i % 5 else "das haus" for i, ref in enumerate(references)]
+    for name, lines in (("baseline.txt", baseline), ("system.txt", system)):
+        (tmp_path / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    with gzip.open(tmp_path / "ref.de.gz", "wt", encoding="utf-8") as f:
+        f.write("\n".join(references) + "\n")
+    args = ["--baseline", str(tmp_path / "baseline.txt"), "--system", str(tmp_path / "system.txt")]
+    assert main([*args, "--references", str(tmp_path / "ref.de.gz"), "--samples", "100"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed == {
+        "baseline": args[1],
+        "system": args[3],
+        **paired_bootstrap(baseline, system, references, samples=100),
+    }
+    assert printed["bleu_delta"] > 0
+    (tmp_path / "short.txt").write_text("\n".join(references[:-1]) + "\n", encoding="utf-8")
+    assert main([*args, "--references", str(tmp_path / "short.txt")]) == 2
+    assert "same number of lines" in capsys.readouterr().err
+    assert main([*args, "--references", str(tmp_path / "missing.txt")]) == 2
+    assert "cannot read" in capsys.readouterr().err

@@ -35,10 +35,10 @@ class BenchOptions:
     # train
     precisions: tuple[str, ...] = ("float32", "mixed_bfloat16", "mixed_float16")
     # XLA settings: False, True (jit_compile) and, for the train rows only, "fusible" (`train.xla: fusible`: the
-    # fusible ops auto-clustered, the matmuls TensorFlow's; nmt.xla), asked for with --xla (make bench's 15 minutes)
+    # fusible ops auto-clustered, the matmuls TensorFlow's; nmt.xla), asked for with --xla (not by default: time)
     xla: tuple[bool | str, ...] = (False, True)
-    # Sized for `make bench` under 15 minutes on 2 CPU cores: tracing and XLA compilation, not the timed passes,
-    # are most of the train benchmark's time (~20-35 s per model and setting).
+    # Sized for the train rows in ~5 minutes on 2 CPU cores (README, "How long it takes"): tracing and XLA
+    # compilation, not the timed passes, are most of their time (~20-35 s per model and setting).
     train_batches: int = 3  # batches per timed pass
     train_shapes: int = 1  # distinct batch shapes among them, the most common (XLA compiles one per shape)
     train_rounds: int = 2  # timed passes per model (median)

@@ -13,7 +13,9 @@ without the EMA, the main job's precision), {"bench": "decode"} per search x cac
 (float32, int8, patiences) and TensorFlow int8, with BLEU, speed-ups and paired bootstraps, and
 {"bench": "decode_targets"} (benchmarks/decode_engines.py), {"bench": "attention"} per variant x length,
 {"bench": "input"}, {"bench": "input_scale"} per synthetic corpus size (preparation pairs/s, cache size, first
-batch cold/warm, peak RSS), {"bench": "refusal"} (train.py refusing a run directory in use). Logs go to stderr. Exit codes: 0 ok, 2 bad arguments or config.
+batch cold/warm, peak RSS), {"bench": "refusal"} (train.py refusing a run directory in use), and last
+{"bench": "timing"} (each benchmark's wall seconds; "complete": false when stopped early). Logs go to stderr. Exit
+codes: 0 ok, 2 bad arguments or config.
 """
 
 from __future__ import annotations

@@ -206,30 +206,26 @@ def run_benchmarks(options: BenchOptions, emit=None, config=None) -> list[dict]:
                 with timed("decode"):
                     from benchmarks.decode_speed import bench_decode
 
+                    shared = dict(
+                        run_dir=options.run_dir,
+                        sentences=options.decode_all,
+                        beams=options.beams,
+                        xla_settings=options.decode_xla_settings,
+                    )
                     records += bench_decode(
-                        context,
-                        emit,
-                        run_dir=options.run_dir,
-                        sentences=options.decode_all,
-                        no_cache_sentences=options.decode_sentences,
-                        beams=options.beams,
-                        xla_settings=options.decode_xla_settings,
+                        context, emit, no_cache_sentences=options.decode_sentences, **shared
                     )
-            if "decode" in options.only and options.decode_engines:
-                with timed("decode"):
-                    from benchmarks.decode_engines import bench_decode_engines
+                    if options.decode_engines:  # the same model in CTranslate2 and TensorFlow int8
+                        from benchmarks.decode_engines import bench_decode_engines
 
-                    records += bench_decode_engines(
-                        context,
-                        emit,
-                        run_dir=options.run_dir,
-                        sentences=options.decode_all,
-                        beams=options.beams,
-                        engines=options.decode_engines,
-                        patiences=options.ct2_patience,
-                        xla_settings=options.decode_xla_settings,
-                        export_dir=options.ct2_dir,
-                    )
+                        records += bench_decode_engines(
+                            context,
+                            emit,
+                            engines=options.decode_engines,
+                            patiences=options.ct2_patience,
+                            export_dir=options.ct2_dir,
+                            **shared,
+                        )
             if "attention" in options.only:
                 with timed("attention"):
                     from benchmarks.attention_memory import bench_attention

@@ -10,7 +10,8 @@ MODEL_DIR ?= runs/base
 
 install: $(STAMP)
 
-# Silent recipes, a note on stderr: stdout stays the commands' own (make bench > bench.jsonl is JSON lines only).
+# Silent recipes, a note on stderr: stdout stays the commands' own (make bench > bench.jsonl from a shell: JSON lines
+# only; a make inside another make adds its "Entering directory" line unless given --no-print-directory).
 $(STAMP): requirements.txt
 	@echo "make install: $(VENV) from requirements.txt" >&2
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)

@@ -54,6 +54,7 @@ def test_bench_cli_input_scale_pairs(capsys):
 def test_make_bench_writes_json_lines_only_on_stdout(tmp_path):
     """`make bench > bench.jsonl` keeps every line JSON: make's own echo and the install step go to stderr."""
     import json
+    import os
     import shutil
     import subprocess
     import sys
@@ -64,9 +65,14 @@ def test_make_bench_writes_json_lines_only_on_stdout(tmp_path):
     repo = Path(__file__).resolve().parents[2]
     stamp = tmp_path / "installed-stamp"
     stamp.touch()  # newer than requirements.txt: the install step is up to date, nothing is installed
+    # as from a shell: under `make test`, a make inside make prints "Entering directory" on stdout before it reads
+    # the Makefile (GNU make's -w in sub-makes)
+    shell = {
+        name: value for name, value in os.environ.items() if name not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")
+    }
     done = subprocess.run(
         ["make", "bench", f"PY={sys.executable}", f"STAMP={stamp}", "BENCH_ARGS=--quick --only refusal"],
-        cwd=repo, capture_output=True, text=True, timeout=300,
+        cwd=repo, capture_output=True, text=True, timeout=300, env=shell,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     records = [json.loads(line) for line in done.stdout.splitlines()]

@@ -13,6 +13,8 @@ from collections.abc import Callable
 import numpy as np
 import tensorflow as tf
 
+from nmt.run_dir import drop_checkpoints
+
 log = logging.getLogger("nmt.train")
 
 
@@ -31,16 +33,28 @@ class AveragingSnapshots:
     """Which checkpoints a run averages into its final weights (`train.average_last`, `train.average_fraction`).
 
     With a fraction, the model weights at the steps of the averaging window (`window_steps`), the last
-    `average_last` kept in `directory`. Resuming reopens the directory (its snapshots are kept).
+    `average_last` kept in `directory`. Resuming reopens the directory: its snapshots are kept, but those of
+    steps after the resumed checkpoint (`roll_back`).
     """
 
     def __init__(self, model, directory, train):
         self.count, self.fraction = train.average_last, train.average_fraction
         self.enabled = self.fraction > 0 and self.count > 1
-        checkpoint = tf.train.Checkpoint(model=model)
-        self.manager = (
-            tf.train.CheckpointManager(checkpoint, str(directory), self.count) if self.enabled else None
-        )
+        self.checkpoint, self.directory = tf.train.Checkpoint(model=model), directory
+        self.manager = self._open() if self.enabled else None
+
+    def _open(self) -> tf.train.CheckpointManager:
+        return tf.train.CheckpointManager(self.checkpoint, str(self.directory), self.count)
+
+    def roll_back(self, step: int) -> list[int]:
+        """On resuming from `step`: removes the snapshots of later steps (lost with their process, they are
+        taken again if the resumed run's window has them); returns their steps."""
+        if not self.enabled:
+            return []
+        removed = drop_checkpoints(self.directory, lambda s: s <= step)
+        if removed:
+            self.manager = self._open()  # reads the directory's state again
+        return removed
 
     def save_if_due(self, step: int, total_steps: int) -> None:
         if not (self.enabled and total_steps):

@@ -5,7 +5,7 @@ Layout::
     DIR/config.yaml          the resolved config (written atomically; a resume rewrites it once accepted)
     DIR/tokenizer/           SentencePiece model(s), trained on the train split
     DIR/checkpoints/         step, model, optimizer, loss scale, RNG and data-iterator state (CheckpointManager)
-    DIR/best/                model weights with the best validation BLEU so far
+    DIR/best/                model weights with the best validation BLEU so far (the latest; nmt.best_weights)
     DIR/final/               final model weights (checkpoint average / EMA when configured)
     DIR/metrics.jsonl        one JSON object per evaluation and for the time budget's plan (a resumed run
                              removes those of steps after its checkpoint: they run again)
@@ -223,6 +223,51 @@ def save_model_weights(model, directory: Path, step: int) -> str:
 
     manager = tf.train.CheckpointManager(tf.train.Checkpoint(model=model), str(directory), max_to_keep=1)
     return manager.save(checkpoint_number=step)
+
+
+def checkpoint_step(prefix: str) -> int:
+    """The step of a checkpoint prefix named ckpt-STEP (CheckpointManager's `checkpoint_number`)."""
+    return int(str(prefix).rsplit("-", 1)[-1])
+
+
+def drop_checkpoints(directory: Path, keep) -> list[int]:
+    """Keeps, of the CheckpointManager checkpoints in `directory`, those whose step `keep(step)` accepts.
+
+    The others' files go, with half-written saves (ckpt-*_temp), and TensorFlow's state file lists those kept (their
+    timestamps with them, which a CheckpointManager reopening the directory needs), the newest as the latest.
+    Returns the steps removed (nothing is rewritten when none is).
+    """
+    import shutil
+
+    import tensorflow as tf
+    from google.protobuf import text_format
+
+    directory = Path(directory)
+    for partial in directory.glob("ckpt-*_temp*"):
+        shutil.rmtree(partial, ignore_errors=True)
+    state = tf.train.get_checkpoint_state(str(directory)) if directory.is_dir() else None
+    if state is None:
+        return []
+    paths = list(state.all_model_checkpoint_paths) or [state.model_checkpoint_path]
+    times = list(state.all_model_checkpoint_timestamps)
+    kept = [i for i, path in enumerate(paths) if keep(checkpoint_step(path))]
+    if len(kept) == len(paths):
+        return []
+    removed = [checkpoint_step(paths[i]) for i in range(len(paths)) if i not in kept]
+    names = [os.path.basename(paths[i]) for i in kept]  # relative: the run directory may move
+    del state.all_model_checkpoint_paths[:], state.all_model_checkpoint_timestamps[:]
+    state.all_model_checkpoint_paths.extend(names)
+    if len(times) == len(paths):
+        state.all_model_checkpoint_timestamps.extend(times[i] for i in kept)
+    if names:
+        state.model_checkpoint_path = names[-1]
+        write_atomic(directory / "checkpoint", text_format.MessageToString(state))
+    else:
+        (directory / "checkpoint").unlink()
+    for step in removed:  # after the state file: it never names a removed checkpoint
+        for path in directory.glob(f"ckpt-{step}.*"):
+            path.unlink()
+    return removed
 
 
 def restore_errors() -> tuple[type[BaseException], ...]:

@@ -21,13 +21,14 @@ import keras
 import tensorflow as tf
 from tqdm import tqdm
 
+from nmt.best_weights import BestWeights
 from nmt.budget import BatchChanged, TrainingPlan
 from nmt.config import Config
 from nmt.distribute import StopControl, WorkersDisagree, is_chief, make_strategy, replica_batches, worker_part
 from nmt.final_weights import AveragingSnapshots
 from nmt.optimizer import adam
 from nmt.precision import device_kind, resolve_autocluster, resolve_precision, resolve_xla, set_policy
-from nmt.run_dir import RunDir, RunDirError, first_line, restore_errors
+from nmt.run_dir import RunDir, RunDirError, checkpoint_step, first_line, restore_errors
 from nmt.summaries import drop_events_after, write_train_summaries
 from nmt.train_step import TrainStep
 from nmt.trainer_evaluation import TrainerEvaluation
@@ -165,15 +166,19 @@ class Trainer(TrainerEvaluation):
             max_to_keep=max(cfg.train.keep_checkpoints, cfg.train.average_last, 1),
         )
         self.snapshots = AveragingSnapshots(self.model, checkpoint_dir / "average", cfg.train)
+        self.best = BestWeights(self.model, self.run_dir.best_dir)
         self.resumed_from = self._restore()
-        if self.chief:  # records of steps the checkpoint does not hold: the steps and evaluations run again
+        snapshots = self.snapshots.roll_back(self.resumed_from)
+        if self.chief:  # what steps the checkpoint does not hold wrote: those steps and evaluations run again
             dropped = self.run_dir.drop_metrics_after(self.resumed_from)
             events = drop_events_after(self.run_dir.tensorboard_dir, self.resumed_from)
-            if dropped or events:
+            best = self.best.roll_back(self.resumed_from)
+            if dropped or events or best or snapshots:
                 log.info(
-                    "%s: removed %d record(s) after step %d (TensorBoard: %d event(s)), written by training lost "
-                    "with its process (not checkpointed); those steps run again", self.run_dir.metrics_path.name,
-                    dropped, self.resumed_from, events,
+                    "removed what training lost with its process (not checkpointed) wrote after step %d: %d "
+                    "record(s) of %s, %d TensorBoard event(s), best/ of step(s) %s, averaging snapshot(s) of "
+                    "step(s) %s; those steps run again", self.resumed_from, dropped, self.run_dir.metrics_path.name,
+                    events, best or "-", snapshots or "-",
                 )  # fmt: skip
         self.plan.start(self.resumed_from, float(self.elapsed.numpy()))
         self.plan.apply_dropout(self.model, self.step_fn.retrace)
@@ -359,6 +364,8 @@ class Trainer(TrainerEvaluation):
                 f"the previous one ({self.manager.latest_checkpoint}) is still usable"
             ) from err
         log.info("saved checkpoint %s", path)
+        if self.chief:  # the bests a resume from a kept checkpoint needs (nmt.best_weights)
+            self.best.prune([checkpoint_step(p) for p in self.manager.checkpoints])
 
 
 def _remove_tree(path: Path) -> None:

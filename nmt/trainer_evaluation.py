@@ -1,8 +1,8 @@
 """The trainer's evaluations: the scheduled ones (best/, early stopping), the final weights and their evaluation.
 
 A part of `nmt.trainer.Trainer` (a base class of it), split off by concern: it uses the trainer's config,
-run_dir, model, tokenizer, eval_dataset, optimizer, step, stop (signals), snapshots, manager and the checkpointed
-best_bleu, evals_since_best and pending_evaluation. A signal during an evaluation ends it at once
+run_dir, model, tokenizer, eval_dataset, optimizer, step, stop (signals), snapshots, best (best/), manager and the
+checkpointed best_bleu, evals_since_best and pending_evaluation. A signal during an evaluation ends it at once
 (`StopControl.interruptible`, a single process); the step it belonged to is checkpointed as pending, and the
 resumed run evaluates it before training on, so the run's records and early stopping match an uninterrupted run.
 """
@@ -107,7 +107,7 @@ class TrainerEvaluation:
                 self.best_bleu.assign(scores["bleu"])
                 self.evals_since_best.assign(0)
                 if self.chief:
-                    save_model_weights(self.model, self.run_dir.best_dir, self.step)
+                    self.best.save(self.step)
             elif tag != "final":
                 self.evals_since_best.assign_add(1)
         if self.chief:

@@ -110,3 +110,25 @@ def test_without_a_window_the_last_training_checkpoints(tmp_path):
     assert (
         AveragingSnapshots(model, tmp_path / "off", window_config(1, 0.2)).final_paths(40, checkpoints) == []
     )
+
+
+def test_a_resume_drops_the_snapshots_of_lost_steps_and_the_window_goes_on(tmp_path):
+    """Killed at step 39 after its last checkpoint at 35: the snapshots of 37 were written by lost training."""
+    model, _ = _model_and_checkpoints(tmp_path, [0.0])
+    snapshots = AveragingSnapshots(model, tmp_path / "average", window_config(4, 0.3))
+    for step in range(28, 39):
+        snapshots.save_if_due(step, 40)
+    assert snapshot_steps(snapshots) == [31, 34, 37]
+    # The resumed process: a new AveragingSnapshots on the directory; this run's plan is 46 steps, (37, 3).
+    resumed = AveragingSnapshots(model, tmp_path / "average", window_config(4, 0.3))
+    assert resumed.roll_back(35) == [37]
+    assert snapshot_steps(resumed) == [31, 34]
+    assert not list((tmp_path / "average").glob("ckpt-37.*"))  # its files went too
+    for step in range(36, 47):
+        for weight in model.weights:
+            weight.assign(np.full(weight.shape, step, np.float32))
+        resumed.save_if_due(step, 46)
+    # The manager reopened after the drop still deletes the oldest (the timestamps were kept): the last 4.
+    assert snapshot_steps(resumed) == [37, 40, 43, 46]
+    assert sorted(int(p.name[5:-6]) for p in (tmp_path / "average").glob("ckpt-*.index")) == [37, 40, 43, 46]
+    assert resumed.roll_back(46) == []

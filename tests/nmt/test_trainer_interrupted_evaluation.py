@@ -9,7 +9,9 @@ from the same step and bit-identical final weights.
 
 A crash (the scorer raises: the process ends without saving anything, as after SIGKILL) in the validation of a
 checkpoint step must match it too: the checkpoint of that step is written after its evaluation, so the resumed run
-starts from the one before, drops the records written since (they would appear twice) and evaluates again.
+starts from the one before, drops the records written since (they would appear twice) and evaluates again. When
+the evaluation run again scores lower than the lost one (any resume that is not bit-exact), best/ must not keep the
+lost step's weights: it holds the best of the records the run has, bit-identical to the reference's of that step.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import signal
 from pathlib import Path
 
@@ -218,6 +221,7 @@ def crashed(setup, runs):
     run_dir = tmp / "crashed"
     latest = tf.train.latest_checkpoint(str(run_dir / "checkpoints"))
     steps = [step for step, *_ in evaluations(run_dir)]
+    shutil.copytree(run_dir, tmp / "crashed_lower")  # resumed again below, scoring lower
     resumed = train(tmp, config, "crashed", Scorer([*SCRIPTED_BLEU[1:], FINAL_BLEU]))
     return tmp, latest, steps, resumed
 
@@ -246,3 +250,23 @@ def test_a_crash_leaves_tensorboard_as_the_uninterrupted_run(crashed, runs):
     ours, _ = read_events(tmp / "crashed" / "tensorboard" / "validation")
     for tag in ("loss", "bleu"):
         assert [(s, float(v)) for s, v in ours[tag]] == [(s, float(v)) for s, v in theirs[tag]], tag
+
+
+def test_after_a_crash_best_holds_the_best_the_run_still_records(setup, crashed, runs):
+    tmp, config = setup
+    _, reference, _ = runs
+    run_dir = tmp / "crashed_lower"
+    # The crashed process saved the best of step 4 (BLEU 20), then died before the checkpoint of step 6.
+    assert Path(tf.train.latest_checkpoint(str(run_dir / "best"))).name == f"ckpt-{BEST_STEP}"
+    # Resumed from step 3, the evaluations run again score lower: 5 at steps 4 and 6, patience 2 stops at 6.
+    resumed = train(tmp, config, "crashed_lower", Scorer([5.0, 5.0, FINAL_BLEU]))
+    assert (resumed.status, resumed.step) == ("early_stopped", 6)
+    bleus = {step: bleu for step, tag, _, bleu in evaluations(run_dir) if tag == "validation" and bleu}
+    assert bleus == {2: SCRIPTED_BLEU[0], 4: 5.0, 6: 5.0}
+    best = tf.train.latest_checkpoint(str(run_dir / "best"))
+    assert Path(best).name == "ckpt-2"  # the best recorded, not the lost step 4
+    # Its weights: the uninterrupted run's at step 2 (kept in its best/ while its checkpoint of step 3 is).
+    for ours, theirs in zip(
+        weights(resumed.model, best), weights(reference.model, str(tmp / "reference" / "best" / "ckpt-2"))
+    ):
+        np.testing.assert_array_equal(ours, theirs)

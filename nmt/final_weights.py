@@ -13,7 +13,14 @@ from collections.abc import Callable
 import numpy as np
 import tensorflow as tf
 
-from nmt.run_dir import drop_checkpoints
+from nmt.run_dir import (
+    CANDIDATES,
+    RunDirError,
+    drop_checkpoints,
+    first_line,
+    restore_errors,
+    restore_model_weights,
+)
 
 log = logging.getLogger("nmt.train")
 
@@ -130,8 +137,6 @@ def load_run_weights(model, run_dir, which: str, train) -> str:
       ema: the exponential moving average of the weights (`train.ema_decay`) in the latest training checkpoint.
     Raises RunDirError naming the problem (no such candidate in this run, a missing or corrupt checkpoint).
     """
-    from nmt.run_dir import CANDIDATES, RunDirError, first_line, restore_errors, restore_model_weights
-
     if which not in CANDIDATES:
         prefix = run_dir.weights_prefix(which)
         restore_model_weights(model, prefix)
@@ -148,8 +153,6 @@ def load_run_weights(model, run_dir, which: str, train) -> str:
 
 
 def _average_paths(run_dir, train) -> list[str]:
-    from nmt.run_dir import RunDirError
-
     if train.average_last < 2:
         raise RunDirError(
             f"{run_dir.path}: no average: train.average_last is {train.average_last} (at least 2)"
@@ -163,7 +166,6 @@ def _average_paths(run_dir, train) -> list[str]:
 
 def _restore_ema(model, run_dir, latest: str | None, train) -> str:
     from nmt.optimizer import adam
-    from nmt.run_dir import RunDirError
 
     if train.ema_decay <= 0:
         raise RunDirError(f"{run_dir.path}: no EMA: trained with train.ema_decay 0")

@@ -1,11 +1,10 @@
 """Real trainings on the run's plan (nmt.budget): a time-budget run plans its steps, shapes its schedule and its
-averaging window, and resumes bit-identical; two replicas scale the learning rate and refuse a 1-replica resume;
-dropout set from the plan is kept by a resumed run.
+averaging window, and resumes bit-identical; dropout set from the plan is kept by a resumed run (two replicas:
+tests/nmt/test_budget_replicas.py).
 
 The step rate comes from an injected clock (`StepClock`): every step takes exactly `SECONDS_PER_STEP` of training
-clock, so the plan is known in advance (no wall-clock time is measured or asserted). The time-budget runs are real
-in-process trainings of a 1+1-layer d_model-16 model; the 2-replica run is a `train.py` process (logical devices
-must be configured before TensorFlow starts). The plan's decisions alone are tested in tests/nmt/test_budget.py.
+clock, so the plan is known in advance (no wall-clock time is measured or asserted). The runs are real in-process
+trainings of a 1+1-layer d_model-16 model. The plan's decisions alone are tested in tests/nmt/test_budget.py.
 """
 
 from __future__ import annotations
@@ -13,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import math
 import os
 import re
 import signal
@@ -23,7 +21,6 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import train as train_cli
 from nmt.config import config_from_dict
 from nmt.final_weights import load_run_weights
 from nmt.run_dir import RunDir, RunDirError
@@ -32,10 +29,7 @@ from tests.faults.helpers import (
     assert_bit_identical,
     final_weights,
     read_checkpoint,
-    snapshot_run,
-    train,
     training_state,
-    write_config,
 )
 from tests.nmt.test_budget import (
     AVERAGE_FRACTION,
@@ -292,71 +286,6 @@ def test_weights_a_run_did_not_keep_are_refused_by_name(uninterrupted):
         load_run_weights(uninterrupted[3].model, RunDir(run_dir), "ema", uninterrupted[3].config.train)
     with pytest.raises(RunDirError, match="unknown checkpoint 'average'"):
         RunDir(run_dir).weights_prefix("average")
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Two replicas (logical CPU devices): the learning rate follows the global batch; a 1-replica resume is refused
-
-
-@pytest.mark.slow  # ~26 s; the refusal rule and the sqrt scaling are also tested in-process above
-def test_two_replicas_scale_the_learning_rate_and_another_replica_count_is_refused(corpus, tmp_path, capsys):
-    tree = tiny_config_tree(corpus)
-    tree["data"].update(bucket_boundaries=[32], batch_tokens=512)
-    tree["train"] = {
-        "max_steps": 4,
-        "warmup_steps": 2,
-        "learning_rate": 0.005,
-        "precision": "float32",
-        "xla": False,
-        "checkpoint_every": 2,
-        "log_every": 1,
-        "eval_every": 0,
-        "bleu_every": 0,
-        "distribute": "mirrored",
-    }
-    config = write_config(tmp_path / "mirrored.yaml", tree)
-    run_dir = tmp_path / "run"
-    done = train(config, run_dir)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "global batch: 1024 tokens per step = 2 replica(s) x 512 tokens" in done.stderr
-    assert "peak learning rate 0.007071 (train.learning_rate 0.005 for 512 tokens" in done.stderr
-    events, _ = read_events(run_dir / "tensorboard" / "train")
-    logged = dict((step, float(value)) for step, value in events["learning_rate"])
-    scaled = 0.005 * math.sqrt(2)  # sqrt(global 1024 / reference 512): Adam's rule
-    for step in (1, 2, 3, 4):
-        assert logged[step] == pytest.approx(scaled * min(step / 2, math.sqrt(2 / step)), rel=1e-6), step
-
-    # One replica now (half the global batch): refused with both batches named, nothing written.
-    before = snapshot_run(run_dir)  # config.yaml included: a refused start rewrites nothing
-    args = [
-        "--config",
-        str(config),
-        "--model-dir",
-        str(run_dir),
-        "--set",
-        "train.distribute=none",
-        "train.max_steps=6",
-    ]
-    assert train_cli.main(args) == 1
-    err = capsys.readouterr().err
-    assert (
-        "trained with a global batch of 1024 tokens on 2 replica(s); this run has 512 tokens on 1 replica(s)"
-        in err
-    )
-    assert "train.allow_batch_change=true" in err
-    assert snapshot_run(run_dir) == before
-
-    # The explicit override: resumes at step 4 with the learning rate of the new global batch (the reference).
-    assert train_cli.main([*args, "train.allow_batch_change=true"]) == 0
-    err = capsys.readouterr().err
-    assert f"resuming {run_dir} from step 4" in err and "finished at step 6" in err
-    events, _ = read_events(run_dir / "tensorboard" / "train")
-    logged = dict((step, float(value)) for step, value in events["learning_rate"])
-    for step in (5, 6):
-        assert logged[step] == pytest.approx(0.005 * math.sqrt(2 / step), rel=1e-6), step
-    reader = tf.train.load_checkpoint(str(run_dir / "checkpoints"))
-    assert reader.get_tensor("plan/replicas/.ATTRIBUTES/VARIABLE_VALUE") == 1
-    assert reader.get_tensor("plan/global_tokens/.ATTRIBUTES/VARIABLE_VALUE") == 512
 
 
 # ----------------------------------------------------------------------------------------------------------------

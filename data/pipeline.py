@@ -120,7 +120,8 @@ def open_split(cfg: DataConfig, tokenizer: Tokenizer, split: str) -> PreparedSpl
     """A split tokenized with `tokenizer`, from the cache (prepared first if missing; see `data.prepare`)."""
     from data.prepare import prepare_split
 
-    prepared = PreparedSplit.open(prepare_split(cfg, tokenizer, split))
+    vocab = {"source": tokenizer.source_vocab_size, "target": tokenizer.target_vocab_size}
+    prepared = PreparedSplit.open(prepare_split(cfg, tokenizer, split), vocab=vocab)
     log.info("split %s: %d pairs, read %s", split, len(prepared), prepared.origin)
     return prepared
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -22,7 +23,7 @@ from data import cache
 from data.cleaning import DropCounts, clean
 from data.config import DataConfig
 from data.errors import DataError
-from data.store import MANIFEST, SplitWriter, read_manifest, values_dtype
+from data.store import MANIFEST, PreparedSplit, SplitWriter, read_manifest, values_dtype
 from data.stream import CHUNK_PAIRS, count_pairs, split_exists, split_identity, stream_pairs
 
 log = logging.getLogger(__name__)
@@ -54,7 +55,10 @@ def cached_tokenizer(cfg: DataConfig, *, chief: bool = True):
                 cache.publish(partial, final)
     else:
         log.info("tokenizer from the cache: %s", final)
-    return Tokenizer.load(final)
+    try:
+        return Tokenizer.load(final)
+    except DataError as err:
+        raise DataError(f"the cached tokenizer is damaged ({err}): delete {final} and prepare again") from err
 
 
 def run_tokenizer(cfg: DataConfig, directory: Path, *, chief: bool = True):
@@ -139,6 +143,9 @@ def prepare_split(
         return final
     with cache.exclusive(final):
         if read_manifest(final) is None:
+            if final.exists():  # published, then its manifest went (by hand): not complete, made again
+                log.warning("removing %s: it has no %s (incomplete or damaged)", final, MANIFEST)
+                shutil.rmtree(final)
             partial = cache.fresh_staging(final)
             try:
                 _tokenize_into(cfg, tokenizer, split, partial, {"split": split, "key": inputs}, progress)
@@ -187,7 +194,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     start, started = time.perf_counter(), time.time()
     try:
-        _, splits = prepare(cfg, progress=not args.no_progress)
+        tokenizer, splits = prepare(cfg, progress=not args.no_progress)
+        vocab = {"source": tokenizer.source_vocab_size, "target": tokenizer.target_vocab_size}
+        # what training will open: a damaged entry is named now, not passed as "nothing to do"
+        for path in splits.values():
+            PreparedSplit.open(path, vocab=vocab)
     except DataError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
@@ -202,4 +213,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # what is half-written stays in a .partial directory, removed by the next run
+        print("interrupted: nothing half-prepared is kept; rerun to prepare", file=sys.stderr)
+        sys.exit(130)

@@ -140,6 +140,58 @@ class ArrayFile:
             os.close(fd)
 
 
+CHECK_CHUNK = 1 << 22  # elements per read when checking a split's files (32 MB of offsets)
+
+
+def _chunks(array, start: int = 0, stop: int | None = None):
+    """(position, elements) of `array[start:stop]` (numpy or `ArrayFile`), CHECK_CHUNK elements at a time."""
+    stop = len(array) if stop is None else stop
+    for position in range(start, stop, CHECK_CHUNK):
+        count = min(CHECK_CHUNK, stop - position)
+        if isinstance(array, ArrayFile):
+            yield position, array.read([position], count)
+        else:
+            yield position, np.asarray(array[position : position + count])
+
+
+def check_contents(
+    directory: Path, arrays: dict, manifest: dict, vocab: dict[str, int] | None = None
+) -> None:
+    """Raises DataError naming the file unless the split's arrays are consistent: per side, offsets that start
+    at 0, never decrease and end at the manifest's piece count, lengths in the length index equal to the offsets'
+    differences (saturated), and (with `vocab`) piece ids in [0, vocab[side]).
+
+    A file of the right size with other bytes in it (a disk fault, an edit) would otherwise reach the model as
+    out-of-range ids (an error deep in TensorFlow on CPU, silently zero embeddings on a GPU) or negative lengths.
+    One sequential pass over every file, in chunks: memory stays bounded; files read on demand are read once more
+    here (about a second per GB from the page cache).
+    """
+
+    def corrupt(name: str, what: str) -> DataError:
+        return DataError(f"{directory / name} is corrupt ({what}): delete {directory} and prepare again")
+
+    lengths = arrays["lengths"]
+    for column, side in enumerate(SIDES):
+        offsets, name = arrays[f"{side}.offsets"], f"{side}.offsets"
+        if int(offsets[0]) != 0 or int(offsets[len(offsets) - 1]) != manifest["pieces"][side]:
+            raise corrupt(name, f"it does not span {side}.values")
+        previous = 0
+        for position, chunk in _chunks(offsets, 1):
+            steps = np.diff(chunk, prepend=previous)
+            if np.any(steps < 0):
+                raise corrupt(name, f"offset {position + int(np.argmax(steps < 0))} decreases")
+            indexed = np.asarray(lengths[position - 1 : position - 1 + len(chunk), column])
+            if not np.array_equal(np.minimum(steps, MAX_INDEXED_LENGTH), indexed):
+                raise corrupt("lengths", f"{side} lengths disagree with {name}")
+            previous = int(chunk[-1])
+        if vocab is None or manifest["pieces"][side] == 0:
+            continue
+        for _, chunk in _chunks(arrays[f"{side}.values"]):
+            if int(chunk.min()) < 0 or int(chunk.max()) >= vocab[side]:
+                bad = int(chunk.max()) if int(chunk.min()) >= 0 else int(chunk.min())
+                raise corrupt(f"{side}.values", f"piece id {bad} outside the vocabulary of {vocab[side]}")
+
+
 class PreparedSplit:
     """A prepared split, read from its files (or in memory): lengths for planning, `gather` for batches.
 
@@ -159,12 +211,17 @@ class PreparedSplit:
         self.source_lengths, self.target_lengths = lengths[:, 0], lengths[:, 1]
 
     @classmethod
-    def open(cls, directory: Path, in_memory: bool | None = None) -> PreparedSplit:
-        """Opens a complete split directory; checks every file's size against the manifest (names a bad one).
+    def open(
+        cls, directory: Path, in_memory: bool | None = None, vocab: dict[str, int] | None = None
+    ) -> PreparedSplit:
+        """Opens a complete split directory; checks every file's size against the manifest and its contents
+        (`check_contents`), naming a bad file.
 
         Args:
           in_memory: load the arrays into memory (None: when the split is under IN_MEMORY_BYTES); else the
             length index is memory-mapped and the pairs are read from the files on demand (`ArrayFile`).
+          vocab: {"source": size, "target": size} of the tokenizer the split was prepared with: every piece id
+            must be below it (None: not checked).
         """
         directory = Path(directory)
         manifest = read_manifest(directory)
@@ -197,13 +254,7 @@ class PreparedSplit:
                 arrays[name] = np.frombuffer(mapped[name], dt).reshape(shape)
             else:
                 arrays[name] = ArrayFile(path, dt, shape[0])
-        for side in SIDES:  # cheap consistency checks (two values each), not a checksum of the contents
-            offsets = arrays[f"{side}.offsets"]
-            if int(offsets[0]) != 0 or int(offsets[-1]) != manifest["pieces"][side]:
-                raise DataError(
-                    f"{directory / f'{side}.offsets'} is corrupt (it does not span {side}.values): "
-                    f"delete {directory} and prepare again"
-                )
+        check_contents(directory, arrays, manifest, vocab)
         return cls(arrays, manifest, origin="memory" if load else "from file", maps=mapped)
 
     @classmethod

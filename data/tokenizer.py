@@ -150,11 +150,14 @@ class Tokenizer(tf.Module):
         """Loads `spm.model`, or `spm.source.model` and `spm.target.model`, from `directory`."""
         directory = Path(directory)
         joint = directory / JOINT_MODEL
-        if joint.is_file():
-            return cls(joint.read_bytes(), files=[joint])
         source, target = directory / SOURCE_MODEL, directory / TARGET_MODEL
-        if source.is_file() and target.is_file():
-            return cls(source.read_bytes(), target.read_bytes(), files=[source, target])
+        try:
+            if joint.is_file():
+                return cls(joint.read_bytes(), files=[joint])
+            if source.is_file() and target.is_file():
+                return cls(source.read_bytes(), target.read_bytes(), files=[source, target])
+        except DataError as err:
+            raise DataError(f"{directory}: {err}") from err
         raise DataError(
             f"no tokenizer in {directory}: expected {JOINT_MODEL}, or {SOURCE_MODEL} and {TARGET_MODEL}"
         )

@@ -111,3 +111,83 @@ def test_a_token_file_cut_after_opening_is_named_when_read(tmp_path):
         DataError, match=r"source\.values is shorter than its manifest says: delete .* prepare again"
     ):
         split.gather(np.arange(len(split)))
+
+
+def _scramble(path, start: int, data: bytes) -> None:
+    """Overwrites bytes of `path` at `start`: the same size, other contents."""
+    content = bytearray(path.read_bytes())
+    content[start : start + len(data)] = data
+    path.write_bytes(bytes(content))
+
+
+@pytest.mark.parametrize("in_memory", [True, False])
+def test_right_sized_but_corrupt_files_are_named(tmp_path, monkeypatch, in_memory):
+    """Random bytes in place of ids or offsets: a DataError naming the file, whether the split is read into memory
+    or from its files (in chunks smaller than the files here, so the chunk seams are crossed)."""
+    import data.store
+
+    monkeypatch.setattr(data.store, "CHECK_CHUNK", 7)
+    cfg = folder_cfg(tmp_path)
+    tokenizer, splits = prepare(cfg, progress=False)
+    vocab = {"source": tokenizer.source_vocab_size, "target": tokenizer.target_vocab_size}
+    directory = splits["train"]
+    pristine = {path.name: path.read_bytes() for path in directory.iterdir()}
+    split = PreparedSplit.open(directory, in_memory=in_memory, vocab=vocab)  # intact: opens
+    assert len(split) == split.manifest["pairs"]
+    dtype = np.dtype(split.manifest["dtype"])
+
+    def damaged(name, start, data):
+        for path in directory.iterdir():
+            path.write_bytes(pristine[path.name])
+        _scramble(directory / name, start, data)
+        return lambda: PreparedSplit.open(directory, in_memory=in_memory, vocab=vocab)
+
+    too_large = np.array([vocab["target"]], dtype).tobytes()  # one id past the vocabulary, in the 10th piece
+    with pytest.raises(DataError, match=rf"target\.values is corrupt \(piece id {vocab['target']} outside"):
+        damaged("target.values", 9 * dtype.itemsize, too_large)()
+    backwards = np.array([3], np.int64).tobytes()  # offset 20 set back to 3: pair 19 ends before it starts
+    with pytest.raises(DataError, match=r"source\.offsets is corrupt \(offset 20 decreases\).*prepare again"):
+        damaged("source.offsets", 20 * 8, backwards)()
+    lengths = np.array([60000], np.uint16).tobytes()  # pair 12's source length, not what the offsets say
+    with pytest.raises(
+        DataError, match=r"lengths is corrupt \(source lengths disagree with source\.offsets\)"
+    ):
+        damaged("lengths", 12 * 4, lengths)()
+    damaged("target.values", 9 * dtype.itemsize, too_large)
+    PreparedSplit.open(directory, in_memory=in_memory)  # without a vocabulary the ids are not checked
+    with pytest.raises(DataError, match=r"target\.values is corrupt"):
+        make_train_dataset(cfg, tokenizer, seed=0)  # what training opens
+
+
+def test_an_entry_without_its_manifest_is_prepared_again(tmp_path):
+    cfg = folder_cfg(tmp_path)
+    _, splits = prepare(cfg, progress=False)
+    directory = splits["train"]
+    pristine = {path.name: path.read_bytes() for path in directory.iterdir()}
+    (directory / "manifest.json").unlink()  # by hand: the entry no longer counts as complete
+    _, again = prepare(cfg, progress=False)
+    assert again["train"] == directory
+    assert {path.name: path.read_bytes() for path in directory.iterdir()} == pristine
+
+
+def test_a_damaged_cached_tokenizer_is_named_with_the_fix(tmp_path):
+    cfg = folder_cfg(tmp_path)
+    prepare(cfg, progress=False)
+    (model,) = (tmp_path / "cache").glob("tokenizer-*/spm.model")
+    model.write_bytes(model.read_bytes()[:1000])
+    with pytest.raises(
+        DataError, match=rf"cached tokenizer is damaged \({model.parent}: .*delete {model.parent}"
+    ):
+        prepare(cfg, progress=False)
+
+
+def test_the_cli_names_a_damaged_entry_instead_of_nothing_to_do(tmp_path, capsys):
+    cfg = folder_cfg(tmp_path)
+    config = str(write_config(tmp_path, cfg))
+    assert main(["--config", config, "--no-progress"]) == 0
+    capsys.readouterr()
+    (offsets,) = (tmp_path / "cache").glob("*_train-*/source.offsets")
+    offsets.unlink()
+    assert main(["--config", config, "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert f"{offsets} is truncated or corrupt" in err and "nothing to do" not in err

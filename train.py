@@ -5,7 +5,8 @@
 Rerunning the same command on the same --model-dir resumes from the last checkpoint (and says so).
 Exit codes: 0 done or stopped cleanly by SIGINT/SIGTERM (checkpoint saved), 1 training failed,
 2 bad config or arguments (nothing written), 3 the run directory is in use or inconsistent, or was removed while
-training.
+training, 130 interrupted before training started (a new run's start is undone) or by a second signal (the last
+checkpoint is intact).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import argparse
 import contextlib
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -82,6 +84,9 @@ def main(argv=None) -> int:
     except ConfigError as err:
         print(f"train.py: config error: {err}", file=sys.stderr)
         return 2
+    if args.model_dir is not None and not args.model_dir.strip():
+        print("train.py: --model-dir is empty (an unset variable?): give a directory", file=sys.stderr)
+        return 2
     run_dir = RunDir(args.model_dir or Path("runs") / Path(args.config).stem)
     try:
         resuming = check_resume_compatible(run_dir, config)
@@ -92,31 +97,50 @@ def main(argv=None) -> int:
     from nmt.distribute import is_chief
 
     chief = is_chief()  # only the chief of a multi-worker run locks and writes the run directory
+    fresh = chief and not resuming  # a new run: what its start writes into DIR is undone if the start fails
+    before = existing_entries(run_dir) if fresh else None
     try:  # before the slow imports: a second training on DIR is refused at once
         lock = RunLock(run_dir).acquire() if chief else contextlib.nullcontext()
     except RunDirError as err:
         print(f"train.py: {err}", file=sys.stderr)
         return 3
-
-    from nmt.trainer import Trainer
+    except OSError as err:  # DIR is a file, under a file, on a read-only filesystem...
+        print(f"train.py: cannot use {run_dir.path} as the run directory: {err}", file=sys.stderr)
+        return 2
 
     written = resuming  # DIR has its config.yaml: if it goes, the directory was removed under this process
+    started = False  # setup succeeded: from then on DIR holds a run (a new run's failed start is undone)
+    # SIGTERM ends the start like SIGINT (undone if new) until training installs its own handlers
+    previous_term = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         with lock:
-            log.info("run directory %s (%s)", run_dir.path, "resuming" if resuming else "new run")
-            print(config.to_yaml(), file=sys.stderr)
-            # config.yaml describes what DIR holds: a new run writes it first (before the tokenizer goes in); a
-            # resume rewrites it only once the checkpoint is accepted (nmt.budget refuses another global batch, a
-            # corrupt checkpoint is refused...): a refused start leaves DIR as it was.
-            if chief and not resuming:
-                write_atomic(run_dir.config_path, config.to_yaml())
-                written = True
-            trainer = Trainer(config, run_dir)
-            trainer.setup()
+            try:
+                from nmt.trainer import Trainer
+
+                log.info("run directory %s (%s)", run_dir.path, "resuming" if resuming else "new run")
+                print(config.to_yaml(), file=sys.stderr)
+                # config.yaml describes what DIR holds: a new run writes it first (before the tokenizer goes in); a
+                # resume rewrites it only once the checkpoint is accepted (nmt.budget refuses another global batch,
+                # a corrupt checkpoint is refused...) and the run has something left to do: a refused start, or the
+                # rerun of a finished run, leaves DIR as it was. A new run whose start fails is undone (`discard`).
+                if chief and not resuming:
+                    write_atomic(run_dir.config_path, config.to_yaml())
+                    written = True
+                trainer = Trainer(config, run_dir)
+                trainer.setup()
+                started = True
+            finally:
+                if fresh and not started:
+                    discard(run_dir, before)
+                    written = False
+            if message := trainer.already_finished():
+                print(f"train.py: {message}", file=sys.stderr)
+                return 0
             if chief and resuming:
                 write_atomic(run_dir.config_path, config.to_yaml())
             if trainer.resumed_from:
                 print(f"train.py: resuming {run_dir.path} from step {trainer.resumed_from}", file=sys.stderr)
+            signal.signal(signal.SIGTERM, previous_term)  # training installs its own (stop after the step)
             result = trainer.train()
     except Exception as err:
         code = report_failure(err, run_dir, removed=chief and written and not run_dir.exists())
@@ -124,13 +148,50 @@ def main(argv=None) -> int:
             raise
         return code
     except KeyboardInterrupt:
-        print(
-            "train.py: interrupted twice; stopped without a new checkpoint (the last one is intact)",
-            file=sys.stderr,
-        )
+        if not started:
+            what = "the last checkpoint is intact" if resuming else "nothing was trained, nothing kept"
+            print(f"train.py: interrupted before training started ({what})", file=sys.stderr)
+        else:
+            print(
+                "train.py: interrupted twice; stopped without a new checkpoint (the last one is intact)",
+                file=sys.stderr,
+            )
         return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous_term)
     print(f"train.py: {result.message}", file=sys.stderr)
     return 0
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def existing_entries(run_dir: RunDir) -> set[str] | None:
+    """The names in DIR before a new run starts (None: DIR does not exist yet)."""
+    if not run_dir.path.is_dir():
+        return None if not run_dir.path.exists() else set()
+    return {entry.name for entry in run_dir.path.iterdir()}
+
+
+def discard(run_dir: RunDir, before: set[str] | None) -> None:
+    """Undoes a new run whose start failed: removes what it wrote into DIR (config.yaml, tokenizer/, ...), and DIR
+    itself if it made it (`before` None), so that the corrected command starts afresh there (not refused as another
+    run's directory, nor handed the failed start's tokenizer). What was in DIR before is kept. The lock file goes
+    too: the lock itself is held until the process releases it."""
+    import shutil
+
+    if not run_dir.path.is_dir():
+        return
+    for entry in run_dir.path.iterdir():
+        if before is None or entry.name not in before:
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+    if before is None:
+        with contextlib.suppress(OSError):
+            run_dir.path.rmdir()
 
 
 def report_failure(err: Exception, run_dir: RunDir, removed: bool) -> int | None:
@@ -158,4 +219,8 @@ def report_failure(err: Exception, run_dir: RunDir, removed: bool) -> int | None
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # before main's own handling (the imports above, argument parsing)
+        print("train.py: interrupted before training started (nothing was written)", file=sys.stderr)
+        sys.exit(130)

@@ -19,6 +19,7 @@ import errno
 import fcntl
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -165,6 +166,7 @@ def write_atomic(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp's 0600 would hide the file from the other readers of DIR
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
             handle.flush()
@@ -173,6 +175,12 @@ def write_atomic(path: Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 class RunLock:
@@ -268,6 +276,48 @@ def drop_checkpoints(directory: Path, keep) -> list[int]:
         for path in directory.glob(f"ckpt-{step}.*"):
             path.unlink()
     return removed
+
+
+def repair_checkpoint_state(directory: Path) -> str:
+    """Makes TensorFlow's state file in `directory` name the complete checkpoints there; returns what it changed.
+
+    The state file (`checkpoint`) is what every reader follows: without it, or with it unreadable, a resume would
+    start from step 0 and rotate the real checkpoints away; naming a checkpoint that was moved away (the corrupt
+    one, as the error advises), it could not resume at all. Then it is written anew from the complete checkpoints
+    on disk (`ckpt-N.index` with its data), the newest as the latest. "" when nothing needed changing.
+    """
+    import tensorflow as tf
+
+    directory = Path(directory)
+    if not directory.is_dir():
+        return ""
+    complete = sorted(
+        checkpoint_step(index.with_suffix(""))
+        for index in directory.glob("ckpt-*.index")
+        if re.fullmatch(r"ckpt-\d+\.index", index.name) and any(directory.glob(f"{index.stem}.data-*"))
+    )
+    try:
+        state = tf.train.get_checkpoint_state(str(directory))
+        problem = "is missing" if state is None else ""
+    except (ValueError, tf.errors.OpError) as err:
+        state, problem = None, f"is unreadable ({first_line(err)})"
+    if state is not None:
+        named = list(state.all_model_checkpoint_paths) or [state.model_checkpoint_path]
+        present = [p for p in named if Path(directory, os.path.basename(p) + ".index").is_file()]
+        if state.model_checkpoint_path in present:
+            return ""
+        problem = f"names {os.path.basename(state.model_checkpoint_path)}, which is gone"
+    if not complete:
+        return ""
+    names = [f"ckpt-{step}" for step in complete]
+    times = [Path(directory, f"{name}.index").stat().st_mtime for name in names]
+    tf.compat.v1.train.update_checkpoint_state(
+        str(directory), names[-1], all_model_checkpoint_paths=names, all_model_checkpoint_timestamps=times
+    )
+    return (
+        f"{directory / 'checkpoint'} {problem}: rewritten from the checkpoints present "
+        f"({', '.join(names)}); resuming from the newest"
+    )
 
 
 def restore_errors() -> tuple[type[BaseException], ...]:

@@ -28,7 +28,14 @@ from nmt.distribute import StopControl, WorkersDisagree, is_chief, make_strategy
 from nmt.final_weights import AveragingSnapshots
 from nmt.optimizer import adam
 from nmt.precision import device_kind, resolve_autocluster, resolve_precision, resolve_xla, set_policy
-from nmt.run_dir import RunDir, RunDirError, checkpoint_step, first_line, restore_errors
+from nmt.run_dir import (
+    RunDir,
+    RunDirError,
+    checkpoint_step,
+    first_line,
+    repair_checkpoint_state,
+    restore_errors,
+)
 from nmt.summaries import drop_events_after, write_train_summaries
 from nmt.train_step import TrainStep
 from nmt.trainer_evaluation import TrainerEvaluation
@@ -160,6 +167,8 @@ class Trainer(TrainerEvaluation):
         self.checkpoint_parts = dict(state, rng_state=self.rng_state)
         self.checkpoint = tf.train.Checkpoint(**self.checkpoint_parts)
         checkpoint_dir = self.run_dir.checkpoint_dir if self.chief else self.private_dir / "checkpoints"
+        if self.chief and (repaired := repair_checkpoint_state(checkpoint_dir)):
+            log.warning("%s", repaired)
         self.manager = tf.train.CheckpointManager(
             self.checkpoint,
             str(checkpoint_dir),
@@ -243,7 +252,7 @@ class Trainer(TrainerEvaluation):
         SIGINT/SIGTERM stop after the step in progress, or at once during an evaluation (a single process):
         either way a checkpoint is saved and the same command resumes exactly (an interrupted evaluation first).
         """
-        if message := self._already_finished():  # a rerun of a finished run: nothing to train or evaluate
+        if message := self.already_finished():  # a rerun of a finished run: nothing to train or evaluate
             status = "early_stopped" if self._patience_spent() else "done"
             return TrainResult(status, self.step, self.resumed_from, message)
         previous = self.stop.install()

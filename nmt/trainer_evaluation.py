@@ -59,7 +59,7 @@ class TrainerEvaluation:
             message += f", BLEU {record['bleu']:.2f}"
         return status, message
 
-    def _already_finished(self) -> str:
+    def already_finished(self) -> str:
         """The message of a run that wrote and evaluated its final weights at this step, else "".
 
         Its rerun (the same command again) ends there instead of evaluating the same weights again and appending a

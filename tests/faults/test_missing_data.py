@@ -72,11 +72,13 @@ def test_no_mirror_gives_clear_error_and_the_next_run_prepares(corpus, tmp_path,
     assert not data_dir.exists() or half_prepared(data_dir) == []
     assert not (run_dir / "tokenizer").exists() and not (run_dir / "checkpoints").exists()
 
-    # The user points data.manual_dir at a real mirror and reruns the same command on the same run directory:
-    # train.py accepts it (where the data lives is not part of the run's identity) and the data prepares.
+    # The failed start was undone (nothing of it left to refuse the next command): the user points
+    # data.manual_dir at a real mirror and reruns the same command on the same run directory, a new run there,
+    # and the data prepares.
+    assert not run_dir.exists()
     mirror = write_fake_mirror(tmp_path / "mirror")
     fixed = load_config(config, [f"data.manual_dir={mirror}"])
-    assert train_cli.check_resume_compatible(RunDir(run_dir), fixed)  # resumes the (empty) run, no refusal
+    assert not train_cli.check_resume_compatible(RunDir(run_dir), fixed)  # a new run, no refusal
     assert split_sizes(fixed.data) == {"train": 200, "validation": 40, "test": 40}
     assert prepared(data_dir)
 

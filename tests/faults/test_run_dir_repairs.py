@@ -1,0 +1,118 @@
+"""A run directory damaged by hand, or a start that cannot go on: nothing lost, nothing left half-made.
+
+TensorFlow's checkpoint state file deleted, emptied or naming a checkpoint moved away (the resume continues from the
+newest complete checkpoint, never from step 0); a finished run rerun with other settings (its config.yaml stays);
+a new run whose start fails (undone, so the corrected command is not refused); an unusable --model-dir (exit 2).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import tensorflow as tf
+
+import train as train_cli
+from nmt.run_dir import repair_checkpoint_state, write_atomic
+from tests.faults.helpers import CHECKPOINT_EVERY, MAX_STEPS, snapshot, snapshot_run
+
+
+def _steps(directory: Path) -> list[int]:
+    state = tf.train.get_checkpoint_state(str(directory))
+    return [int(path.rsplit("-", 1)[-1]) for path in state.all_model_checkpoint_paths]
+
+
+@pytest.mark.parametrize("damage", ["deleted", "emptied", "newest moved away"])
+def test_a_damaged_checkpoint_state_file_is_rewritten_from_the_checkpoints(reference_copy, tmp_path, damage):
+    checkpoints = reference_copy / "checkpoints"
+    kept = _steps(checkpoints)
+    assert kept[-1] == MAX_STEPS and len(kept) > 1
+    assert repair_checkpoint_state(checkpoints) == ""  # intact: untouched
+    state = checkpoints / "checkpoint"
+    if damage == "deleted":
+        state.unlink()
+    elif damage == "emptied":
+        state.write_text("")
+    else:  # what the error for a corrupt newest checkpoint advises
+        for path in checkpoints.glob(f"ckpt-{MAX_STEPS}.*"):
+            shutil.move(path, tmp_path / path.name)
+        kept = kept[:-1]
+    (
+        checkpoints / f"ckpt-{MAX_STEPS + CHECKPOINT_EVERY}_temp"
+    ).mkdir()  # a half-written save is not a checkpoint
+    message = repair_checkpoint_state(checkpoints)
+    assert f"{state} " in message and f"ckpt-{kept[-1]}); resuming from the newest" in message
+    assert _steps(checkpoints) == kept
+    assert tf.train.latest_checkpoint(str(checkpoints)) == str(checkpoints / f"ckpt-{kept[-1]}")
+    manager = tf.train.CheckpointManager(tf.train.Checkpoint(), str(checkpoints), max_to_keep=len(kept))
+    assert [
+        int(p.rsplit("-", 1)[-1]) for p in manager.checkpoints
+    ] == kept  # what the trainer's manager rotates
+
+
+def test_a_finished_run_with_its_state_file_deleted_is_still_finished(
+    fault_config, reference_copy, capsys, caplog
+):
+    """Before the repair, this rerun trained from step 0 again, rotating the real checkpoints away."""
+    (reference_copy / "checkpoints" / "checkpoint").unlink()
+    code = train_cli.main(["--config", str(fault_config), "--model-dir", str(reference_copy)])
+    stderr = capsys.readouterr().err
+    assert code == 0, stderr[-3000:]
+    assert any("rewritten from the checkpoints present" in r.getMessage() for r in caplog.records)
+    assert f"train.py: already finished at step {MAX_STEPS}" in stderr
+
+
+def test_a_finished_run_rerun_with_other_settings_keeps_its_config(fault_config, reference_copy, capsys):
+    before = snapshot_run(reference_copy)
+    argv = ["--config", str(fault_config), "--model-dir", str(reference_copy)]
+    code = train_cli.main([*argv, "--set", "eval.beam_size=7", "train.learning_rate=0.5"])
+    stderr = capsys.readouterr().err
+    assert code == 0, stderr[-3000:]
+    assert f"train.py: already finished at step {MAX_STEPS}" in stderr
+    assert "resuming" not in stderr.split("\n")[-2]
+    assert snapshot_run(reference_copy) == before  # config.yaml too: the run did not use those settings
+
+
+@pytest.mark.parametrize("existed", [False, True])
+def test_a_new_run_whose_start_fails_is_undone(fault_config, tmp_path, capsys, existed):
+    run_dir = tmp_path / "run"
+    if existed:  # a directory the user made, with a file of theirs: kept as it was
+        run_dir.mkdir()
+        (run_dir / "notes.txt").write_text("mine\n")
+    before = snapshot(tmp_path)
+    # a vocabulary the 200-pair corpus cannot give: SentencePiece refuses, a data error after config.yaml went in
+    argv = ["--config", str(fault_config), "--model-dir", str(run_dir), "--set", "data.vocab_size=60000"]
+    code = train_cli.main(argv)
+    stderr = capsys.readouterr().err
+    assert code == 1, stderr[-3000:]
+    assert "train.py: data error:" in stderr
+    assert (
+        snapshot(tmp_path) == before
+    )  # nothing of the failed start left: the corrected command starts afresh
+    assert run_dir.is_dir() == existed
+
+
+def test_an_unusable_model_dir_exits_2(fault_config, tmp_path, capsys):
+    regular = tmp_path / "a-file"
+    regular.write_text("not a directory\n")
+    for model_dir in (regular, regular / "below"):
+        code = train_cli.main(["--config", str(fault_config), "--model-dir", str(model_dir)])
+        stderr = capsys.readouterr().err
+        assert code == 2, stderr[-3000:]
+        assert f"train.py: cannot use {model_dir} as the run directory" in stderr
+    assert regular.read_text() == "not a directory\n"
+    code = train_cli.main(["--config", str(fault_config), "--model-dir", ""])
+    assert code == 2 and "--model-dir is empty" in capsys.readouterr().err
+
+
+def test_written_files_are_readable_like_the_rest_of_the_run_directory(tmp_path):
+    mask = os.umask(0o027)
+    try:
+        write_atomic(tmp_path / "config.yaml", "a: 1\n")
+        (tmp_path / "plain").write_text("b\n")
+    finally:
+        os.umask(mask)
+    modes = {name: (tmp_path / name).stat().st_mode & 0o777 for name in ("config.yaml", "plain")}
+    assert modes == {"config.yaml": 0o640, "plain": 0o640}

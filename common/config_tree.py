@@ -7,15 +7,18 @@ CLIs build only their `data:` section (`build(DataConfig, tree.get("data", {}), 
     cfg = build(SomeDataclass, tree["section"], "section.")    # ConfigError naming the dotted path
 
 A YAML file may inherit from another with `base: other.yaml` (resolved next to the file, then in `configs/`);
-`--set section.key=value` overrides are parsed as YAML scalars. An unknown key, a wrong type or a value outside a
-field's `choices` metadata raises `ConfigError`. A dataclass may list keys it no longer has in a class attribute
-`LEGACY_KEYS = {"key": "why"}`: they are accepted, ignored and logged once (old run directories stay loadable).
+`--set section.key=value` overrides are parsed as YAML scalars. An unknown key, a key that is not a string, a wrong
+type, NaN where a number is expected, or a value outside a field's `choices` or `value_range` metadata raises
+`ConfigError`. A float field also takes a string that Python's `float()` parses: YAML 1.1 reads `1e-9` (no dot) as a
+string. A dataclass may list keys it no longer has in a class attribute `LEGACY_KEYS = {"key": "why"}`: they are
+accepted, ignored and logged once (old run directories stay loadable).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import types
 import typing
 from pathlib import Path
@@ -34,6 +37,48 @@ class ConfigError(ValueError):
 def choices(*values: Any) -> dict:
     """Field metadata restricting a field to `values`: `field(default=..., metadata=choices("a", "b"))`."""
     return {"choices": values}
+
+
+@dataclasses.dataclass(frozen=True)
+class Range:
+    """An interval of numbers (see `value_range`); a bound of None is no bound. Infinities and NaN are never in it."""
+
+    min: float | None = None
+    max: float | None = None
+    min_open: bool = False
+    max_open: bool = False
+    why: str = ""
+
+    def __contains__(self, value: float) -> bool:
+        if isinstance(value, float) and not math.isfinite(value):  # (an int may be too large for a float)
+            return False
+        if self.min is not None and (value <= self.min if self.min_open else value < self.min):
+            return False
+        return self.max is None or (value < self.max if self.max_open else value <= self.max)
+
+    def __str__(self) -> str:
+        if self.min is not None and self.max is not None:
+            left, right = "(" if self.min_open else "[", ")" if self.max_open else "]"
+            return f"in {left}{self.min:g}, {self.max:g}{right}"
+        if self.min is not None:
+            return f"{'>' if self.min_open else '>='} {self.min:g}"
+        if self.max is not None:
+            return f"{'<' if self.max_open else '<='} {self.max:g}"
+        return "finite"
+
+
+def value_range(
+    min: float | None = None,
+    max: float | None = None,
+    *,
+    min_open: bool = False,
+    max_open: bool = False,
+    why: str = "",
+) -> dict:
+    """Field metadata restricting a number (each number, for a list) to an interval, finite:
+    `field(default=0.1, metadata=value_range(0, 1, max_open=True))` is [0, 1). None (an optional field) passes.
+    `why`, if given, ends the error message in parentheses."""
+    return {"range": Range(min, max, min_open, max_open, why)}
 
 
 def resolve_config_path(name: str | Path, relative_to: Path | None = None) -> Path:
@@ -123,7 +168,10 @@ def _type_ok(value: Any, annotation: Any) -> tuple[bool, Any]:
     """Checks `value` against a field annotation; returns (ok, converted value)."""
     origin = typing.get_origin(annotation)
     if origin in (typing.Union, types.UnionType):
-        for option in typing.get_args(annotation):
+        options = typing.get_args(annotation)
+        if float in options and (number := _parse_float(value)) is not None:
+            return True, number  # before `str`: mask_fill "-1e9" (YAML 1.1 reads it as a string) is a number
+        for option in options:
             ok, converted = _type_ok(value, option)
             if ok:
                 return True, converted
@@ -143,10 +191,59 @@ def _type_ok(value: Any, annotation: Any) -> tuple[bool, Any]:
     if annotation is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return True, float(value)
-        return False, value
+        number = _parse_float(value)
+        return number is not None, value if number is None else number
     if annotation is str:
         return isinstance(value, str), value
     raise TypeError(f"unsupported annotation {annotation!r}")
+
+
+def _parse_float(value: Any) -> float | None:
+    """A string Python's `float()` reads (YAML 1.1 leaves `1e-9` and `1e-3` strings) as that float, else None."""
+    if not isinstance(value, str):
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        return None
+
+
+def _numbers(value: Any, dotted: str):
+    """(dotted path, number) of `value`, or of each number in a (nested) list, e.g. "data.bucket_boundaries[2]"."""
+    if isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from _numbers(item, f"{dotted}[{index}]")
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        yield dotted, value
+
+
+def check_value(dotted: str, value: Any, field: dataclasses.Field) -> None:
+    """Refuses NaN anywhere in `value`, and a value outside the field's `choices` or `value_range` metadata."""
+    allowed = field.metadata.get("choices")
+    if allowed and value not in allowed:
+        raise ConfigError(f"{dotted}: {value!r} is not one of {', '.join(map(str, allowed))}")
+    interval = field.metadata.get("range")
+    for where, number in _numbers(value, dotted):
+        if isinstance(number, float) and math.isnan(number):
+            raise ConfigError(f"{where}: expected a number, got NaN")
+        if interval is not None and number not in interval:
+            finite = (
+                " and finite"
+                if isinstance(number, float) and math.isinf(number) and interval.max is None
+                else ""
+            )
+            why = f" ({interval.why})" if interval.why else ""
+            raise ConfigError(f"{where}: must be {interval}{finite}, got {number!r}{why}")
+
+
+def check_fields(instance: Any, path: str = "") -> None:
+    """`check_value` on every field of a dataclass built without `build` (nested dataclasses too)."""
+    for field in dataclasses.fields(instance):
+        value = getattr(instance, field.name)
+        if dataclasses.is_dataclass(value):
+            check_fields(value, f"{path}{field.name}.")
+        else:
+            check_value(f"{path}{field.name}", value, field)
 
 
 def _describe(annotation: Any) -> str:
@@ -154,7 +251,7 @@ def _describe(annotation: Any) -> str:
 
 
 def build(cls: type, tree: Any, path: str = ""):
-    """A `cls` dataclass from a dict, checking keys, types and choices; nested dataclasses recursively.
+    """A `cls` dataclass from a dict, checking keys, types, choices and ranges; nested dataclasses recursively.
 
     Args:
       cls: the dataclass.
@@ -163,6 +260,13 @@ def build(cls: type, tree: Any, path: str = ""):
     """
     if not isinstance(tree, dict):
         raise ConfigError(f"{path.rstrip('.') or 'config'}: expected a mapping, got {type(tree).__name__}")
+    section = path.rstrip(".") or "the top level"
+    for key in tree:
+        if not isinstance(key, str):
+            raise ConfigError(
+                f"config keys must be strings: {section} has the key {key!r} ({type(key).__name__}); "
+                "quote it if it is meant as a name"
+            )
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     legacy = getattr(cls, "LEGACY_KEYS", {})
@@ -187,9 +291,7 @@ def build(cls: type, tree: Any, path: str = ""):
             raise ConfigError(
                 f"{dotted}: expected {_describe(annotation)}, got {type(value).__name__} {value!r}"
             )
-        allowed = fields[name].metadata.get("choices")
-        if allowed and converted not in allowed:
-            raise ConfigError(f"{dotted}: {converted!r} is not one of {', '.join(map(str, allowed))}")
+        check_value(dotted, converted, fields[name])
         kwargs[name] = converted
     return cls(**kwargs)
 

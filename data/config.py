@@ -10,7 +10,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from common.config_tree import ConfigError, build, choices, load_tree
+from common.config_tree import ConfigError, build, check_fields, choices, load_tree, value_range
+from common.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+
+# The smallest vocabulary SentencePiece can train: the special pieces (<pad>, <unk>, <s>, </s>), the word-boundary
+# piece "▁" and at least one character. A real corpus needs more (every character it holds): SentencePiece says so.
+_SPECIAL_PIECES = len({PAD_ID, UNK_ID, BOS_ID, EOS_ID})
+MIN_VOCAB_SIZE = _SPECIAL_PIECES + 2
+_VOCAB_WHY = f"room for the {_SPECIAL_PIECES} special pieces, the word boundary and one character"
+_AT_LEAST_1 = value_range(min=1)
 
 
 @dataclass
@@ -34,28 +42,42 @@ class DataConfig:
     validation_split: str = "validation"  # split for validation loss / BLEU during training
     test_split: str = "test"  # split for the final test score (Multi30k: test2016 flickr)
     tokenizer: str = field(default="unigram", metadata=choices("unigram", "bpe"))  # SentencePiece model type
-    vocab_size: int = 8000  # SentencePiece vocabulary size (padded up to a multiple of 8 in the model)
+    vocab_size: int = field(
+        default=8000, metadata=value_range(min=MIN_VOCAB_SIZE, why=_VOCAB_WHY)
+    )  # SentencePiece vocabulary size (padded up to a multiple of 8 in the model)
     joint_vocab: bool = True  # one vocabulary for source and target (needed for shared embeddings)
-    tokenizer_max_sentences: int = 1_000_000  # at most this many sentences sampled to train SentencePiece
-    max_length: int = 128  # drop training pairs longer than this many subwords (with BOS/EOS) on either side
-    batch_tokens: int = 4096  # tokens per training batch PER REPLICA (padded source or target, the longer)
-    bucket_boundaries: list[int] = field(default_factory=list)  # bucket edges; empty = automatic
-    eval_batch_tokens: int = 8192  # tokens per validation-loss batch
-    subword_dropout: float = (
-        0.0  # training only: probability a piece is split into two vocabulary pieces (0 = off)
-    )
+    tokenizer_max_sentences: int = field(
+        default=1_000_000, metadata=_AT_LEAST_1
+    )  # at most this many sentences sampled to train SentencePiece
+    max_length: int = field(
+        default=128, metadata=value_range(min=2, why="a subword and its BOS or EOS")
+    )  # drop training pairs longer than this many subwords (with BOS/EOS) on either side
+    batch_tokens: int = field(
+        default=4096, metadata=_AT_LEAST_1
+    )  # tokens per training batch PER REPLICA (padded source or target, the longer)
+    bucket_boundaries: list[int] = field(
+        default_factory=list, metadata=_AT_LEAST_1
+    )  # bucket edges, strictly increasing (those >= max_length are dropped); empty = automatic
+    eval_batch_tokens: int = field(default=8192, metadata=_AT_LEAST_1)  # tokens per validation-loss batch
+    subword_dropout: float = field(
+        default=0.0, metadata=value_range(min=0, max=1, max_open=True)
+    )  # training only: probability a piece is split into two vocabulary pieces (0 = off)
 
     # Keys of older versions, accepted (with a warning) and ignored, so saved run configs still load.
     LEGACY_KEYS = {"shuffle_buffer": "batches come from a full permutation per epoch, there is no buffer"}
 
 
 def validate_data_config(cfg: DataConfig) -> None:
-    """Checks what types alone do not; `ConfigError` naming the key."""
-    for name in ("vocab_size", "max_length", "batch_tokens", "eval_batch_tokens", "tokenizer_max_sentences"):
-        if getattr(cfg, name) <= 0:
-            raise ConfigError(f"data.{name}: must be positive")
-    if not 0.0 <= cfg.subword_dropout < 1.0:
-        raise ConfigError(f"data.subword_dropout: a probability in [0, 1), got {cfg.subword_dropout}")
+    """Checks what types alone do not (ranges and choices too, for a `DataConfig` built in code); `ConfigError`
+    naming the key."""
+    check_fields(cfg, "data.")
+    edges = cfg.bucket_boundaries
+    for index in range(1, len(edges)):
+        if edges[index] <= edges[index - 1]:
+            raise ConfigError(
+                f"data.bucket_boundaries: must be strictly increasing, got {edges} "
+                f"({edges[index]} after {edges[index - 1]})"
+            )
 
 
 def load_data_config(

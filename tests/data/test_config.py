@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from common.config_tree import ConfigError
-from data.config import DataConfig, load_data_config
+from data.config import DataConfig, load_data_config, validate_data_config
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -25,7 +25,7 @@ def test_inheritance_overrides_and_strict_data_section(tmp_path):
         load_data_config(child, ["data.vocab_sise=8"])
     with pytest.raises(ConfigError, match="data.tokenizer: 'wordpiece' is not one of"):
         load_data_config(child, ["data.tokenizer=wordpiece"])
-    with pytest.raises(ConfigError, match="data.batch_tokens: must be positive"):
+    with pytest.raises(ConfigError, match="data.batch_tokens: must be >= 1, got 0"):
         load_data_config(child, ["data.batch_tokens=0"])
 
 
@@ -54,3 +54,70 @@ def test_data_package_imports_nothing_from_nmt_or_transformer():
         "assert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=300)
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("data.vocab_size=3", r"data\.vocab_size: must be >= 6, got 3 \(room for the 4 special pieces"),
+        ("data.vocab_size=5", r"data\.vocab_size: must be >= 6, got 5"),
+        ("data.max_length=1", r"data\.max_length: must be >= 2, got 1"),
+        ("data.batch_tokens=-1", r"data\.batch_tokens: must be >= 1, got -1"),
+        ("data.eval_batch_tokens=0", r"data\.eval_batch_tokens: must be >= 1, got 0"),
+        ("data.tokenizer_max_sentences=0", r"data\.tokenizer_max_sentences: must be >= 1, got 0"),
+        ("data.bucket_boundaries=[30, 10, 0]", r"data\.bucket_boundaries\[2\]: must be >= 1, got 0"),
+        ("data.bucket_boundaries=[-8]", r"data\.bucket_boundaries\[0\]: must be >= 1, got -8"),
+        (
+            "data.bucket_boundaries=[30, 10]",
+            r"data\.bucket_boundaries: must be strictly increasing, got \[30, 10\]",
+        ),
+        ("data.bucket_boundaries=[8, 16, 16]", r"strictly increasing, got \[8, 16, 16\] \(16 after 16\)"),
+        ("data.subword_dropout=1", r"data\.subword_dropout: must be in \[0, 1\), got 1\.0"),
+        ("data.subword_dropout=-0.1", r"data\.subword_dropout: must be in \[0, 1\), got -0\.1"),
+        ("data.subword_dropout=.nan", r"data\.subword_dropout: expected a number, got NaN"),
+    ],
+)
+def test_data_ranges_are_checked_at_config_time(override, message):
+    """Before any data is read: `data.prepare` and `data.stats` exit 2 on these, as train.py does."""
+    with pytest.raises(ConfigError, match=message):
+        load_data_config("tiny.yaml", [override])
+
+
+def test_data_range_boundaries_are_accepted():
+    cfg, _ = load_data_config(
+        "tiny.yaml",
+        ["data.vocab_size=6", "data.max_length=2", "data.batch_tokens=1", "data.eval_batch_tokens=1"]
+        + [
+            "data.tokenizer_max_sentences=1",
+            "data.bucket_boundaries=[1, 2, 50]",
+            "data.subword_dropout=0.999",
+        ],
+    )
+    assert (cfg.vocab_size, cfg.max_length, cfg.batch_tokens, cfg.eval_batch_tokens) == (6, 2, 1, 1)
+    assert (cfg.tokenizer_max_sentences, cfg.bucket_boundaries, cfg.subword_dropout) == (1, [1, 2, 50], 0.999)
+    assert (
+        load_data_config("tiny.yaml", ["data.subword_dropout=1e-1"])[0].subword_dropout == 0.1
+    )  # YAML 1.1 string
+
+
+def test_a_data_config_built_in_code_is_checked_too():
+    validate_data_config(DataConfig(bucket_boundaries=[8, 16]))
+    with pytest.raises(ConfigError, match=r"data\.bucket_boundaries\[0\]: must be >= 1, got 0"):
+        validate_data_config(DataConfig(bucket_boundaries=[0, 16]))
+    with pytest.raises(ConfigError, match=r"data\.bucket_boundaries: must be strictly increasing"):
+        validate_data_config(DataConfig(bucket_boundaries=[16, 8]))
+    with pytest.raises(ConfigError, match=r"data\.vocab_size: must be >= 6, got 4"):
+        validate_data_config(DataConfig(vocab_size=4))
+
+
+def test_non_string_keys_in_the_data_section(tmp_path):
+    path = tmp_path / "keys.yaml"
+    path.write_text("data:\n  vocab_size: 300\n  1: 2\n  null: 3\n")
+    with pytest.raises(ConfigError, match=r"config keys must be strings: data has the key 1 \(int\)"):
+        load_data_config(path)
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_config_has_a_valid_data_section(path):
+    cfg, _ = load_data_config(path)
+    validate_data_config(cfg)

@@ -8,7 +8,9 @@
 BLEU is sacreBLEU on detokenized, cased hypotheses against the raw references (signature printed); `bleu_lc_tok`
 is lowercased, 13a-tokenized BLEU, only for comparison with papers. Hypotheses go to DIR/hypotheses.<split>.txt
 unless --output says otherwise. With --engine ctranslate2 the translations come from the CTranslate2 export and
-the loss from the run directory's TensorFlow weights (`loss_weights`; null, with `loss_note`, if it has none).
+the loss from the run directory's TensorFlow weights (`loss_weights`; null, with `loss_note`, if it has none), the
+ones the export was made from when the run has them (--weights is refused with that engine).
+--source/--reference may be pipes (read once) or `-` (stdin, for one of them); a UTF-8 byte order mark is dropped.
 Exit codes: 0 ok, 1 run-directory/model problem, 2 usage error.
 """
 
@@ -40,9 +42,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--alpha", type=float, default=None, help="beam length-penalty exponent; default: eval.alpha"
     )
     parser.add_argument(
-        "--source", help="evaluate on this source file instead of a split (needs --reference)"
+        "--source", help="evaluate on this source file instead of a split (needs --reference; '-': stdin)"
     )
-    parser.add_argument("--reference", help="reference translations, line-aligned with --source")
+    parser.add_argument("--reference", help="reference translations, line-aligned with --source ('-': stdin)")
     parser.add_argument("--output", help="hypotheses file (default: DIR/hypotheses.<split>.txt)")
     cli.add_weights_argument(parser)
     parser.add_argument("--max-sentences", type=int, default=0, help="only the first N sentences (0 = all)")
@@ -70,11 +72,14 @@ def main(argv: list[str] | None = None) -> int:
     cli.check_streams(args.streams)
     cli.check_input_file(args.source)
     cli.check_input_file(args.reference)
+    if args.source == args.reference == "-":
+        raise cli.CliError("--source and --reference cannot both be stdin ('-')", exit_code=2)
     if args.source is not None:
-        from nmt.text_io import count_lines
+        from nmt.text_io import count_lines_if_file
 
-        counts = count_lines(args.source), count_lines(args.reference)
-        if counts[0] != counts[1]:
+        # regular files only: a pipe is read once, by the evaluation (which checks the alignment too)
+        counts = count_lines_if_file(args.source), count_lines_if_file(args.reference)
+        if None not in counts and counts[0] != counts[1]:
             raise cli.CliError(
                 f"--source has {counts[0]} lines but --reference has {counts[1]}: they must be line-aligned",
                 exit_code=2,

@@ -10,12 +10,15 @@
 Input is read as bytes: invalid UTF-8 is replaced (U+FFFD) and NUL bytes removed, each with a warning naming the
 line on stderr. Empty lines give empty lines without reaching the model; lines longer than the model's position
 table are translated truncated, with a warning. The input is streamed in chunks of --chunk-size lines (bounded
-memory for any file size); --output is written through a temporary file renamed at the end.
+memory for any file size; a pipe or FIFO is read once); a UTF-8 byte order mark at its start is dropped. `-` as
+--input or --output is stdin or stdout. --output is written through a temporary file renamed at the end; SIGINT
+and SIGTERM stop cleanly (exit 130, the temporary file removed).
 With --nbest N, each output line holds N tab-separated `text<TAB>score` fields, best first (score: the
-length-normalised log-probability of the beam search), so the line count still matches the input.
+length-normalised log-probability of the beam search; an empty translation is an empty text field), so the line
+count still matches the input.
 --engine ctranslate2 decodes with a CTranslate2 export (export.py --format ctranslate2) under the same contract;
 the tokenizer and the eval settings come from --model-dir (see nmt/ctranslate2_engine.py for how its beam search
-differs).
+differs); --weights is refused there (the export holds the weights it was made from: export.py --weights).
 Exit codes: 0 ok, 1 run-directory/model problem, 2 usage error (e.g. missing input file).
 """
 
@@ -36,8 +39,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         epilog="--nbest N prints N tab-separated 'text<TAB>score' fields per line, best first.",
     )
     parser.add_argument("--model-dir", required=True, help="run directory written by train.py")
-    parser.add_argument("--input", help="input file, one sentence per line (default: stdin)")
-    parser.add_argument("--output", help="output file (default: stdout)")
+    parser.add_argument("--input", help="input file, one sentence per line (default or '-': stdin)")
+    parser.add_argument("--output", help="output file (default or '-': stdout)")
     parser.add_argument(
         "--beam", type=int, default=None, help="beam size (1 = greedy); default: eval.beam_size"
     )
@@ -74,6 +77,8 @@ def _check(args: argparse.Namespace) -> None:
     if args.beam is not None and args.nbest > args.beam:
         raise cli.CliError(f"--nbest {args.nbest} exceeds --beam {args.beam}", exit_code=2)
     cli.check_streams(args.streams)
+    if args.input == "-":
+        args.input = None  # stdin
     cli.check_input_file(args.input)
     cli.check_output_file(args.output)
     cli.check_output_file(args.plot_attention)
@@ -101,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     from tqdm.contrib.logging import logging_redirect_tqdm
 
     from nmt.attention_plot import plot_attention
-    from nmt.text_io import LineWriter, count_lines, read_lines
+    from nmt.text_io import LineWriter, count_lines_if_file, open_input, read_lines
     from nmt.translator import Translator
 
     if args.engine == "ctranslate2":
@@ -130,8 +135,8 @@ def main(argv: list[str] | None = None) -> int:
         warnings(index + 1, "truncated", message)
 
     interactive = args.input is None and sys.stdin.isatty()
-    handle = open(args.input, "rb") if args.input else sys.stdin.buffer  # noqa: SIM115
-    total = count_lines(args.input) if args.input else None
+    total = count_lines_if_file(args.input)  # before reading: a pipe is read only once, by read_lines
+    handle = open_input(args.input)
     lines = read_lines(handle, warnings)
     if args.plot_attention:
         head = []  # the lines up to the first non-empty one, put back in front of the stream
@@ -154,9 +159,10 @@ def main(argv: list[str] | None = None) -> int:
     with logging_redirect_tqdm(), LineWriter(args.output) as writer:
         bar = tqdm(total=total, unit="line", desc="translating", disable=not args.input, file=sys.stderr)
         for result in results:
-            if args.nbest > 1:
-                result = "\t".join(f"{text.replace(chr(9), ' ')}\t{score:.4f}" for text, score in result)
-            writer.write(result)
+            if args.nbest > 1:  # text<TAB>score pairs; an empty text keeps its (empty) field
+                writer.write_fields(field for text, score in result for field in (text, f"{score:.4f}"))
+            else:
+                writer.write(result)
             bar.update(1)
             if interactive:
                 writer.flush()
@@ -167,4 +173,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    cli.stop_on_sigterm()
     cli.run(main)

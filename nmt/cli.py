@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 from collections.abc import Callable
 
@@ -109,6 +110,15 @@ def run(main: Callable[[], int | None]) -> None:
     sys.exit(code)
 
 
+def stop_on_sigterm() -> None:
+    """SIGTERM as SIGINT: a KeyboardInterrupt, so the CLI stops cleanly (temporary output removed, exit 130)."""
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
+
+
 def add_xla_argument(parser) -> None:
     """`--xla [auto|on|off]` for decoding (bare `--xla` = on); `xla_setting(args.xla)` gives Translator's value."""
     parser.add_argument(
@@ -173,7 +183,8 @@ def add_engine_arguments(parser) -> None:
         choices=["tensorflow", "ctranslate2"],
         help="decoder: tensorflow (default: the run directory's weights) or ctranslate2 (an export made by "
         "export.py --format ctranslate2, given by --engine-dir; tokenizer and eval settings still come from "
-        "--model-dir; --xla does not apply)",
+        "--model-dir; --xla does not apply, and --weights is refused: the export holds the weights it was made "
+        "from, chosen by export.py --weights)",
     )
     parser.add_argument("--engine-dir", help="the CTranslate2 export to decode with (--engine ctranslate2)")
 
@@ -184,6 +195,12 @@ def check_engine(args) -> None:
         if args.engine_dir is not None:
             raise CliError("--engine-dir goes with --engine ctranslate2", exit_code=2)
         return
+    if getattr(args, "weights", "auto") != "auto":
+        raise CliError(
+            f"--weights {args.weights} goes with --engine tensorflow: a CTranslate2 export holds the weights it "
+            "was made from (choose them with export.py --weights)",
+            exit_code=2,
+        )
     if args.engine_dir is None:
         raise CliError(
             "--engine ctranslate2 needs --engine-dir DIR (made by export.py --format ctranslate2)", 2

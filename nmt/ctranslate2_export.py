@@ -61,6 +61,8 @@ COMPUTE_TYPES = {"float32": "float32", "int8": "int8_float32"}
 FORBIDDEN_BIAS = -1.0e9  # the logit shift of PAD and BOS, like `transformer.step_fns`
 # the names of the embedding rows past the SentencePiece pieces (vocabularies are padded to a multiple of 8)
 UNUSED_PIECE = "<nmt_unused_{}>"
+# the METADATA keys the engine reads (`nmt.ctranslate2_engine`); "tokenizer" holds a "fingerprint"
+REQUIRED_METADATA = ("tokenizer", "position_table", "max_source_length", "compute_type")
 
 
 class ExportError(ValueError):
@@ -101,6 +103,16 @@ def read_export_metadata(path: str | Path) -> dict:
     if metadata.get("version") != FORMAT_VERSION:
         raise ExportError(
             f"{path}: export format version {metadata.get('version')}, this code reads {FORMAT_VERSION}"
+        )
+    missing = [key for key in REQUIRED_METADATA if key not in metadata]
+    if not missing and not (
+        isinstance(metadata["tokenizer"], dict) and "fingerprint" in metadata["tokenizer"]
+    ):
+        missing = ["tokenizer.fingerprint"]
+    if missing:
+        raise ExportError(
+            f"a damaged CTranslate2 export: {path / METADATA} has no key {missing[0]!r} "
+            "(make it again with export.py --format ctranslate2)"
         )
     return metadata
 
@@ -288,13 +300,13 @@ def export_ctranslate2(
       weights: the checkpoint the weights came from, recorded in `METADATA`.
 
     Returns:
-      `output_dir`. It is written through a sibling temporary directory and renamed at the end; an existing export
+      `output_dir`, made absolute. It is written through a sibling temporary directory and renamed at the end; an existing export
       there is replaced, any other existing non-empty path is refused (ExportError) and left untouched.
     """
     if quantization not in QUANTIZATIONS:
         raise ExportError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}")
     ctranslate2 = import_ctranslate2()
-    output = Path(output_dir)
+    output = Path(os.path.abspath(output_dir))  # "." has no name for the sibling temporary directory
     if output.exists() and not (output.is_dir() and not any(output.iterdir())):
         try:
             read_export_metadata(output)

@@ -140,11 +140,30 @@ def format_report(record: dict) -> str:
 
 
 def read_text_file(path: str | Path, warn=None) -> list[str]:
-    """All lines of a UTF-8 text file (invalid bytes replaced, NULs removed, each with a warning)."""
-    from nmt.text_io import read_lines
+    """All lines of a UTF-8 text file, read once ("-": stdin), invalid bytes replaced and NULs removed (each with a
+    warning), a byte order mark dropped."""
+    from nmt.text_io import open_input, read_lines
 
-    with open(path, "rb") as handle:
+    with open_input(path) as handle:
         return list(read_lines(handle, warn))
+
+
+def _check_split(data_config, split: str) -> None:
+    """EvaluationError (a bad --split) if the dataset has no split of that name (TFDS slicing allowed)."""
+    from data.corpus import FOLDER
+
+    if data_config.dataset == FOLDER:
+        from data.folder import listing
+
+        names = list(listing(data_config))
+    else:
+        from data.corpus import tfds_builder
+
+        names = list(tfds_builder(data_config).info.splits.keys())
+    if names and split.split("[")[0] not in names:
+        raise EvaluationError(
+            f"split {split!r} is not in dataset {data_config.dataset!r} (splits: {', '.join(names)})"
+        )
 
 
 def evaluate_run_dir(
@@ -170,7 +189,8 @@ def evaluate_run_dir(
 
     Args:
       split: "validation" or "test" (the config's `data.validation_split` / `data.test_split`), or any split name.
-      source_file, reference_file: evaluate on these (line-aligned) instead of a split.
+      source_file, reference_file: evaluate on these (line-aligned) instead of a split; each is read once (a pipe
+        works), "-" is stdin.
       output: hypotheses file; default DIR/hypotheses.<split>.txt (DIR/hypotheses.<source file name>.txt).
       max_sentences: only the first N sentences (0 = all); the loss is then measured on those N pairs too.
       batch_size: sentences per decoding batch (default: the run's eval.batch_size).
@@ -218,17 +238,20 @@ def evaluate_run_dir(
                 f"{source_file} has {len(sources)} lines but {reference_file} has {len(references)}: "
                 "they must be line-aligned"
             )
-        label, split_name = Path(source_file).name, None
+        label, split_name = ("stdin" if str(source_file) == "-" else Path(source_file).name), None
     else:
         from data.corpus import load_text_pairs
 
         split_name = {"validation": config.data.validation_split, "test": config.data.test_split}.get(
             split, split
         )
+        _check_split(config.data, split_name)
         sources, references = load_text_pairs(config.data, split_name)
         label = split
     if max_sentences:
         sources, references = sources[:max_sentences], references[:max_sentences]
+    if not sources:
+        raise EvaluationError(f"nothing to evaluate: {label} has no sentences")
     if split_name is not None and not max_sentences:
         loss_dataset = make_eval_dataset(config.data, translator.tokenizer, split_name)
     else:

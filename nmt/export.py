@@ -75,8 +75,11 @@ class TranslationModule(tf.Module):
 
 
 def export_saved_model(module: TranslationModule, output: str | Path) -> Path:
-    """Writes the SavedModel to `output` through a sibling temporary directory (replacing an older export)."""
-    output = Path(output)
+    """Writes the SavedModel to `output` through a sibling temporary directory (replacing an older export).
+
+    Returns `output` made absolute (so "." or "dir/.." have a name to put the temporary directory next to).
+    """
+    output = Path(os.path.abspath(output))
     if output.exists() and not (output / "saved_model.pb").is_file():
         if not output.is_dir() or any(output.iterdir()):
             raise FileExistsError(f"{output} exists and is not a SavedModel: choose another --output")

@@ -2,12 +2,13 @@
 
 Input is read as bytes and split on b"\\n" only (never on the other characters `str.splitlines` treats as line
 breaks), so the line count is the one `wc -l` sees. Each line is decoded as UTF-8 with errors="replace"; NUL bytes
-are dropped. Problems are reported through a `warn(line_number, kind, message)` callback, never silently.
+are dropped, and so is a UTF-8 byte order mark at the start of the input (utf-8-sig). Problems are reported through a `warn(line_number, kind, message)` callback, never silently.
 Output lines are made single-line (`one_line`) so that a translation can never add or remove a line.
 """
 
 from __future__ import annotations
 
+import codecs
 import os
 import re
 import sys
@@ -47,8 +48,13 @@ def decode_line(raw: bytes, line_number: int = 0, warn: Warn | None = None) -> s
 
 
 def read_lines(stream: BinaryIO, warn: Warn | None = None) -> Iterator[str]:
-    """Yields the decoded lines of a binary stream, lazily (memory bounded by the longest line)."""
+    """Yields the decoded lines of a binary stream, lazily (memory bounded by the longest line).
+
+    The stream is read once (a pipe works); a UTF-8 byte order mark at its start is dropped.
+    """
     for number, raw in enumerate(iter(stream.readline, b""), start=1):
+        if number == 1 and raw.startswith(codecs.BOM_UTF8):
+            raw = raw[len(codecs.BOM_UTF8) :]
         yield decode_line(raw, number, warn)
 
 
@@ -72,7 +78,10 @@ def chunked(items: Iterable[T], size: int) -> Iterator[list[T]]:
 
 
 def count_lines(path: str | os.PathLike) -> int:
-    """Number of lines in a file as `read_lines` yields them (a last line without newline counts), in O(1) memory."""
+    """Number of lines in a file as `read_lines` yields them (a last line without newline counts), in O(1) memory.
+
+    It reads the file: only for regular files (`count_lines_if_file`), never a pipe that is to be read afterwards.
+    """
     count = 0
     last = b"\n"
     with open(path, "rb") as handle:
@@ -80,6 +89,20 @@ def count_lines(path: str | os.PathLike) -> int:
             count += block.count(b"\n")
             last = block[-1:]
     return count + (last != b"\n")
+
+
+def count_lines_if_file(path: str | os.PathLike | None) -> int | None:
+    """`count_lines(path)` for a regular file; None for stdin ("-", None) or a pipe, FIFO or device (read only once)."""
+    if path is None or str(path) == "-" or not os.path.isfile(path):
+        return None
+    return count_lines(path)
+
+
+def open_input(path: str | os.PathLike | None) -> BinaryIO:
+    """A binary handle on an input path; None or "-" is stdin (closing it leaves stdin open)."""
+    if path is None or str(path) == "-":
+        return open(sys.stdin.fileno(), "rb", closefd=False)  # noqa: SIM115
+    return open(path, "rb")  # noqa: SIM115
 
 
 class LineWriter:
@@ -103,6 +126,11 @@ class LineWriter:
 
     def write(self, line: str) -> None:
         self._handle.write(one_line(line).encode("utf-8") + b"\n")
+
+    def write_fields(self, fields: Iterable[str]) -> None:
+        """One line of tab-separated fields, each made single-line without tabs; empty fields keep their place."""
+        line = "\t".join(one_line(field).replace("\t", " ") for field in fields)
+        self._handle.write(line.encode("utf-8") + b"\n")
 
     def flush(self) -> None:
         self._handle.flush()

@@ -124,6 +124,53 @@ def test_evaluate_refuses_negative_streams(tiny_run_dir):
     assert caught.value.exit_code == 2
 
 
+@pytest.mark.parametrize("source", ["/dev/stdin", "-"])
+def test_evaluate_reads_a_pipe_once(source, tiny_run_dir, tmp_path):
+    """--source from a pipe (/dev/stdin here, as <(...)) is not read twice; "-" is stdin; a BOM is dropped."""
+    pairs = tiny_corpus()["test"][:4]
+    reference, output = tmp_path / "ref.de", tmp_path / "hyp.txt"
+    reference.write_bytes(b"\xef\xbb\xbf" + "".join(f"{t}\n" for _, t in pairs).encode())
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
+    done = subprocess.run(
+        [sys.executable, "evaluate.py", "--model-dir", str(tiny_run_dir), "--beam", "1", "--json"]
+        + ["--source", source, "--reference", str(reference), "--output", str(output)],
+        input="".join(f"{s}\n" for s, _ in pairs).encode(),
+        capture_output=True,
+        cwd=ROOT,
+        env=env,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr.decode()[-3000:]
+    record = json.loads(done.stdout.decode().strip().splitlines()[-1])
+    assert output.read_text(encoding="utf-8").splitlines() == [t for _, t in pairs]
+    assert record["num_sentences"] == 4 and record["bleu"] == pytest.approx(100.0)
+
+
+def test_evaluate_refuses_empty_files_with_a_usage_error(tiny_run_dir, tmp_path):
+    sys.path.insert(0, str(ROOT))
+    import evaluate
+    from nmt.cli import CliError
+
+    source, reference = tmp_path / "e0.en", tmp_path / "e0.de"
+    source.write_bytes(b"")
+    reference.write_bytes(b"")
+    argv = ["--model-dir", str(tiny_run_dir), "--source", str(source), "--reference", str(reference)]
+    with pytest.raises(CliError, match="nothing to evaluate: e0.en has no sentences") as caught:
+        evaluate.main([*argv, "--output", str(tmp_path / "hyp.txt")])
+    assert caught.value.exit_code == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["e0.de", "e0.en"]
+
+
+def test_evaluate_refuses_an_unknown_split_with_a_usage_error(tiny_run_dir):
+    sys.path.insert(0, str(ROOT))
+    import evaluate
+    from nmt.cli import CliError
+
+    with pytest.raises(CliError, match="split 'bogus' is not in dataset") as caught:
+        evaluate.main(["--model-dir", str(tiny_run_dir), "--split", "bogus"])
+    assert caught.value.exit_code == 2
+
+
 def test_export_ctranslate2_then_evaluate_with_it(tiny_run_dir, tmp_path):
     """export.py --format ctranslate2 --quantization int8, then evaluate.py --engine ctranslate2: same contract."""
     pytest.importorskip("ctranslate2")

@@ -2,8 +2,10 @@
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from xml.etree import ElementTree
 
@@ -167,6 +169,77 @@ def test_alpha_is_the_length_penalty_of_the_search(tiny_run_dir, tmp_path):
     assert output.read_text().splitlines() == expected
 
 
+@pytest.mark.parametrize("args", [["--input", "/dev/stdin"], ["--input", "-", "--output", "-"]])
+def test_input_from_a_pipe_is_read_once(args, tiny_run_dir):
+    """A pipe (/dev/stdin here, as <(...)) is not read twice (once to count its lines); "-" is stdin/stdout."""
+    pairs = tiny_corpus()["test"][:3]
+    stdin = "".join(f"{s}\n" for s, _ in pairs).encode()
+    done = cli("translate.py", "--model-dir", tiny_run_dir, "--beam", 1, *args, stdin=stdin)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    assert done.stdout.decode("utf-8").splitlines() == [t for _, t in pairs]
+
+
+def test_byte_order_mark_is_dropped(tiny_run_dir, tmp_path):
+    pairs = tiny_corpus()["test"][:2]
+    source = tmp_path / "bom.txt"
+    source.write_bytes(b"\xef\xbb\xbf" + "".join(f"{s}\r\n" for s, _ in pairs).encode())
+    done = cli("translate.py", "--model-dir", tiny_run_dir, "--input", source, "--beam", 1)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    assert done.stdout.decode("utf-8").splitlines() == [t for _, t in pairs]
+
+
+def test_sigterm_stops_like_sigint(tiny_run_dir, tmp_path):
+    """SIGTERM while translating to --output FILE: exit 130, no output and no temporary file left behind."""
+    output = tmp_path / "out.de"
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
+    command = [
+        sys.executable,
+        str(ROOT / "translate.py"),
+        "--model-dir",
+        str(tiny_run_dir),
+        "--output",
+        str(output),
+    ]
+    with open(tmp_path / "stderr.txt", "wb") as stderr:
+        process = subprocess.Popen(command, stdin=subprocess.PIPE, stderr=stderr, cwd=ROOT, env=env)
+    process.stdin.write(b"The cat sees a ball.\n")
+    process.stdin.flush()  # stdin stays open: translate.py waits for more lines, its temporary file open
+    temporary = tmp_path / f".out.de.{process.pid}.tmp"
+    while not temporary.exists() and process.poll() is None:
+        time.sleep(0.1)
+    assert temporary.exists(), (tmp_path / "stderr.txt").read_text()[-2000:]
+    process.send_signal(signal.SIGTERM)
+    code = process.wait(timeout=120)
+    process.stdin.close()
+    assert code == 130, (tmp_path / "stderr.txt").read_text()[-2000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["stderr.txt"]
+
+
+@pytest.mark.parametrize("engine", ["tensorflow", "ctranslate2"])
+def test_nbest_keeps_the_field_of_an_empty_translation(engine, tiny_run_dir, tmp_path, request, monkeypatch):
+    """An empty best hypothesis is an empty text field: 2 x N tab-separated fields, whichever engine."""
+    import translate
+
+    source, output = tmp_path / "in.txt", tmp_path / "out.txt"
+    source.write_text("The cat sees a ball.\n")
+
+    def fake_stream(self, lines, **kwargs):
+        for _ in lines:
+            yield [("", -1.25), ("die\tkatze", -2.5)]
+
+    argv = ["--model-dir", str(tiny_run_dir), "--input", str(source), "--output", str(output)]
+    argv += ["--beam", "2", "--nbest", "2"]
+    if engine == "ctranslate2":
+        from nmt.ctranslate2_engine import CTranslate2Translator as Engine
+
+        argv += ["--engine", "ctranslate2", "--engine-dir", str(request.getfixturevalue("ct2_export"))]
+    else:
+        from nmt.translator import Translator as Engine
+    monkeypatch.setattr(Engine, "translate_stream", fake_stream)
+    assert translate.main(argv) == 0
+    assert output.read_text(encoding="utf-8") == "\t-1.2500\tdie katze\t-2.5000\n"
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
@@ -201,6 +274,16 @@ def ct2_export(tiny_run_dir, tmp_path_factory):
         ("translate.py", ["--engine-dir", "{run}"], "--engine-dir goes with --engine ctranslate2"),
         ("evaluate.py", ["--engine", "ctranslate2", "--engine-dir", "{run}"], "not a CTranslate2 export"),
         ("translate.py", ["--engine", "ctranslate2", "--engine-dir", "{tmp}/nope"], "no such directory"),
+        (
+            "translate.py",
+            ["--engine", "ctranslate2", "--engine-dir", "{tmp}/nope", "--weights", "best"],
+            "--weights best goes with --engine tensorflow",
+        ),
+        (
+            "evaluate.py",
+            ["--engine", "ctranslate2", "--engine-dir", "{tmp}/nope", "--weights", "final"],
+            "--weights final goes with --engine tensorflow",
+        ),
         (
             "translate.py",
             ["--engine", "ctranslate2", "--plot-attention", "{tmp}/a.svg"],

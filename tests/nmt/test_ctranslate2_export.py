@@ -375,3 +375,26 @@ def test_thread_split(monkeypatch):
     assert thread_split() == (1, 1)
     with pytest.raises(ValueError, match="inter_threads must be >= 0"):
         thread_split(-1)
+
+
+@pytest.mark.parametrize("key", ["tokenizer", "position_table", "tokenizer.fingerprint"])
+def test_metadata_without_a_key_is_one_clear_error(exports, tmp_path, key):
+    import shutil
+
+    damaged = shutil.copytree(exports["float32"], tmp_path / "damaged")
+    metadata = json.loads((damaged / "nmt_export.json").read_text(encoding="utf-8"))
+    if key == "tokenizer.fingerprint":
+        del metadata["tokenizer"]["fingerprint"]
+    else:
+        del metadata[key]
+    (damaged / "nmt_export.json").write_text(json.dumps(metadata), encoding="utf-8")
+    with pytest.raises(ExportError, match=f"nmt_export.json has no key '{key}'"):
+        read_export_metadata(damaged)
+
+
+def test_export_to_the_current_directory(ours, tokenizer, tmp_path, monkeypatch):
+    (target := tmp_path / "here").mkdir()  # --output . (empty): no ValueError about an empty name
+    monkeypatch.chdir(target)
+    output = export_ctranslate2(ours.model, tokenizer, ".")
+    assert output == target and read_export_metadata(target)["quantization"] == "float32"
+    assert [p.name for p in tmp_path.iterdir()] == ["here"]  # no leftover staging directory

@@ -8,7 +8,15 @@ import numpy as np
 import pytest
 import sacrebleu
 
-from nmt.evaluation import evaluate_run_dir, format_report, pairs_loss_dataset, score_corpus, validation_loss
+from nmt.evaluation import (
+    EvaluationError,
+    evaluate_run_dir,
+    format_report,
+    pairs_loss_dataset,
+    read_text_file,
+    score_corpus,
+    validation_loss,
+)
 from tests.run_fixture import MAX_SENTENCE_NLL, shared_tiny_run_dir, tiny_corpus
 
 
@@ -135,3 +143,24 @@ def test_xla_decoding_gives_the_same_translations_and_scores(tiny_run_dir, tmp_p
     references = [t for _, t in tiny_corpus()["test"][:12]]
     assert (tmp_path / "hyp.True.txt").read_text(encoding="utf-8").splitlines() == references
     assert runs[True]["bleu"] == runs[False]["bleu"] == sacrebleu.corpus_bleu(references, [references]).score
+
+
+def test_read_text_file_drops_a_byte_order_mark(tmp_path):
+    path = tmp_path / "bom.en"
+    path.write_bytes(b"\xef\xbb\xbfThe cat sees a ball.\r\n\xef\xbb\xbfA dog.\r\n")
+    # only at the start of the file: a later U+FEFF is text
+    assert read_text_file(path) == ["The cat sees a ball.", "\ufeffA dog."]
+
+
+def test_evaluate_refuses_empty_files(tiny_run_dir, tmp_path):
+    source, reference = tmp_path / "empty.en", tmp_path / "empty.de"
+    source.write_bytes(b"")
+    reference.write_bytes(b"")
+    with pytest.raises(EvaluationError, match="nothing to evaluate: empty.en has no sentences"):
+        evaluate_run_dir(tiny_run_dir, source_file=str(source), reference_file=str(reference), beam_size=1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.de", "empty.en"]
+
+
+def test_evaluate_refuses_an_unknown_split(tiny_run_dir):
+    with pytest.raises(EvaluationError, match=r"split 'bogus' is not in dataset 'folder' \(splits: "):
+        evaluate_run_dir(tiny_run_dir, split="bogus", beam_size=1)

@@ -65,3 +65,13 @@ def test_export_refuses_to_overwrite_something_else(tiny_run_dir, tmp_path):
     with pytest.raises(FileExistsError, match="not a SavedModel"):
         export_run_dir(tiny_run_dir, tmp_path / "taken", beam_size=1)
     assert (tmp_path / "taken" / "notes.txt").read_text() == "mine"
+
+
+def test_export_to_the_current_directory(tiny_run_dir, tmp_path, monkeypatch):
+    """export.py --output . (an empty current directory): written there, not a ValueError about an empty name."""
+    target = tmp_path / "here"
+    target.mkdir()
+    monkeypatch.chdir(target)
+    output, _ = export_run_dir(tiny_run_dir, ".", beam_size=1)
+    assert output == target and (target / "saved_model.pb").is_file()
+    assert [p.name for p in tmp_path.iterdir()] == ["here"]  # no leftover staging directory

@@ -147,6 +147,9 @@ class Multi30k(tfds.core.GeneratorBasedBuilder):
         try:
             mirror = dl_manager.manual_dir  # raises if the folder is absent or empty
         except AssertionError:
+            given = getattr(dl_manager, "_manual_dir", None)
+            if given is not None and epath.Path(given).is_dir():  # given and there, but empty: no download
+                raise DataError(f"Multi30k mirror {given} is empty: {MIRROR_HINT}") from None
             mirror = None
         if mirror is not None:
             files = {}

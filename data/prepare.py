@@ -212,9 +212,19 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
 if __name__ == "__main__":
+    import signal
+
+    signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM stops like SIGINT
     try:
         sys.exit(main())
     except KeyboardInterrupt:  # what is half-written stays in a .partial directory, removed by the next run
-        print("interrupted: nothing half-prepared is kept; rerun to prepare", file=sys.stderr)
+        print(
+            "interrupted: nothing half-prepared counts as complete (the next run removes it); rerun",
+            file=sys.stderr,
+        )
         sys.exit(130)

@@ -297,7 +297,11 @@ def _train_model(sentences: list[str], cfg: DataConfig, seed: int, side: str, nu
         raise DataError(
             f"SentencePiece cannot train a {cfg.tokenizer} model of data.vocab_size={cfg.vocab_size} on "
             f"{len(sentences)} {side} sentences of {cfg.dataset!r}: {str(err).strip()}. "
-            "Lower data.vocab_size (or use more data)."
+            + (
+                "Raise data.vocab_size: it must hold every character of the corpus."
+                if "smaller than required" in str(err)
+                else "Lower data.vocab_size (or use more data)."
+            )
         ) from err
     return model.getvalue()
 

@@ -284,13 +284,18 @@ def repair_checkpoint_state(directory: Path) -> str:
     The state file (`checkpoint`) is what every reader follows: without it, or with it unreadable, a resume would
     start from step 0 and rotate the real checkpoints away; naming a checkpoint that was moved away (the corrupt
     one, as the error advises), it could not resume at all. Then it is written anew from the complete checkpoints
-    on disk (`ckpt-N.index` with its data), the newest as the latest. "" when nothing needed changing.
+    on disk (`ckpt-N.index` with its data), the newest as the latest. "" when nothing needed changing. Half-written
+    saves (`ckpt-N_temp`, a process killed while saving) go first.
     """
+    import shutil
+
     import tensorflow as tf
 
     directory = Path(directory)
     if not directory.is_dir():
         return ""
+    for partial in directory.glob("ckpt-*_temp*"):
+        shutil.rmtree(partial, ignore_errors=True)
     complete = sorted(
         checkpoint_step(index.with_suffix(""))
         for index in directory.glob("ckpt-*.index")

@@ -107,6 +107,19 @@ def test_no_mirror_and_no_network_says_where_the_mirror_goes(tmp_path, monkeypat
     assert_nothing_prepared(tmp_path / "tfds")
 
 
+def test_an_empty_mirror_is_named_and_nothing_is_downloaded(tmp_path, monkeypatch):
+    def no_download(*args, **kwargs):
+        raise AssertionError("an empty mirror must not lead to a download")
+
+    monkeypatch.setattr(tfds.download.DownloadManager, "download", no_download)
+    monkeypatch.setattr(socket, "create_connection", no_download)
+    empty = tmp_path / "empty_mirror"
+    empty.mkdir()
+    with pytest.raises(DataError, match=rf"Multi30k mirror {empty} is empty: .*data\.manual_dir"):
+        prepare(tmp_path / "tfds", empty)
+    assert_nothing_prepared(tmp_path / "tfds")
+
+
 def test_read_lines_splits_on_newlines_only(tmp_path):
     path = tmp_path / "x.en"
     path.write_bytes("\ufeffone\r\ntwo \u2028 still two\nthree".encode())

@@ -92,6 +92,13 @@ def test_vocab_too_large_names_the_size(data_cfg, tmp_path):
         train_tokenizer(dataclasses.replace(data_cfg, vocab_size=50000), tmp_path)
 
 
+def test_vocab_too_small_for_the_characters_says_raise_it(data_cfg, tmp_path):
+    with pytest.raises(
+        DataError, match=r"data\.vocab_size=8 .*smaller than required.*Raise data\.vocab_size"
+    ):
+        train_tokenizer(dataclasses.replace(data_cfg, vocab_size=8), tmp_path)
+
+
 def test_load_refuses_missing_or_foreign_models(tmp_path):
     with pytest.raises(DataError, match="no tokenizer in"):
         Tokenizer.load(tmp_path)

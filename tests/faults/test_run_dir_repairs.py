@@ -45,6 +45,7 @@ def test_a_damaged_checkpoint_state_file_is_rewritten_from_the_checkpoints(refer
     message = repair_checkpoint_state(checkpoints)
     assert f"{state} " in message and f"ckpt-{kept[-1]}); resuming from the newest" in message
     assert _steps(checkpoints) == kept
+    assert not list(checkpoints.glob("*_temp"))  # the half-written save went too
     assert tf.train.latest_checkpoint(str(checkpoints)) == str(checkpoints / f"ckpt-{kept[-1]}")
     manager = tf.train.CheckpointManager(tf.train.Checkpoint(), str(checkpoints), max_to_keep=len(kept))
     assert [

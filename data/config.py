@@ -67,10 +67,25 @@ class DataConfig:
     LEGACY_KEYS = {"shuffle_buffer": "batches come from a full permutation per epoch, there is no buffer"}
 
 
+# Multi30k's languages (task 1): every two of them are a pair (data.multi30k builds one TFDS config per pair).
+MULTI30K_LANGUAGES = ("en", "de", "fr")
+
+
 def validate_data_config(cfg: DataConfig) -> None:
     """Checks what types alone do not (ranges and choices too, for a `DataConfig` built in code); `ConfigError`
     naming the key."""
     check_fields(cfg, "data.")
+    if cfg.source == cfg.target:
+        raise ConfigError(
+            f"data.source and data.target are both {cfg.source!r}: a direction needs two languages"
+        )
+    if cfg.dataset == "multi30k":
+        for key in ("source", "target"):
+            if getattr(cfg, key) not in MULTI30K_LANGUAGES:
+                raise ConfigError(
+                    f"data.{key}: multi30k has no language {getattr(cfg, key)!r} "
+                    f"(it has {', '.join(MULTI30K_LANGUAGES)})"
+                )
     edges = cfg.bucket_boundaries
     for index in range(1, len(edges)):
         if edges[index] <= edges[index - 1]:

@@ -34,11 +34,12 @@ from pathlib import Path
 import tensorflow_datasets as tfds
 from etils import epath
 
+from data.config import MULTI30K_LANGUAGES
 from data.errors import DataError
 
 URL_TEMPLATE = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/{stem}.{lang}.gz"
 SPLIT_STEMS = {"train": "train", "validation": "val", "test": "test_2016_flickr"}  # TFDS split -> file stem
-LANGUAGES = ("en", "de", "fr")
+LANGUAGES = MULTI30K_LANGUAGES
 MIRROR_HINT = (
     "give a mirror of the upstream raw files (train/val/test_2016_flickr.{en,de,fr}.gz, stored flat) as "
     "data.manual_dir, or in $NMT_DATA_MIRROR, or at <repo>/../shared/data/multi30k"

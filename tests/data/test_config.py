@@ -75,6 +75,8 @@ def test_data_package_imports_nothing_from_nmt_or_transformer():
         ("data.subword_dropout=1", r"data\.subword_dropout: must be in \[0, 1\), got 1\.0"),
         ("data.subword_dropout=-0.1", r"data\.subword_dropout: must be in \[0, 1\), got -0\.1"),
         ("data.subword_dropout=.nan", r"data\.subword_dropout: expected a number, got NaN"),
+        ("data.target=en", r"data\.source and data\.target are both 'en': a direction needs two languages"),
+        ("data.target=cs", r"data\.target: multi30k has no language 'cs' \(it has en, de, fr\)"),
     ],
 )
 def test_data_ranges_are_checked_at_config_time(override, message):

@@ -81,6 +81,7 @@ def compute_stats(cfg, seed: int, tokenizer_dir: Path | None) -> dict:
       tokenizer_dir: where the tokenizer is (or is trained into); None: the cached tokenizer of `data.prepare`.
     """
     from data.corpus import load_text_pairs, split_sizes
+    from data.errors import DataError
     from data.pipeline import bucket_edges, open_split, train_batches
     from data.prepare import cached_tokenizer
     from data.tokenizer import Tokenizer, train_tokenizer
@@ -94,7 +95,10 @@ def compute_stats(cfg, seed: int, tokenizer_dir: Path | None) -> dict:
         tokenizer = Tokenizer.load(tokenizer_dir)
     else:
         log.info("training the tokenizer into %s", tokenizer_dir)
-        tokenizer_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            tokenizer_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as err:  # a file there, or no write access
+            raise DataError(f"--tokenizer-dir {tokenizer_dir} cannot be a directory: {err}") from err
         tokenizer = train_tokenizer(cfg, tokenizer_dir, seed=seed)
     sources, targets = load_text_pairs(cfg, cfg.validation_split)
     exact_source = _roundtrip(sources, tokenizer.tokenize_source, tokenizer.detokenize_source)

@@ -56,8 +56,12 @@ def test_config_error_exits_2(tmp_path, mirror, prepared_dir, capsys):
 
 def test_data_error_exits_1(tmp_path, mirror, prepared_dir, capsys):
     config = write_config(tmp_path, mirror, prepared_dir)
-    assert main(["--config", config, "--set", "data.target=cs"]) == 1
-    assert "'cs' is not in multi30k" in capsys.readouterr().err
+    assert main(["--config", config, "--set", "data.target=cs"]) == 2  # known at config time
+    assert "data.target: multi30k has no language 'cs'" in capsys.readouterr().err
+    regular = tmp_path / "a-file"
+    regular.write_text("")
+    assert main(["--config", config, "--tokenizer-dir", str(regular)]) == 1
+    assert f"--tokenizer-dir {regular} cannot be a directory" in capsys.readouterr().err
 
 
 def test_help(capsys):

@@ -193,6 +193,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     start, started = time.perf_counter(), time.time()
+    if args.no_progress:  # TFDS's own bars too (building a TFDS dataset the first time)
+        import tensorflow_datasets as tfds
+
+        tfds.disable_progress_bar()
     try:
         tokenizer, splits = prepare(cfg, progress=not args.no_progress)
         vocab = {"source": tokenizer.source_vocab_size, "target": tokenizer.target_vocab_size}

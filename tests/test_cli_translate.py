@@ -14,6 +14,7 @@ import pytest
 from tests.run_fixture import salads, shared_tiny_run_dir, tiny_corpus
 
 ROOT = Path(__file__).resolve().parent.parent
+RUN_DEADLINE = 600  # seconds before a process that should have reacted counts as hung
 
 
 @pytest.fixture(scope="session")
@@ -205,7 +206,8 @@ def test_sigterm_stops_like_sigint(tiny_run_dir, tmp_path):
     process.stdin.write(b"The cat sees a ball.\n")
     process.stdin.flush()  # stdin stays open: translate.py waits for more lines, its temporary file open
     temporary = tmp_path / f".out.de.{process.pid}.tmp"
-    while not temporary.exists() and process.poll() is None:
+    deadline = time.monotonic() + RUN_DEADLINE  # a hang guard, not a timing: fails instead of waiting forever
+    while not temporary.exists() and process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.1)
     assert temporary.exists(), (tmp_path / "stderr.txt").read_text()[-2000:]
     process.send_signal(signal.SIGTERM)

@@ -136,11 +136,13 @@ class TrainerEvaluation:
             sources, references = sources[:limit], references[:limit]
         # One stream, in this thread: a distribution strategy's context is per thread, and decoding threads would
         # not see it; a signal's EvaluationInterrupted is raised in the main thread.
+        # Sources are cut where evaluate/translate/export cut them (the model's position table, not the training
+        # filter data.max_length): the BLEU recorded here is the one evaluate.py gives for the same weights.
         translator = Translator(
             self.model,
             self.tokenizer,
             self.config.eval,
-            max_source_length=self.config.data.max_length,
+            max_source_length=self.config.model.max_length,
             streams=1,
         )
         return self._score(translator.translate(sources, beam_size=1), references)

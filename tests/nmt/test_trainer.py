@@ -215,3 +215,22 @@ def test_tensorboard_validation_scalars_and_attention_images_read_back(run):
             pixels = tf.io.decode_png(png).numpy()
             assert pixels.shape == (int(height), int(width), 1)
             assert pixels.max() == 255  # normalised per head: the largest weight is white
+
+
+def test_the_bleu_recorded_in_training_translates_like_evaluate(run, monkeypatch):
+    """The in-training greedy BLEU pass against `Translator.from_run_dir` (what evaluate.py uses) on the same
+    weights: a source longer than data.max_length (the training filter) is cut where evaluate cuts it, at the
+    model's position table, so the recorded BLEU is the one evaluate.py reports."""
+    from nmt.translator import Translator
+
+    reference = Translator.from_run_dir(run.path, weights="final")
+    config = reference.config
+    sources = [" ".join(["the cat sees a red ball and a dog runs ."] * 4), "a dog ."]
+    pieces = len(reference.tokenizer.tokenize_source([sources[0]])[0])
+    assert config.data.max_length < pieces, pieces  # cut differently by the two limits
+    monkeypatch.setattr("data.corpus.load_text_pairs", lambda cfg, split: (sources, ["x", "y"]))
+    probe = object.__new__(Trainer)  # the trainer's evaluation methods on the final weights
+    probe.config, probe.model, probe.tokenizer = config, reference.model, reference.tokenizer
+    probe.scorer = ScriptedScorer([0.0])
+    probe._validation_bleu()
+    assert probe.scorer.calls[0][0] == reference.translate(sources, beam_size=1)

@@ -200,7 +200,7 @@ def report_failure(err: Exception, run_dir: RunDir, removed: bool) -> int | None
     `removed`: DIR's config.yaml, written before training started, is gone: the directory was deleted under the
     running process, whatever error that caused (a checkpoint or a metrics line that could not be written).
     """
-    from data.errors import DataError
+    from data.errors import DataError, raised_in_pipeline
     from nmt.trainer import TrainingError
 
     if removed and not isinstance(err, RunDirError):
@@ -211,6 +211,10 @@ def report_failure(err: Exception, run_dir: RunDir, removed: bool) -> int | None
         return 3
     if isinstance(err, DataError):
         print(f"train.py: data error: {err}", file=sys.stderr)
+        return 1
+    # a DataError inside the input pipeline (a batch read from a damaged file), handed on as TensorFlow's error
+    if message := raised_in_pipeline(err):
+        print(f"train.py: data error: {message}", file=sys.stderr)
         return 1
     if isinstance(err, TrainingError):
         print(f"train.py: training failed: {err}", file=sys.stderr)

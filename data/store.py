@@ -163,8 +163,9 @@ def check_contents(
 
     A file of the right size with other bytes in it (a disk fault, an edit) would otherwise reach the model as
     out-of-range ids (an error deep in TensorFlow on CPU, silently zero embeddings on a GPU) or negative lengths.
-    One sequential pass over every file, in chunks: memory stays bounded; files read on demand are read once more
-    here (about a second per GB from the page cache).
+    Offsets and lengths (8 + 4 bytes a pair) are read once, in chunks. Piece ids are checked here when the split is
+    in memory; read from their files (a large corpus: most of the cache's bytes), they are checked as each batch
+    reads them (`PreparedSplit.gather`), so opening never reads the whole corpus.
     """
 
     def corrupt(name: str, what: str) -> DataError:
@@ -184,12 +185,21 @@ def check_contents(
             if not np.array_equal(np.minimum(steps, MAX_INDEXED_LENGTH), indexed):
                 raise corrupt("lengths", f"{side} lengths disagree with {name}")
             previous = int(chunk[-1])
-        if vocab is None or manifest["pieces"][side] == 0:
+        values = arrays[f"{side}.values"]
+        if vocab is None or manifest["pieces"][side] == 0 or isinstance(values, ArrayFile):
             continue
-        for _, chunk in _chunks(arrays[f"{side}.values"]):
-            if int(chunk.min()) < 0 or int(chunk.max()) >= vocab[side]:
-                bad = int(chunk.max()) if int(chunk.min()) >= 0 else int(chunk.min())
-                raise corrupt(f"{side}.values", f"piece id {bad} outside the vocabulary of {vocab[side]}")
+        for _, chunk in _chunks(values):
+            check_ids(directory / f"{side}.values", chunk, vocab[side])
+
+
+def check_ids(path: Path, ids: np.ndarray, vocab: int) -> None:
+    """DataError naming `path` (and what to do) if a piece id is outside [0, vocab)."""
+    if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
+        bad = int(ids.max()) if int(ids.min()) >= 0 else int(ids.min())
+        raise DataError(
+            f"{path} is corrupt (piece id {bad} outside the vocabulary of {vocab}): delete {path.parent} and "
+            "prepare again"
+        )
 
 
 class PreparedSplit:
@@ -201,9 +211,15 @@ class PreparedSplit:
     """
 
     def __init__(
-        self, arrays: dict, manifest: dict, origin: str = "memory", maps: dict[str, mmap.mmap] | None = None
+        self,
+        arrays: dict,
+        manifest: dict,
+        origin: str = "memory",
+        maps: dict[str, mmap.mmap] | None = None,
+        vocab: dict[str, int] | None = None,
     ):
         self._arrays = arrays  # numpy arrays, or ArrayFile for the token and offset files read on demand
+        self._vocab = vocab  # ids read from files are checked against it batch by batch (`check_contents`)
         self._maps = maps or {}  # the memory maps under some arrays (release_pages)
         self.manifest = manifest
         self.origin = origin
@@ -255,7 +271,7 @@ class PreparedSplit:
             else:
                 arrays[name] = ArrayFile(path, dt, shape[0])
         check_contents(directory, arrays, manifest, vocab)
-        return cls(arrays, manifest, origin="memory" if load else "from file", maps=mapped)
+        return cls(arrays, manifest, origin="memory" if load else "from file", maps=mapped, vocab=vocab)
 
     @classmethod
     def from_pieces(cls, sources: list[list[int]], targets: list[list[int]]) -> PreparedSplit:
@@ -296,6 +312,8 @@ class PreparedSplit:
             lengths = np.minimum(lengths, limit)
         if isinstance(values, ArrayFile):
             flat = values.read(starts, lengths)
+            if self._vocab is not None:
+                check_ids(values.path, flat, self._vocab[side])
         else:
             total = int(lengths.sum())
             # position of every gathered piece: its pair's start + its rank inside the pair

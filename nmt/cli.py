@@ -78,7 +78,7 @@ def setup_logging(verbose: bool = False) -> None:
 
 def run(main: Callable[[], int | None]) -> None:
     """Runs `main()` and exits: known errors become one `error: ...` line on stderr and a non-zero code."""
-    from data.errors import DataError
+    from data.errors import DataError, raised_in_pipeline
     from nmt.config import ConfigError
     from nmt.run_dir import RunDirError
 
@@ -106,6 +106,11 @@ def run(main: Callable[[], int | None]) -> None:
         code = 1
     except DataError as err:  # a corpus or tokenizer problem, with a message saying what to do
         print(f"error: {err}", file=sys.stderr)
+        code = 1
+    except Exception as err:  # a DataError raised inside a tf.data function arrives as TensorFlow's OpError
+        if (message := raised_in_pipeline(err)) is None:
+            raise
+        print(f"error: {message}", file=sys.stderr)
         code = 1
     sys.exit(code)
 

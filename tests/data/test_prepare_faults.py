@@ -124,7 +124,8 @@ def _scramble(path, start: int, data: bytes) -> None:
 @pytest.mark.parametrize("in_memory", [True, False])
 def test_right_sized_but_corrupt_files_are_named(tmp_path, monkeypatch, in_memory):
     """Random bytes in place of ids or offsets: a DataError naming the file, whether the split is read into memory
-    or from its files (in chunks smaller than the files here, so the chunk seams are crossed)."""
+    or from its files (in chunks smaller than the files here, so the chunk seams are crossed). Read from its files,
+    a split's ids are checked as batches read them: opening does not read the whole corpus."""
     import data.store
 
     monkeypatch.setattr(data.store, "CHECK_CHUNK", 7)
@@ -145,7 +146,8 @@ def test_right_sized_but_corrupt_files_are_named(tmp_path, monkeypatch, in_memor
 
     too_large = np.array([vocab["target"]], dtype).tobytes()  # one id past the vocabulary, in the 10th piece
     with pytest.raises(DataError, match=rf"target\.values is corrupt \(piece id {vocab['target']} outside"):
-        damaged("target.values", 9 * dtype.itemsize, too_large)()
+        opened = damaged("target.values", 9 * dtype.itemsize, too_large)()  # in memory: refused at once
+        opened.gather(np.arange(len(opened)))  # read from the file: refused by the batch that reads the id
     backwards = np.array([3], np.int64).tobytes()  # offset 20 set back to 3: pair 19 ends before it starts
     with pytest.raises(DataError, match=r"source\.offsets is corrupt \(offset 20 decreases\).*prepare again"):
         damaged("source.offsets", 20 * 8, backwards)()

@@ -7,6 +7,7 @@ a new run whose start fails (undone, so the corrected command is not refused); a
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -117,3 +118,29 @@ def test_written_files_are_readable_like_the_rest_of_the_run_directory(tmp_path)
         os.umask(mask)
     modes = {name: (tmp_path / name).stat().st_mode & 0o777 for name in ("config.yaml", "plain")}
     assert modes == {"config.yaml": 0o640, "plain": 0o640}
+
+
+def test_a_damaged_token_file_read_batch_by_batch_is_a_data_error(
+    fault_config, tmp_path, monkeypatch, capsys
+):
+    """A split read from its files (as a large corpus is) whose ids were overwritten: opening it reads offsets and
+    lengths only, so the first batch finds the bad ids; train.py names the file (exit 1), no TensorFlow traceback."""
+    import numpy as np
+
+    import data.store
+    from data.prepare import main as prepare_main
+
+    cache = f"data.cache_dir={tmp_path / 'cache'}"
+    assert prepare_main(["--config", str(fault_config), "--set", cache, "--no-progress"]) == 0
+    (values,) = (tmp_path / "cache").glob("*_train-*/source.values")
+    dtype = np.dtype(json.loads((values.parent / "manifest.json").read_text())["dtype"])
+    values.write_bytes(np.full(values.stat().st_size // dtype.itemsize, np.iinfo(dtype).max, dtype).tobytes())
+    monkeypatch.setattr(data.store, "IN_MEMORY_BYTES", 0)  # every split read from its files
+    argv = ["--config", str(fault_config), "--model-dir", str(tmp_path / "run"), "--set", cache]
+    code = train_cli.main(argv)
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert code == 1, last
+    assert last.startswith(
+        f"train.py: data error: {values} is corrupt (piece id {np.iinfo(dtype).max} outside"
+    )
+    assert last.endswith("and prepare again")

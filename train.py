@@ -96,7 +96,11 @@ def main(argv=None) -> int:
 
     from nmt.distribute import is_chief
 
-    chief = is_chief()  # only the chief of a multi-worker run locks and writes the run directory
+    try:  # only the chief of a multi-worker run locks and writes the run directory
+        chief = is_chief(config.train.distribute)
+    except ConfigError as err:  # a missing or malformed TF_CONFIG
+        print(f"train.py: config error: {err}", file=sys.stderr)
+        return 2
     fresh = chief and not resuming  # a new run: what its start writes into DIR is undone if the start fails
     before = existing_entries(run_dir) if fresh else None
     try:  # before the slow imports: a second training on DIR is refused at once
@@ -209,6 +213,9 @@ def report_failure(err: Exception, run_dir: RunDir, removed: bool) -> int | None
     if isinstance(err, RunDirError):
         print(f"train.py: {err}", file=sys.stderr)
         return 3
+    if isinstance(err, ConfigError):  # found only once TensorFlow looks (train.distribute: tpu without a TPU)
+        print(f"train.py: config error: {err}", file=sys.stderr)
+        return 2
     if isinstance(err, DataError):
         print(f"train.py: data error: {err}", file=sys.stderr)
         return 1

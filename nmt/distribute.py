@@ -20,6 +20,8 @@ import os
 import platform
 import signal
 
+from common.config_tree import ConfigError
+
 log = logging.getLogger("nmt.train")  # the trainer's messages
 
 CPU_REPLICAS = 2  # logical CPU devices used by `mirrored` when no GPU is present
@@ -44,31 +46,70 @@ def make_strategy(kind: str):
             return tf.distribute.MirroredStrategy(devices=devices)
         return tf.distribute.MirroredStrategy()
     if kind == "multi_worker":
-        if "TF_CONFIG" not in os.environ:
-            raise ValueError("train.distribute: multi_worker needs the TF_CONFIG environment variable")
+        cluster_task()  # ConfigError for a missing or malformed TF_CONFIG
         return tf.distribute.MultiWorkerMirroredStrategy()
     if kind == "tpu":
-        resolver = tf.distribute.cluster_resolver.TPUClusterResolver()
+        try:
+            resolver = tf.distribute.cluster_resolver.TPUClusterResolver()
+        except ValueError as err:  # no TPU here (or none named)
+            raise ConfigError(
+                f"train.distribute: tpu, but no TPU was found ({str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__})"
+            ) from err
         tf.config.experimental_connect_to_cluster(resolver)
         tf.tpu.experimental.initialize_tpu_system(resolver)
         return tf.distribute.TPUStrategy(resolver)
     raise ValueError(f"train.distribute: unknown strategy {kind!r}")
 
 
-def is_chief() -> bool:
-    """True on the one worker that writes the run directory (always true outside multi-worker training).
+def cluster_task(environ=os.environ) -> tuple[str, int, dict]:
+    """(task type, task index, cluster) of TF_CONFIG, for a multi-worker run; ConfigError naming what is wrong.
 
-    Read from TF_CONFIG alone, so train.py can decide before any TensorFlow set-up whether this process takes
-    the run-directory lock: the chief if the cluster has one, else worker 0.
+    Checked before TensorFlow sees it: TensorFlow's own errors for a malformed TF_CONFIG are tracebacks.
     """
-    if not os.environ.get("TF_CONFIG"):
+    text = environ.get("TF_CONFIG")
+    if not text:
+        raise ConfigError(
+            "train.distribute: multi_worker needs the TF_CONFIG environment variable (the cluster's workers and "
+            'this process\'s task, e.g. {"cluster": {"worker": ["host1:port", "host2:port"]}, '
+            '"task": {"type": "worker", "index": 0}})'
+        )
+    try:
+        tf_config = json.loads(text)
+    except ValueError as err:
+        raise ConfigError(f"TF_CONFIG is not valid JSON ({err}): {text[:200]!r}") from None
+    cluster = tf_config.get("cluster") if isinstance(tf_config, dict) else None
+    task = tf_config.get("task") if isinstance(tf_config, dict) else None
+    if not isinstance(cluster, dict) or not cluster:
+        raise ConfigError('TF_CONFIG has no "cluster" (a mapping of task types to lists of host:port)')
+    if not isinstance(task, dict) or "type" not in task:
+        raise ConfigError('TF_CONFIG has no "task" with a "type" (and an "index") for this process')
+    task_type, index = task["type"], task.get("index", 0)
+    if task_type not in cluster or not isinstance(cluster[task_type], list):
+        raise ConfigError(
+            f"TF_CONFIG's task type {task_type!r} is not in its cluster (task types: {', '.join(map(str, cluster))})"
+        )
+    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(cluster[task_type]):
+        raise ConfigError(
+            f"TF_CONFIG's task index {index!r} is not one of the cluster's {len(cluster[task_type])} "
+            f"{task_type!r} task(s) (0 to {len(cluster[task_type]) - 1})"
+        )
+    return task_type, index, cluster
+
+
+def is_chief(distribute: str) -> bool:
+    """True on the one process that writes the run directory: every process but a multi-worker run's others.
+
+    For `train.distribute: multi_worker`, read from TF_CONFIG alone (`cluster_task`), so train.py can decide
+    before any TensorFlow set-up whether this process takes the run-directory lock: the chief if the cluster has
+    one, else worker 0. Any other strategy ignores TF_CONFIG: a TF_CONFIG left in the environment of a
+    single-process run must not make it a worker that writes nothing.
+    """
+    if distribute != "multi_worker":
         return True
-    tf_config = json.loads(os.environ["TF_CONFIG"])
-    task = tf_config.get("task", {})
-    task_type, task_id = task.get("type"), int(task.get("index", 0))
+    task_type, index, cluster = cluster_task()
     if task_type == "chief":
         return True
-    return task_type == "worker" and task_id == 0 and "chief" not in tf_config.get("cluster", {})
+    return task_type == "worker" and index == 0 and "chief" not in cluster
 
 
 def is_multi_worker(strategy) -> bool:

@@ -82,7 +82,7 @@ class Trainer(TrainerEvaluation):
 
         cfg = self.config
         self.strategy = make_strategy(cfg.train.distribute)
-        self.chief = is_chief()
+        self.chief = is_chief(cfg.train.distribute)
         # train.py writes DIR/config.yaml before training: if it goes, DIR was removed under the running process
         self.watch_config = self.chief and self.run_dir.exists()
         self.stop = StopControl(self.strategy)  # signals and time budget (decided by all workers together)

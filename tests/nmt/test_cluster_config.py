@@ -1,0 +1,77 @@
+"""TF_CONFIG read for a multi-worker run only, and checked before TensorFlow sees it (exit 2 naming the problem)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from nmt.config import ConfigError
+from nmt.distribute import cluster_task, is_chief
+
+TWO_WORKERS = {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}
+
+
+def tf_config(task, cluster=TWO_WORKERS) -> str:
+    return json.dumps({"cluster": cluster, "task": task})
+
+
+@pytest.mark.parametrize("distribute", ["none", "mirrored", "tpu"])
+def test_tf_config_is_ignored_outside_multi_worker(monkeypatch, distribute):
+    """A TF_CONFIG left in the environment (or a malformed one) must not turn a single-process run into a worker
+    that trains into a temporary directory and writes nothing."""
+    monkeypatch.setenv("TF_CONFIG", tf_config({"type": "worker", "index": 1}))
+    assert is_chief(distribute)
+    monkeypatch.setenv("TF_CONFIG", "{not json")
+    assert is_chief(distribute)
+
+
+def test_the_chief_of_a_multi_worker_run(monkeypatch):
+    for task, cluster, chief in [
+        ({"type": "worker", "index": 0}, TWO_WORKERS, True),
+        ({"type": "worker", "index": 1}, TWO_WORKERS, False),
+        ({"type": "chief", "index": 0}, {"chief": ["127.0.0.1:0"], **TWO_WORKERS}, True),
+        ({"type": "worker", "index": 0}, {"chief": ["127.0.0.1:0"], **TWO_WORKERS}, False),
+    ]:
+        monkeypatch.setenv("TF_CONFIG", tf_config(task, cluster))
+        assert is_chief("multi_worker") is chief, (task, cluster)
+        assert cluster_task() == (task["type"], task["index"], cluster)
+
+
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        (None, r"multi_worker needs the TF_CONFIG environment variable"),
+        ("", r"multi_worker needs the TF_CONFIG environment variable"),
+        ("{not json", r"TF_CONFIG is not valid JSON"),
+        ("[1, 2]", r'TF_CONFIG has no "cluster"'),
+        (json.dumps({"cluster": TWO_WORKERS}), r'TF_CONFIG has no "task" with a "type"'),
+        (
+            tf_config({"type": "ps", "index": 0}),
+            r"task type 'ps' is not in its cluster \(task types: worker\)",
+        ),
+        (
+            tf_config({"type": "worker", "index": 2}),
+            r"task index 2 is not one of the cluster's 2 'worker' task",
+        ),
+        (tf_config({"type": "worker", "index": "one"}), r"task index 'one' is not one of"),
+    ],
+)
+def test_a_malformed_tf_config_is_a_config_error(monkeypatch, value, message):
+    if value is None:
+        monkeypatch.delenv("TF_CONFIG", raising=False)
+    else:
+        monkeypatch.setenv("TF_CONFIG", value)
+    with pytest.raises(ConfigError, match=message):
+        is_chief("multi_worker")
+
+
+def test_train_py_exits_2_on_a_malformed_tf_config_and_writes_nothing(monkeypatch, tmp_path, capsys):
+    import train as train_cli
+
+    monkeypatch.setenv("TF_CONFIG", tf_config({"type": "worker", "index": 5}))
+    run_dir = tmp_path / "run"
+    argv = ["--config", "tiny.yaml", "--model-dir", str(run_dir), "--set", "train.distribute=multi_worker"]
+    assert train_cli.main(argv) == 2
+    assert "train.py: config error: TF_CONFIG's task index 5" in capsys.readouterr().err
+    assert not run_dir.exists()

@@ -23,7 +23,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import nmt.xla  # noqa: E402, F401  (TF_XLA_FLAGS before TensorFlow reads them: train.xla fusible)
 from nmt.cli import add_set_argument  # noqa: E402
-from nmt.config import ConfigError, load_config  # noqa: E402
+from nmt.config import LOCATION_KEYS, ConfigError, load_config  # noqa: E402
 from nmt.run_dir import RunDir, RunDirError, RunLock, write_atomic  # noqa: E402
 
 
@@ -38,17 +38,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--model-dir", help="run directory (default: runs/<config name>)")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     return parser.parse_args(argv)
-
-
-# Where the data is stored, not what it is: may change between runs (e.g. a mirror set after a failed run).
-# And how the tokenizer would be sampled, which the run directory's own tokenizer has settled (the default
-# changed from 2M to 1M sentences: runs saved with the old default still resume).
-LOCATION_KEYS = {
-    ("data", "data_dir"),
-    ("data", "manual_dir"),
-    ("data", "cache_dir"),
-    ("data", "tokenizer_max_sentences"),
-}
 
 
 def check_resume_compatible(run_dir: RunDir, config) -> bool:

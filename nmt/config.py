@@ -9,6 +9,8 @@ path; the CLIs turn it into exit code 2 before anything is written.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -201,6 +203,28 @@ class Config:
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+    def fingerprint(self) -> int:
+        """A 48-bit hash (exact as a float64) of every setting the workers of one multi-worker run must share: all
+        but `PER_WORKER_KEYS`."""
+        tree = self.to_dict()
+        for section, key in PER_WORKER_KEYS:
+            tree[section].pop(key, None)
+        return int(hashlib.sha256(json.dumps(tree, sort_keys=True).encode()).hexdigest()[:12], 16)
+
+
+# Where the data is stored, not what it is: may change between runs (e.g. a mirror set after a failed run) and
+# differ between the workers of one run. And how the tokenizer would be sampled, which the run directory's own
+# tokenizer has settled (the default changed from 2M to 1M sentences: runs saved with the old default still resume).
+LOCATION_KEYS = {
+    ("data", "data_dir"),
+    ("data", "manual_dir"),
+    ("data", "cache_dir"),
+    ("data", "tokenizer_max_sentences"),
+}
+# What the workers of one multi-worker run may hold differently: where the data is stored, and the time budget
+# (every worker stops when any one's is spent, `nmt.distribute.StopControl`).
+PER_WORKER_KEYS = LOCATION_KEYS | {("train", "max_minutes")}
 
 
 # ----------------------------------------------------------------------------------------------------------------

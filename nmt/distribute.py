@@ -320,6 +320,24 @@ class StopControl:
             return signal.Signals(self.received).name
         return f"{signal.Signals(self.agreed).name} (sent to another worker)"
 
+    def check_same_config(self, fingerprint: int) -> None:
+        """Multi-worker (a collective): raises WorkersDisagree unless every worker's config has `fingerprint`.
+
+        Workers started with different settings (another seed: silently other training; another model: a
+        TensorFlow error deep in a collective) are refused at the start instead.
+        """
+        if not self.multi_worker:
+            return
+        prints = [int(row[0]) for row in gather_from_workers(self.strategy, [float(fingerprint)])]
+        if len(set(prints)) > 1:
+            shown = ", ".join(
+                f"worker {worker_of_replica(self.strategy, i)}: {p:012x}" for i, p in enumerate(prints)
+            )
+            raise WorkersDisagree(
+                f"the workers were started with different configs (fingerprints {shown}); start every worker "
+                "with the same --config and --set values (only where the data is stored and the time budget may differ)"
+            )
+
     def check_same_step(self, step: int, where) -> None:
         """Multi-worker (a collective): raises WorkersDisagree unless every worker restored step `step`."""
         if not self.multi_worker:

@@ -86,6 +86,10 @@ class Trainer(TrainerEvaluation):
         # train.py writes DIR/config.yaml before training: if it goes, DIR was removed under the running process
         self.watch_config = self.chief and self.run_dir.exists()
         self.stop = StopControl(self.strategy)  # signals and time budget (decided by all workers together)
+        try:  # workers started with other settings are refused before anything is prepared or trained
+            self.stop.check_same_config(cfg.fingerprint())
+        except WorkersDisagree as err:
+            raise TrainingError(str(err)) from None
         device = device_kind(self.strategy)
         self.precision = resolve_precision(cfg.train.precision, device)
         self.xla = resolve_xla(cfg.train.xla, device)

@@ -75,3 +75,14 @@ def test_train_py_exits_2_on_a_malformed_tf_config_and_writes_nothing(monkeypatc
     assert train_cli.main(argv) == 2
     assert "train.py: config error: TF_CONFIG's task index 5" in capsys.readouterr().err
     assert not run_dir.exists()
+
+
+def test_the_fingerprint_ignores_where_data_is_stored_only():
+    from nmt.config import load_config
+
+    base = load_config("tiny.yaml").fingerprint()
+    same = ["data.cache_dir=/elsewhere", "data.data_dir=/x", "train.max_minutes=5"]
+    assert load_config("tiny.yaml", same).fingerprint() == base
+    assert load_config("tiny.yaml", ["train.seed=7"]).fingerprint() != base
+    assert load_config("tiny.yaml", ["model.d_model=64"]).fingerprint() != base
+    assert 0 <= base < 2**48  # exact as a float64, the collective's type

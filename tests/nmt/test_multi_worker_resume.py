@@ -73,3 +73,16 @@ def test_time_budget_spent_on_one_worker_stops_both_at_the_same_step(tmp_path):
     assert chief_reason == worker_reason == "finished"
     assert step == worker_step and 1 <= step < MANY_STEPS
     assert latest_step(tmp_path / "run") == step
+
+
+def test_workers_started_with_different_settings_refuse_to_start(tmp_path):
+    """Another seed on one worker would train silently otherwise (another model size: a TensorFlow error deep in a
+    collective); where the data is stored may differ."""
+    config = config_file(tmp_path, "multi_worker", checkpoint_every=4)
+    other = {1: ("train.seed=7", f"data.cache_dir={tmp_path / 'elsewhere'}")}
+    with Workers(config, tmp_path / "run", tmp_path / "logs", worker_overrides=other) as workers:
+        results = workers.wait()
+    for code, stderr in results:
+        assert code == 1, stderr[-3000:]
+        assert "the workers were started with different configs (fingerprints worker 0: " in stderr
+    assert not (tmp_path / "run").exists()  # the chief's new run was undone

@@ -46,7 +46,12 @@ def make_strategy(kind: str):
             return tf.distribute.MirroredStrategy(devices=devices)
         return tf.distribute.MirroredStrategy()
     if kind == "multi_worker":
-        cluster_task()  # ConfigError for a missing or malformed TF_CONFIG
+        task_type, index, cluster = cluster_task()  # ConfigError for a missing or malformed TF_CONFIG
+        # TensorFlow waits here, silently and deaf to signals, until every task of the cluster has started
+        log.info(
+            "%s %d of the cluster %s: waiting for every task to start (the same command with its own TF_CONFIG)",
+            task_type, index, json.dumps(cluster),
+        )  # fmt: skip
         return tf.distribute.MultiWorkerMirroredStrategy()
     if kind == "tpu":
         try:

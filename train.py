@@ -22,7 +22,7 @@ from pathlib import Path
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import nmt.xla  # noqa: E402, F401  (TF_XLA_FLAGS before TensorFlow reads them: train.xla fusible)
-from nmt.cli import add_set_argument  # noqa: E402
+from nmt.cli import add_set_argument, stop_on_sigterm  # noqa: E402
 from nmt.config import LOCATION_KEYS, ConfigError, load_config  # noqa: E402
 from nmt.run_dir import RunDir, RunDirError, RunLock, write_atomic  # noqa: E402
 
@@ -104,7 +104,7 @@ def main(argv=None) -> int:
     written = resuming  # DIR has its config.yaml: if it goes, the directory was removed under this process
     started = False  # setup succeeded: from then on DIR holds a run (a new run's failed start is undone)
     # SIGTERM ends the start like SIGINT (undone if new) until training installs its own handlers
-    previous_term = signal.signal(signal.SIGTERM, _raise_interrupt)
+    previous_term = stop_on_sigterm()
     try:
         with lock:
             try:
@@ -154,10 +154,6 @@ def main(argv=None) -> int:
         signal.signal(signal.SIGTERM, previous_term)
     print(f"train.py: {result.message}", file=sys.stderr)
     return 0
-
-
-def _raise_interrupt(signum, frame):
-    raise KeyboardInterrupt
 
 
 def existing_entries(run_dir: RunDir) -> set[str] | None:

@@ -169,7 +169,7 @@ def check_contents(
     """
 
     def corrupt(name: str, what: str) -> DataError:
-        return DataError(f"{directory / name} is corrupt ({what}): delete {directory} and prepare again")
+        return corrupt_file(directory / name, what)
 
     lengths = arrays["lengths"]
     for column, side in enumerate(SIDES):
@@ -196,10 +196,12 @@ def check_ids(path: Path, ids: np.ndarray, vocab: int) -> None:
     """DataError naming `path` (and what to do) if a piece id is outside [0, vocab)."""
     if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
         bad = int(ids.max()) if int(ids.min()) >= 0 else int(ids.min())
-        raise DataError(
-            f"{path} is corrupt (piece id {bad} outside the vocabulary of {vocab}): delete {path.parent} and "
-            "prepare again"
-        )
+        raise corrupt_file(path, f"piece id {bad} outside the vocabulary of {vocab}")
+
+
+def corrupt_file(path: Path, what: str) -> DataError:
+    """The error for a prepared file whose contents are wrong, saying what to do."""
+    return DataError(f"{path} is corrupt ({what}): delete {path.parent} and prepare again")
 
 
 class PreparedSplit:

@@ -115,13 +115,15 @@ def run(main: Callable[[], int | None]) -> None:
     sys.exit(code)
 
 
-def stop_on_sigterm() -> None:
-    """SIGTERM as SIGINT: a KeyboardInterrupt, so the CLI stops cleanly (temporary output removed, exit 130)."""
+def stop_on_sigterm():
+    """SIGTERM as SIGINT: a KeyboardInterrupt, so the CLI stops cleanly (temporary output removed, exit 130).
+
+    Returns the previous handler (to put back with `signal.signal`)."""
 
     def interrupt(signum, frame):
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, interrupt)
+    return signal.signal(signal.SIGTERM, interrupt)
 
 
 def add_xla_argument(parser) -> None:

@@ -245,14 +245,11 @@ def drop_checkpoints(directory: Path, keep) -> list[int]:
     timestamps with them, which a CheckpointManager reopening the directory needs), the newest as the latest.
     Returns the steps removed (nothing is rewritten when none is).
     """
-    import shutil
-
     import tensorflow as tf
     from google.protobuf import text_format
 
     directory = Path(directory)
-    for partial in directory.glob("ckpt-*_temp*"):
-        shutil.rmtree(partial, ignore_errors=True)
+    remove_partial_saves(directory)
     state = tf.train.get_checkpoint_state(str(directory)) if directory.is_dir() else None
     if state is None:
         return []
@@ -278,6 +275,14 @@ def drop_checkpoints(directory: Path, keep) -> list[int]:
     return removed
 
 
+def remove_partial_saves(directory: Path, pattern: str = "ckpt-*_temp*") -> None:
+    """Removes the half-written saves (`ckpt-N_temp`, a save cut short) of a checkpoint directory."""
+    import shutil
+
+    for partial in Path(directory).glob(pattern):
+        shutil.rmtree(partial, ignore_errors=True)
+
+
 def repair_checkpoint_state(directory: Path) -> str:
     """Makes TensorFlow's state file in `directory` name the complete checkpoints there; returns what it changed.
 
@@ -287,15 +292,12 @@ def repair_checkpoint_state(directory: Path) -> str:
     on disk (`ckpt-N.index` with its data), the newest as the latest. "" when nothing needed changing. Half-written
     saves (`ckpt-N_temp`, a process killed while saving) go first.
     """
-    import shutil
-
     import tensorflow as tf
 
     directory = Path(directory)
     if not directory.is_dir():
         return ""
-    for partial in directory.glob("ckpt-*_temp*"):
-        shutil.rmtree(partial, ignore_errors=True)
+    remove_partial_saves(directory)
     complete = sorted(
         checkpoint_step(index.with_suffix(""))
         for index in directory.glob("ckpt-*.index")

@@ -33,6 +33,7 @@ from nmt.run_dir import (
     RunDirError,
     checkpoint_step,
     first_line,
+    remove_partial_saves,
     repair_checkpoint_state,
     restore_errors,
 )
@@ -370,8 +371,7 @@ class Trainer(TrainerEvaluation):
         except (tf.errors.OpError, OSError) as err:
             first = str(err).strip().splitlines()[0]
             # Remove the half-written shards of this save (the previous checkpoint is intact).
-            for partial in Path(self.manager.directory).glob(f"ckpt-{self.step}_temp*"):
-                _remove_tree(partial)
+            remove_partial_saves(Path(self.manager.directory), f"ckpt-{self.step}_temp*")
             raise TrainingError(
                 f"could not write a checkpoint at step {self.step} ({first}); "
                 f"the previous one ({self.manager.latest_checkpoint}) is still usable"

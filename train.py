@@ -3,7 +3,8 @@
     python train.py --config base.yaml [--set section.key=value ...] [--model-dir DIR]
 
 Rerunning the same command on the same --model-dir resumes from the last checkpoint (and says so).
-Exit codes: 0 done or stopped cleanly by SIGINT/SIGTERM (checkpoint saved), 1 training failed,
+Exit codes: 0 done or stopped cleanly by SIGINT/SIGTERM (checkpoint saved), 1 training failed (or a
+multi-worker cluster could not form),
 2 bad config or arguments (nothing written), 3 the run directory is in use or inconsistent, or was removed while
 training, 130 interrupted before training started (a new run's start is undone) or by a second signal (the last
 checkpoint is intact).
@@ -67,6 +68,9 @@ def main(argv=None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    if not args.verbose:  # TensorFlow's INFO lines (one per all-reduce traced, ...) drown the run's own
+        for noisy in ("tensorflow", "absl"):
+            logging.getLogger(noisy).setLevel(logging.WARNING)
     log = logging.getLogger("nmt.train")
     try:
         config = load_config(args.config, args.overrides)
@@ -83,7 +87,7 @@ def main(argv=None) -> int:
         print(f"train.py: {err}", file=sys.stderr)
         return 3
 
-    from nmt.distribute import is_chief
+    from nmt.cluster import is_chief
 
     try:  # only the chief of a multi-worker run locks and writes the run directory
         chief = is_chief(config.train.distribute)
@@ -136,7 +140,8 @@ def main(argv=None) -> int:
             signal.signal(signal.SIGTERM, previous_term)  # training installs its own (stop after the step)
             result = trainer.train()
     except Exception as err:
-        code = report_failure(err, run_dir, removed=chief and written and not run_dir.exists())
+        removed = chief and written and not run_dir.exists()
+        code = report_failure(err, run_dir, removed, multi_worker=config.train.distribute == "multi_worker")
         if code is None:
             raise
         return code
@@ -183,14 +188,20 @@ def discard(run_dir: RunDir, before: set[str] | None) -> None:
             run_dir.path.rmdir()
 
 
-def report_failure(err: Exception, run_dir: RunDir, removed: bool) -> int | None:
+def report_failure(err: Exception, run_dir: RunDir, removed: bool, multi_worker: bool = False) -> int | None:
     """Prints why training could not go on and returns the exit code; None for an error it does not know.
 
     `removed`: DIR's config.yaml, written before training started, is gone: the directory was deleted under the
     running process, whatever error that caused (a checkpoint or a metrics line that could not be written).
+    `multi_worker`: TensorFlow's errors for a task of the cluster that stopped answering are told as such.
     """
     from data.errors import DataError, raised_in_pipeline
+    from nmt.cluster import ClusterError, cluster_task, lost_task_message
     from nmt.trainer import TrainingError
+
+    if multi_worker and (message := lost_task_message(err, cluster_task()[2])):
+        print(f"train.py: training failed: {message}", file=sys.stderr)
+        return 1
 
     if removed and not isinstance(err, RunDirError):
         print(f"train.py: {run_dir.removed_message()} ({type(err).__name__}: {err})", file=sys.stderr)
@@ -207,6 +218,9 @@ def report_failure(err: Exception, run_dir: RunDir, removed: bool) -> int | None
     # a DataError inside the input pipeline (a batch read from a damaged file), handed on as TensorFlow's error
     if message := raised_in_pipeline(err):
         print(f"train.py: data error: {message}", file=sys.stderr)
+        return 1
+    if isinstance(err, ClusterError):
+        print(f"train.py: cluster error: {err}", file=sys.stderr)
         return 1
     if isinstance(err, TrainingError):
         print(f"train.py: training failed: {err}", file=sys.stderr)

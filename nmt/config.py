@@ -148,6 +148,9 @@ class TrainConfig:
     distribute: str = field(
         default="none", metadata=_choices("none", "mirrored", "multi_worker", "tpu")
     )  # tf.distribute strategy
+    cluster_wait_minutes: float = field(
+        default=10.0, metadata=_NOT_NEGATIVE
+    )  # multi_worker: how long a task waits for the others of its cluster to start (0 = no limit)
     log_every: int = field(default=50, metadata=_AT_LEAST_1)  # steps between TensorBoard scalars and progress
     checkpoint_every: int = field(default=500, metadata=_AT_LEAST_1)  # steps between checkpoints
     keep_checkpoints: int = field(default=5, metadata=_AT_LEAST_1)  # checkpoints kept on disk
@@ -222,9 +225,10 @@ LOCATION_KEYS = {
     ("data", "cache_dir"),
     ("data", "tokenizer_max_sentences"),
 }
-# What the workers of one multi-worker run may hold differently: where the data is stored, and the time budget
-# (every worker stops when any one's is spent, `nmt.distribute.StopControl`).
-PER_WORKER_KEYS = LOCATION_KEYS | {("train", "max_minutes")}
+# What the workers of one multi-worker run may hold differently: where the data is stored, the time budget
+# (every worker stops when any one's is spent, `nmt.distribute.StopControl`) and how long each waits for the others
+# to start (`nmt.cluster.wait_for_peers`).
+PER_WORKER_KEYS = LOCATION_KEYS | {("train", "max_minutes"), ("train", "cluster_wait_minutes")}
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -14,21 +14,21 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import logging
-import os
 import platform
 import signal
 
 from common.config_tree import ConfigError
+from nmt.cluster import ClusterError, multi_worker_strategy
 
 log = logging.getLogger("nmt.train")  # the trainer's messages
 
 CPU_REPLICAS = 2  # logical CPU devices used by `mirrored` when no GPU is present
 
 
-def make_strategy(kind: str):
-    """The `tf.distribute.Strategy` named by `train.distribute`."""
+def make_strategy(kind: str, cluster_wait_minutes: float = 0.0):
+    """The `tf.distribute.Strategy` named by `train.distribute`; `multi_worker` waits at most
+    `cluster_wait_minutes` for the other tasks of TF_CONFIG's cluster (`nmt.cluster.wait_for_peers`; 0: no limit)."""
     import tensorflow as tf
 
     if kind == "none":
@@ -46,13 +46,7 @@ def make_strategy(kind: str):
             return tf.distribute.MirroredStrategy(devices=devices)
         return tf.distribute.MirroredStrategy()
     if kind == "multi_worker":
-        task_type, index, cluster = cluster_task()  # ConfigError for a missing or malformed TF_CONFIG
-        # TensorFlow waits here, silently and deaf to signals, until every task of the cluster has started
-        log.info(
-            "%s %d of the cluster %s: waiting for every task to start (the same command with its own TF_CONFIG)",
-            task_type, index, json.dumps(cluster),
-        )  # fmt: skip
-        return tf.distribute.MultiWorkerMirroredStrategy()
+        return multi_worker_strategy(cluster_wait_minutes)  # nmt.cluster: bounded, interruptible start-up
     if kind == "tpu":
         try:
             resolver = tf.distribute.cluster_resolver.TPUClusterResolver()
@@ -66,57 +60,6 @@ def make_strategy(kind: str):
     raise ValueError(f"train.distribute: unknown strategy {kind!r}")
 
 
-def cluster_task(environ=os.environ) -> tuple[str, int, dict]:
-    """(task type, task index, cluster) of TF_CONFIG, for a multi-worker run; ConfigError naming what is wrong.
-
-    Checked before TensorFlow sees it: TensorFlow's own errors for a malformed TF_CONFIG are tracebacks.
-    """
-    text = environ.get("TF_CONFIG")
-    if not text:
-        raise ConfigError(
-            "train.distribute: multi_worker needs the TF_CONFIG environment variable (the cluster's workers and "
-            'this process\'s task, e.g. {"cluster": {"worker": ["host1:port", "host2:port"]}, '
-            '"task": {"type": "worker", "index": 0}})'
-        )
-    try:
-        tf_config = json.loads(text)
-    except ValueError as err:
-        raise ConfigError(f"TF_CONFIG is not valid JSON ({err}): {text[:200]!r}") from None
-    cluster = tf_config.get("cluster") if isinstance(tf_config, dict) else None
-    task = tf_config.get("task") if isinstance(tf_config, dict) else None
-    if not isinstance(cluster, dict) or not cluster:
-        raise ConfigError('TF_CONFIG has no "cluster" (a mapping of task types to lists of host:port)')
-    if not isinstance(task, dict) or "type" not in task:
-        raise ConfigError('TF_CONFIG has no "task" with a "type" (and an "index") for this process')
-    task_type, index = task["type"], task.get("index", 0)
-    if task_type not in cluster or not isinstance(cluster[task_type], list):
-        raise ConfigError(
-            f"TF_CONFIG's task type {task_type!r} is not in its cluster (task types: {', '.join(map(str, cluster))})"
-        )
-    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(cluster[task_type]):
-        raise ConfigError(
-            f"TF_CONFIG's task index {index!r} is not one of the cluster's {len(cluster[task_type])} "
-            f"{task_type!r} task(s) (0 to {len(cluster[task_type]) - 1})"
-        )
-    return task_type, index, cluster
-
-
-def is_chief(distribute: str) -> bool:
-    """True on the one process that writes the run directory: every process but a multi-worker run's others.
-
-    For `train.distribute: multi_worker`, read from TF_CONFIG alone (`cluster_task`), so train.py can decide
-    before any TensorFlow set-up whether this process takes the run-directory lock: the chief if the cluster has
-    one, else worker 0. Any other strategy ignores TF_CONFIG: a TF_CONFIG left in the environment of a
-    single-process run must not make it a worker that writes nothing.
-    """
-    if distribute != "multi_worker":
-        return True
-    task_type, index, cluster = cluster_task()
-    if task_type == "chief":
-        return True
-    return task_type == "worker" and index == 0 and "chief" not in cluster
-
-
 def is_multi_worker(strategy) -> bool:
     """True for `MultiWorkerMirroredStrategy`: several processes that must take every decision together."""
     import tensorflow as tf
@@ -124,19 +67,20 @@ def is_multi_worker(strategy) -> bool:
     return isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
 
 
-def gather_from_workers(strategy, values: list[float]):
+def gather_from_workers(strategy, values: list[float], timeout: float = 0.0):
     """Every replica's `values` (float64), as a NumPy array of shape [replicas, len(values)], on every worker.
 
-    A collective: every worker must call it at the same point of the run, or the ones that did wait for the others.
-    Rows follow the global replica order (worker 0's replicas first).
+    A collective: every worker must call it at the same point of the run, or the ones that did wait for the others
+    (at most `timeout` seconds if given: then tf.errors.DeadlineExceededError). Rows follow the global replica
+    order (worker 0's replicas first).
     """
     import tensorflow as tf
 
-    return _gather_function(strategy)(tf.constant([values], tf.float64)).numpy()
+    return _gather_function(strategy, timeout)(tf.constant([values], tf.float64)).numpy()
 
 
 @functools.cache
-def _gather_function(strategy):
+def _gather_function(strategy, timeout: float):
     """`gather_from_workers` as one compiled function per strategy (eager collectives are slow and chatty)."""
     import tensorflow as tf
 
@@ -146,8 +90,16 @@ def _gather_function(strategy):
         row = tf.one_hot(context.replica_id_in_sync_group, context.num_replicas_in_sync, dtype=tf.float64)
         return row[:, None] * value
 
+    def gathered(value):
+        options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=timeout)
+        return tf.distribute.get_replica_context().all_reduce(
+            tf.distribute.ReduceOp.SUM, rows(value), options
+        )
+
     @tf.function(reduce_retracing=True)
     def run(value):
+        if timeout:
+            return strategy.experimental_local_results(strategy.run(gathered, args=(value,)))[0]
         return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(rows, args=(value,)), axis=None)
 
     return run
@@ -325,15 +277,27 @@ class StopControl:
             return signal.Signals(self.received).name
         return f"{signal.Signals(self.agreed).name} (sent to another worker)"
 
-    def check_same_config(self, fingerprint: int) -> None:
+    def check_same_config(self, fingerprint: int, wait_minutes: float = 0.0) -> None:
         """Multi-worker (a collective): raises WorkersDisagree unless every worker's config has `fingerprint`.
 
         Workers started with different settings (another seed: silently other training; another model: a
-        TensorFlow error deep in a collective) are refused at the start instead.
+        TensorFlow error deep in a collective) are refused at the start instead. The run's first collective: a
+        worker that stopped after the cluster formed but before joining it would leave the others waiting for
+        ever, so it waits at most `wait_minutes` (0: no limit), then raises ClusterError.
         """
         if not self.multi_worker:
             return
-        prints = [int(row[0]) for row in gather_from_workers(self.strategy, [float(fingerprint)])]
+        import tensorflow as tf
+
+        try:
+            rows = gather_from_workers(self.strategy, [float(fingerprint)], timeout=wait_minutes * 60)
+        except tf.errors.DeadlineExceededError:
+            raise ClusterError(
+                f"not every worker reached the start of training within {wait_minutes:g} min "
+                "(train.cluster_wait_minutes): one stopped while starting (see its log). Restart every worker "
+                "with the same command"
+            ) from None
+        prints = [int(row[0]) for row in rows]
         if len(set(prints)) > 1:
             shown = ", ".join(
                 f"worker {worker_of_replica(self.strategy, i)}: {p:012x}" for i, p in enumerate(prints)

@@ -23,8 +23,9 @@ from tqdm import tqdm
 
 from nmt.best_weights import BestWeights
 from nmt.budget import BatchChanged, TrainingPlan
+from nmt.cluster import is_chief
 from nmt.config import Config
-from nmt.distribute import StopControl, WorkersDisagree, is_chief, make_strategy, replica_batches, worker_part
+from nmt.distribute import StopControl, WorkersDisagree, make_strategy, replica_batches, worker_part
 from nmt.final_weights import AveragingSnapshots
 from nmt.optimizer import adam
 from nmt.precision import device_kind, resolve_autocluster, resolve_precision, resolve_xla, set_policy
@@ -82,13 +83,13 @@ class Trainer(TrainerEvaluation):
         from transformer.model import build_model
 
         cfg = self.config
-        self.strategy = make_strategy(cfg.train.distribute)
+        self.strategy = make_strategy(cfg.train.distribute, cfg.train.cluster_wait_minutes)
         self.chief = is_chief(cfg.train.distribute)
         # train.py writes DIR/config.yaml before training: if it goes, DIR was removed under the running process
         self.watch_config = self.chief and self.run_dir.exists()
         self.stop = StopControl(self.strategy)  # signals and time budget (decided by all workers together)
         try:  # workers started with other settings are refused before anything is prepared or trained
-            self.stop.check_same_config(cfg.fingerprint())
+            self.stop.check_same_config(cfg.fingerprint(), cfg.train.cluster_wait_minutes)
         except WorkersDisagree as err:
             raise TrainingError(str(err)) from None
         device = device_kind(self.strategy)

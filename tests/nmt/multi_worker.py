@@ -40,7 +40,7 @@ class Workers:
         worker_dirs=None,
     ):
         """`worker_overrides` / `worker_dirs`: {worker index: extra --set values / its own --model-dir}."""
-        addresses = [f"127.0.0.1:{free_port()}" for _ in range(WORKERS)]
+        self.addresses = addresses = [f"127.0.0.1:{free_port()}" for _ in range(WORKERS)]
         self.run_dir, self.procs = Path(run_dir), []
         logs.mkdir(parents=True, exist_ok=True)
         for index in range(WORKERS):

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
+from nmt.cluster import cluster_task, is_chief
 from nmt.config import ConfigError
-from nmt.distribute import cluster_task, is_chief
 
 TWO_WORKERS = {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}
 
@@ -30,8 +30,8 @@ def test_the_chief_of_a_multi_worker_run(monkeypatch):
     for task, cluster, chief in [
         ({"type": "worker", "index": 0}, TWO_WORKERS, True),
         ({"type": "worker", "index": 1}, TWO_WORKERS, False),
-        ({"type": "chief", "index": 0}, {"chief": ["127.0.0.1:0"], **TWO_WORKERS}, True),
-        ({"type": "worker", "index": 0}, {"chief": ["127.0.0.1:0"], **TWO_WORKERS}, False),
+        ({"type": "chief", "index": 0}, {"chief": ["127.0.0.1:3"], **TWO_WORKERS}, True),
+        ({"type": "worker", "index": 0}, {"chief": ["127.0.0.1:3"], **TWO_WORKERS}, False),
     ]:
         monkeypatch.setenv("TF_CONFIG", tf_config(task, cluster))
         assert is_chief("multi_worker") is chief, (task, cluster)

@@ -7,10 +7,11 @@ test_distribute.py; this module uses the same tiny config.
 """
 
 import signal
+import time
 
 import pytest
 
-from tests.faults.helpers import latest_step
+from tests.faults.helpers import RUN_TIMEOUT, latest_step
 from tests.nmt.multi_worker import Workers, resumed_step, saved_checkpoints, stop_message
 from tests.nmt.test_distribute import config_file
 
@@ -86,3 +87,44 @@ def test_workers_started_with_different_settings_refuse_to_start(tmp_path):
         assert code == 1, stderr[-3000:]
         assert "the workers were started with different configs (fingerprints worker 0: " in stderr
     assert not (tmp_path / "run").exists()  # the chief's new run was undone
+
+
+def test_a_worker_killed_mid_run_is_named_and_restarting_every_worker_resumes(tmp_path):
+    """SIGKILL to worker 1 (its host lost): the chief stops with one line naming worker 1 and the remedy, no
+    traceback; restarting both resumes from the last checkpoint."""
+    config = config_file(tmp_path, "multi_worker", checkpoint_every=4)
+    run_dir = tmp_path / "run"
+    with Workers(config, run_dir, tmp_path / "killed", f"train.max_steps={MANY_STEPS}") as workers:
+        workers.wait_for_checkpoint(4)
+        address = workers.addresses[1]
+        workers.procs[1].signal(signal.SIGKILL)
+        (code, chief), _ = workers.wait()
+    assert code == 1, chief[-3000:]
+    assert f"train.py: training failed: lost contact with worker 1 ({address})" in chief
+    assert "Restart every worker with the same command" in chief
+    assert "Traceback" not in chief
+    step = latest_step(run_dir)
+    with Workers(config, run_dir, tmp_path / "restarted", f"train.max_steps={step + 2}") as workers:
+        results = workers.wait()
+    assert_all_exit_zero(results)
+    for _, stderr in results:
+        assert resumed_step(stderr) == step
+        assert stop_message(stderr) == ("finished", step + 2)
+
+
+def test_a_worker_stopped_while_the_cluster_forms_does_not_leave_the_other_waiting(tmp_path):
+    """SIGINT to worker 1 just after the tasks met: whether it stops before TensorFlow's start-up, inside it or
+    after it, worker 0 gives up within train.cluster_wait_minutes (it used to wait, deaf to signals, for an hour)
+    and its new run is undone."""
+    config = config_file(tmp_path, "multi_worker")
+    with Workers(config, tmp_path / "run", tmp_path / "logs", "train.cluster_wait_minutes=0.1") as workers:
+        deadline = time.monotonic() + RUN_TIMEOUT  # a hang guard, not a timing
+        while "every task of the cluster has started" not in workers.procs[1].stderr():
+            assert time.monotonic() < deadline, workers.procs[1].stderr()[-3000:]
+            time.sleep(0.005)
+        workers.procs[1].signal(signal.SIGINT)
+        (code, chief), (worker_code, worker) = workers.wait()
+    assert worker_code == 130, worker[-3000:]
+    assert code == 1, chief[-3000:]
+    assert "train.py: cluster error: " in chief and "Restart every worker with the same command" in chief
+    assert not (tmp_path / "run").exists()

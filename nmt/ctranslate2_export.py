@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from common.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from nmt.run_dir import publish_directory
 
 log = logging.getLogger(__name__)
 
@@ -328,9 +329,7 @@ def export_ctranslate2(
             model, tokenizer, quantization, eval_config=eval_config, data_config=data_config, weights=weights
         )
         (staging / METADATA).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-        if output.exists():
-            shutil.rmtree(output)
-        staging.rename(output)
+        publish_directory(staging, output, last=METADATA)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     log.info("wrote the CTranslate2 model %s (%s)", output, quantization)

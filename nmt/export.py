@@ -22,6 +22,7 @@ from pathlib import Path
 
 import tensorflow as tf
 
+from nmt.run_dir import publish_directory
 from nmt.translator import decode_batch, output_limits
 from transformer.vocab import EOS_ID, PAD_ID
 
@@ -88,9 +89,7 @@ def export_saved_model(module: TranslationModule, output: str | Path) -> Path:
     try:
         signature = module.serve.get_concrete_function()
         tf.saved_model.save(module, str(staging), signatures={"serving_default": signature})
-        if output.exists():
-            shutil.rmtree(output)
-        staging.rename(output)
+        publish_directory(staging, output, last="saved_model.pb")
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return output

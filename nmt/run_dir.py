@@ -20,6 +20,7 @@ import fcntl
 import json
 import os
 import re
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -175,6 +176,25 @@ def write_atomic(path: Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def publish_directory(staging: Path, output: Path, last: str) -> None:
+    """Puts the complete directory `staging` at `output`: renamed there, or, when `output` is an existing
+    directory (an older export, checked by the caller, or an empty directory), moved into it entry by entry after
+    its old entries are removed, `last` (the file that marks it complete) last. The directory itself stays: a shell
+    standing in it (`export.py --output .`) is not left in a deleted directory."""
+    if not output.is_dir():
+        staging.rename(output)
+        return
+    for entry in output.iterdir():
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+    entries = sorted(staging.iterdir(), key=lambda entry: entry.name == last)
+    for entry in entries:
+        entry.rename(output / entry.name)
+    staging.rmdir()
 
 
 def _umask() -> int:

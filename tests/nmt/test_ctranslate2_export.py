@@ -394,7 +394,13 @@ def test_metadata_without_a_key_is_one_clear_error(exports, tmp_path, key):
 
 def test_export_to_the_current_directory(ours, tokenizer, tmp_path, monkeypatch):
     (target := tmp_path / "here").mkdir()  # --output . (empty): no ValueError about an empty name
+    inode = target.stat().st_ino
     monkeypatch.chdir(target)
     output = export_ctranslate2(ours.model, tokenizer, ".")
     assert output == target and read_export_metadata(target)["quantization"] == "float32"
     assert [p.name for p in tmp_path.iterdir()] == ["here"]  # no leftover staging directory
+    # written into the directory (the shell standing in it still sees the export), and replaced in place
+    assert target.stat().st_ino == inode
+    export_ctranslate2(ours.model, tokenizer, ".", quantization="int8")
+    assert target.stat().st_ino == inode and read_export_metadata(target)["quantization"] == "int8"
+    assert [p.name for p in tmp_path.iterdir()] == ["here"]

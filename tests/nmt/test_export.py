@@ -5,10 +5,12 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
+import tensorflow as tf
 
-from nmt.export import export_run_dir
+from nmt.export import export_run_dir, load_exported
 from nmt.translator import Translator
 from tests.run_fixture import shared_tiny_run_dir, tiny_corpus
 
@@ -71,7 +73,13 @@ def test_export_to_the_current_directory(tiny_run_dir, tmp_path, monkeypatch):
     """export.py --output . (an empty current directory): written there, not a ValueError about an empty name."""
     target = tmp_path / "here"
     target.mkdir()
+    inode = target.stat().st_ino
     monkeypatch.chdir(target)
     output, _ = export_run_dir(tiny_run_dir, ".", beam_size=1)
     assert output == target and (target / "saved_model.pb").is_file()
     assert [p.name for p in tmp_path.iterdir()] == ["here"]  # no leftover staging directory
+    # written into the directory, not a new one in its place: the shell standing in it still sees the export
+    assert target.stat().st_ino == inode and (Path.cwd() / "saved_model.pb").is_file()
+    again, _ = export_run_dir(tiny_run_dir, ".", beam_size=1)  # an export there is replaced, in place too
+    assert again == target and target.stat().st_ino == inode
+    assert load_exported(target)(inputs=tf.constant(["A man."]))["outputs"].shape == (1,)

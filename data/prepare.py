@@ -127,11 +127,12 @@ def _tokenize_into(
 
 
 def prepare_split(
-    cfg: DataConfig, tokenizer, split: str, *, chief: bool = True, progress: bool = True
+    cfg: DataConfig, tokenizer, split: str, *, chief: bool = True, progress: bool = True, made=None
 ) -> Path:
     """The directory of `split` tokenized with `tokenizer`, preparing it first if it is not in the cache.
 
-    A non-chief worker waits for the chief to prepare it. Returns the complete split directory.
+    A non-chief worker waits for the chief to prepare it. Returns the complete split directory, and adds `split`
+    to the set `made` (if given) when this call prepared it (not another process it waited for).
     """
     inputs = cache.split_key_inputs(cfg, split_identity(cfg, split), tokenizer.fingerprint)
     final = cache.split_dir(cfg, split, inputs)
@@ -152,6 +153,8 @@ def prepare_split(
             except OSError as err:  # e.g. a full disk; the partial directory is removed by the next run
                 raise DataError(f"cannot write the prepared split {split!r} into {partial}: {err}") from err
             cache.publish(partial, final)
+            if made is not None:
+                made.add(split)
     return final
 
 
@@ -163,11 +166,14 @@ def splits_to_prepare(cfg: DataConfig) -> list[str]:
     return list(dict.fromkeys(splits))
 
 
-def prepare(cfg: DataConfig, *, tokenizer=None, chief: bool = True, progress: bool = True) -> tuple:
-    """Tokenizer (the cached one unless given) and every split prepared: (tokenizer, {split: directory})."""
+def prepare(
+    cfg: DataConfig, *, tokenizer=None, chief: bool = True, progress: bool = True, made=None
+) -> tuple:
+    """Tokenizer (the cached one unless given) and every split prepared: (tokenizer, {split: directory}); the
+    splits this call prepared itself are added to the set `made` (if given)."""
     tokenizer = tokenizer or cached_tokenizer(cfg, chief=chief)
     done = {
-        split: prepare_split(cfg, tokenizer, split, chief=chief, progress=progress)
+        split: prepare_split(cfg, tokenizer, split, chief=chief, progress=progress, made=made)
         for split in splits_to_prepare(cfg)
     }
     return tokenizer, done
@@ -192,13 +198,13 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    start, started = time.perf_counter(), time.time()
+    start, made = time.perf_counter(), set()
     if args.no_progress:  # TFDS's own bars too (building a TFDS dataset the first time)
         import tensorflow_datasets as tfds
 
         tfds.disable_progress_bar()
     try:
-        tokenizer, splits = prepare(cfg, progress=not args.no_progress)
+        tokenizer, splits = prepare(cfg, progress=not args.no_progress, made=made)
         vocab = {"source": tokenizer.source_vocab_size, "target": tokenizer.target_vocab_size}
         # what training will open: a damaged entry is named now, not passed as "nothing to do"
         for path in splits.values():
@@ -206,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     except DataError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
-    fresh = [split for split, path in splits.items() if (path / MANIFEST).stat().st_mtime >= started]
+    fresh = [split for split in splits if split in made]  # not what another process prepared meanwhile
     verdict = f"prepared {', '.join(fresh)}" if fresh else "nothing to do: everything was already prepared"
     print(
         f"{verdict} ({time.perf_counter() - start:.1f} s) in {cache.cache_root(cfg)}: "

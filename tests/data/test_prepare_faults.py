@@ -91,6 +91,22 @@ def test_cli_exit_codes_and_a_second_run_does_nothing(tmp_path, capsys):
     assert "no such directory" in capsys.readouterr().err
 
 
+def test_the_cli_does_not_claim_what_another_process_prepared_meanwhile(tmp_path, capsys, monkeypatch):
+    """Two `data.prepare` at once: the one that waited for the other's splits says so, it does not claim them."""
+    import data.prepare as prepare_module
+
+    cfg = folder_cfg(tmp_path)
+    config = str(write_config(tmp_path, cfg))
+
+    def other_process_first(cfg, **kwargs):  # another process prepares everything while this one starts
+        prepare(cfg, progress=False)
+        return prepare(cfg, **kwargs)
+
+    monkeypatch.setattr(prepare_module, "prepare", other_process_first)
+    assert main(["--config", config, "--no-progress"]) == 0
+    assert "nothing to do: everything was already prepared" in capsys.readouterr().err
+
+
 def test_corrupt_offsets_are_named(tmp_path):
     cfg = folder_cfg(tmp_path)
     _, splits = prepare(cfg, progress=False)

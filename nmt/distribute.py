@@ -7,7 +7,7 @@ The workers of a multi-worker run take every decision together: they restore the
 and refuse to start if they disagree on its step, and they stop after the same step (`StopControl`), combining
 their signals and clocks through a small collective (`gather_from_workers`). Every worker plans the same global
 batches, reads only its replicas' part of each (`worker_part`) and hands each local replica its rows
-(`replica_batches`).
+(`replica_batches`). TF_CONFIG, the chief, and a cluster start-up that cannot hang: `nmt.cluster`.
 """
 
 from __future__ import annotations

@@ -19,19 +19,26 @@ $(STAMP): requirements.txt
 	@$(PY) -m pip install --quiet -r requirements.txt >&2
 	@touch $(STAMP)
 
+# The commands are echoed on stderr: stdout is theirs alone (make translate < in > out: one line out per line in).
 train: install
-	$(PY) train.py --config $(CONFIG) --model-dir $(MODEL_DIR)
-	$(PY) evaluate.py --model-dir $(MODEL_DIR) --split validation
-	$(PY) evaluate.py --model-dir $(MODEL_DIR) --split test --beam 4
+	@echo "$(PY) train.py --config $(CONFIG) --model-dir $(MODEL_DIR)" >&2
+	@$(PY) train.py --config $(CONFIG) --model-dir $(MODEL_DIR)
+	@echo "$(PY) evaluate.py --model-dir $(MODEL_DIR) --split validation" >&2
+	@$(PY) evaluate.py --model-dir $(MODEL_DIR) --split validation
+	@echo "$(PY) evaluate.py --model-dir $(MODEL_DIR) --split test --beam 4" >&2
+	@$(PY) evaluate.py --model-dir $(MODEL_DIR) --split test --beam 4
 
 evaluate: install
-	$(PY) evaluate.py --model-dir $(MODEL_DIR) --split test --beam 4
+	@echo "$(PY) evaluate.py --model-dir $(MODEL_DIR) --split test --beam 4" >&2
+	@$(PY) evaluate.py --model-dir $(MODEL_DIR) --split test --beam 4
 
 translate: install
-	$(PY) translate.py --model-dir $(MODEL_DIR)
+	@echo "$(PY) translate.py --model-dir $(MODEL_DIR)" >&2
+	@$(PY) translate.py --model-dir $(MODEL_DIR)
 
 export: install
-	$(PY) export.py --model-dir $(MODEL_DIR) --output $(MODEL_DIR)/export
+	@echo "$(PY) export.py --model-dir $(MODEL_DIR) --output $(MODEL_DIR)/export" >&2
+	@$(PY) export.py --model-dir $(MODEL_DIR) --output $(MODEL_DIR)/export
 
 lint: install
 	$(PY) -m ruff check .

@@ -86,6 +86,11 @@ def validate_data_config(cfg: DataConfig) -> None:
                     f"data.{key}: multi30k has no language {getattr(cfg, key)!r} "
                     f"(it has {', '.join(MULTI30K_LANGUAGES)})"
                 )
+    if cfg.dataset == "folder" and not cfg.folder:
+        raise ConfigError(
+            "data.dataset: folder needs data.folder, the directory of line-aligned <lang>.<split>.txt files "
+            "(e.g. en.train.txt de.train.txt en.validation.txt ...)"
+        )
     edges = cfg.bucket_boundaries
     for index in range(1, len(edges)):
         if edges[index] <= edges[index - 1]:

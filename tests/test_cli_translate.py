@@ -180,6 +180,18 @@ def test_input_from_a_pipe_is_read_once(args, tiny_run_dir):
     assert done.stdout.decode("utf-8").splitlines() == [t for _, t in pairs]
 
 
+def test_make_translate_writes_only_the_translations(tiny_run_dir, tmp_path):
+    """`make translate < in > out`: one line out per line in (make's echo of the command goes to stderr)."""
+    from tests.faults.helpers import run_make
+
+    pairs = tiny_corpus()["test"][:3]
+    stdin = "".join(f"{s}\n" for s, _ in pairs).encode()
+    done = run_make("translate", f"MODEL_DIR={tiny_run_dir}", tmp_path=tmp_path, stdin=stdin)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    assert len(done.stdout.decode("utf-8").splitlines()) == len(pairs)
+    assert f"translate.py --model-dir {tiny_run_dir}" in done.stderr.decode()
+
+
 def test_byte_order_mark_is_dropped(tiny_run_dir, tmp_path):
     pairs = tiny_corpus()["test"][:2]
     source = tmp_path / "bom.txt"

@@ -54,27 +54,11 @@ def test_bench_cli_input_scale_pairs(capsys):
 def test_make_bench_writes_json_lines_only_on_stdout(tmp_path):
     """`make bench > bench.jsonl` keeps every line JSON: make's own echo and the install step go to stderr."""
     import json
-    import os
-    import shutil
-    import subprocess
-    import sys
-    from pathlib import Path
 
-    if shutil.which("make") is None:
-        pytest.skip("make is not installed")
-    repo = Path(__file__).resolve().parents[2]
-    stamp = tmp_path / "installed-stamp"
-    stamp.touch()  # newer than requirements.txt: the install step is up to date, nothing is installed
-    # as from a shell: under `make test`, a make inside make prints "Entering directory" on stdout before it reads
-    # the Makefile (GNU make's -w in sub-makes)
-    shell = {
-        name: value for name, value in os.environ.items() if name not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")
-    }
-    done = subprocess.run(
-        ["make", "bench", f"PY={sys.executable}", f"STAMP={stamp}", "BENCH_ARGS=--quick --only refusal"],
-        cwd=repo, capture_output=True, text=True, timeout=300, env=shell,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-2000:]
-    records = [json.loads(line) for line in done.stdout.splitlines()]
+    from tests.faults.helpers import run_make
+
+    done = run_make("bench", "BENCH_ARGS=--quick --only refusal", tmp_path=tmp_path)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    records = [json.loads(line) for line in done.stdout.decode().splitlines()]
     assert [record["bench"] for record in records] == ["refusal", "timing"]
-    assert "bench.py --quick --only refusal" in done.stderr  # the command, said on stderr
+    assert "bench.py --quick --only refusal" in done.stderr.decode()  # the command, said on stderr

@@ -103,7 +103,12 @@ def test_translate_folder_lines_split_on_newline_only_and_bad_pairs_dropped(tmp_
 
 
 def test_translate_folder_needs_a_folder(tmp_path):
-    with pytest.raises(DataError, match="needs data.folder"):
+    from common.config_tree import ConfigError
+    from data.config import load_data_config
+
+    with pytest.raises(ConfigError, match="data.dataset: folder needs data.folder"):  # a config error: exit 2
+        load_data_config("base.yaml", ["data.dataset=folder"])
+    with pytest.raises(DataError, match="needs data.folder"):  # a DataConfig built in code
         load_split(DataConfig(dataset="folder"), "train")
     with pytest.raises(DataError, match="no such directory"):
         load_split(DataConfig(dataset="folder", folder=str(tmp_path / "absent")), "train")

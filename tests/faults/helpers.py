@@ -291,3 +291,22 @@ def run_main(module, argv: list[str]) -> int:
     with pytest.raises(SystemExit) as exit_info:
         run(lambda: module.main(argv))
     return int(exit_info.value.code or 0)
+
+
+def run_make(target: str, *variables: str, tmp_path: Path, stdin: bytes | None = None, timeout: float = 300):
+    """`make TARGET VAR=value...` in the repository as from a shell (stdout and stderr as bytes): this Python, and
+    an install stamp newer than requirements.txt, so nothing is installed. Skips the test without make."""
+    import shutil
+
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    stamp = tmp_path / "installed-stamp"
+    stamp.touch()
+    # under `make test`, a make inside make prints "Entering directory" on stdout (GNU make's -w in sub-makes)
+    shell = {
+        name: value for name, value in os.environ.items() if name not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")
+    }
+    return subprocess.run(
+        ["make", target, f"PY={sys.executable}", f"STAMP={stamp}", *variables],
+        cwd=ROOT, input=stdin, capture_output=True, timeout=timeout, env=shell,
+    )  # fmt: skip

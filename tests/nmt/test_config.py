@@ -367,6 +367,17 @@ def test_every_shipped_config_loads_and_round_trips(tmp_path, path):
     assert load_config(write(tmp_path / "resolved.yaml", config.to_yaml())) == config
 
 
+@pytest.mark.parametrize("name", ["ted_pt_en.yaml", "wmt14_en_de_base.yaml"])
+def test_the_published_recipes_train_at_their_own_dropout(name):
+    """The tutorial's and the paper's configs say dropout 0.1: base.yaml's rules for Multi30k (a plan of 40,000 or
+    100,000 steps would get 0.25) must not reach them."""
+    from nmt.budget import planned_dropout
+
+    train = load_config(CONFIG_DIR / name).train
+    for points in (train.dropout_by_plan, train.ffn_dropout_by_plan):
+        assert planned_dropout(points, train.max_steps) is None
+
+
 @pytest.mark.parametrize(
     "extra, message",
     [

@@ -96,9 +96,9 @@ def is_chief(distribute: str) -> bool:
 
 
 def multi_worker_strategy(minutes: float):
-    """TF_CONFIG's `MultiWorkerMirroredStrategy`, once every task of the cluster has started: at most `minutes`
-    (0: no limit) of waiting in all, interruptible until the others have answered (`wait_for_peers`), then bounded
-    in TensorFlow too (`bound_tensorflow_start`); ClusterError naming the tasks that did not come."""
+    """TF_CONFIG's `MultiWorkerMirroredStrategy`, once every task of the cluster has started: each wait bounded by
+    `minutes` (0: no limit), interruptible until the others have answered (`wait_for_peers`), then in TensorFlow
+    (`bound_tensorflow_start`); ClusterError naming the tasks that did not come."""
     import tensorflow as tf
 
     task_type, index, cluster = cluster_task()  # ConfigError for a missing or malformed TF_CONFIG
@@ -190,9 +190,13 @@ def bound_tensorflow_start(cluster: dict, minutes: float) -> None:
     """
     if not minutes:
         return
-    from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
-    from tensorflow.python.distribute import multi_worker_util
-    from tensorflow.python.eager import context
+    try:  # private modules: a TensorFlow that moved them keeps its own configuration (and its own wait)
+        from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
+        from tensorflow.python.distribute import multi_worker_util
+        from tensorflow.python.eager import context
+    except ImportError:
+        log.warning("this TensorFlow's start-up wait for the cluster cannot be bounded: it keeps its own")
+        return
 
     jobs = [
         coordination_config_pb2.CoordinatedJob(name=kind, num_tasks=len(cluster[kind]))

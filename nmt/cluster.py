@@ -10,6 +10,7 @@ bounded wait and a message that names the tasks that never answered. Only then d
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -216,19 +217,25 @@ def bound_tensorflow_start(cluster: dict, minutes: float) -> None:
 
 
 def listen(port: int, address: str) -> socket.socket:
-    """A non-blocking socket listening on `port` on every interface; ClusterError if the port is taken."""
-    try:
-        if socket.has_dualstack_ipv6():
-            listener = socket.create_server(("", port), family=socket.AF_INET6, dualstack_ipv6=True)
-        else:
-            listener = socket.create_server(("", port))
-    except OSError as err:
-        raise ClusterError(
-            f"cannot listen on port {port}, this task's address {address} in TF_CONFIG ({os.strerror(err.errno) if err.errno else err}): "
-            "stop what uses it (a worker of an earlier run still running?) or give this task another port"
-        ) from None
-    listener.setblocking(False)
-    return listener
+    """A non-blocking socket listening on `port` on every interface (IPv6 and IPv4 where the host has both);
+    ClusterError if the port is taken."""
+    families = [socket.AF_INET6, socket.AF_INET] if socket.has_dualstack_ipv6() else [socket.AF_INET]
+    for family in families:
+        try:
+            listener = socket.create_server(
+                ("", port), family=family, dualstack_ipv6=family == socket.AF_INET6
+            )
+        except OSError as err:
+            if err.errno != errno.EADDRINUSE and family != families[-1]:
+                continue  # IPv6 present but unusable here: IPv4 only
+            reason = os.strerror(err.errno) if err.errno else str(err)
+            raise ClusterError(
+                f"cannot listen on port {port}, this task's address {address} in TF_CONFIG ({reason}): stop what "
+                "uses it (a worker of an earlier run still running?) or give this task another port"
+            ) from None
+        listener.setblocking(False)
+        return listener
+    raise AssertionError("unreachable")
 
 
 def reach(address: tuple[str, int]) -> str | None:

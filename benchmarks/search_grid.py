@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 import tempfile
@@ -161,8 +162,11 @@ def main(argv: list[str] | None = None) -> int:
     cli.decoding_kernels()
     from nmt.evaluation import EvaluationError
 
+    # --output is written beside itself and put in place at the end: a failed or interrupted search keeps the
+    # previous results there
+    partial = Path(f"{args.output}.partial-{os.getpid()}") if args.output else None
     try:
-        out = open(args.output, "w", encoding="utf-8") if args.output else None  # noqa: SIM115 (closed below)
+        out = open(partial, "w", encoding="utf-8") if partial else None  # noqa: SIM115 (closed below)
     except OSError as error:
         print(f"search_grid: --output: {error}", file=sys.stderr)
         return 2
@@ -193,16 +197,21 @@ def main(argv: list[str] | None = None) -> int:
         for row in rows:
             emit(row)
         emit(choice)
+        if out:
+            out.close()
+            os.replace(partial, args.output)
     except EvaluationError as error:  # e.g. a split the dataset does not have
         print(f"search_grid: {error}", file=sys.stderr)
         return 2
     finally:
         if out:
             out.close()
+            partial.unlink(missing_ok=True)
     return 0
 
 
 if __name__ == "__main__":
     from nmt import cli
 
+    cli.stop_on_sigterm()  # SIGTERM like Ctrl-C: the temporary directory and the partial --output go
     cli.run(main)  # a data or run-directory problem: one "error: ..." line and a non-zero exit

@@ -81,6 +81,17 @@ def test_decodes_the_tiny_run_without_touching_its_hypotheses(tiny_run_dir, tmp_
     assert {p.name: p.stat().st_mtime_ns for p in tiny_run_dir.iterdir()} == before
 
 
+def test_a_failed_search_keeps_the_previous_output(tiny_run_dir, tmp_path, capsys):
+    """--output is put in place at the end: a search that fails (or is interrupted) leaves the last results."""
+    output = tmp_path / "grid.jsonl"
+    output.write_text('{"kind": "choice"}\n')
+    argv = ["--model-dir", str(tiny_run_dir), "--split", "nosuch", "--beams", "1", "--output", str(output)]
+    assert search_grid.main(argv) == 2
+    assert "nosuch" in capsys.readouterr().err
+    assert output.read_text() == '{"kind": "choice"}\n'
+    assert [p.name for p in tmp_path.iterdir()] == ["grid.jsonl"]  # no partial file left
+
+
 def test_the_test_split_is_refused(tiny_run_dir, capsys):
     assert search_grid.main(["--model-dir", str(tiny_run_dir), "--split", "test"]) == 2
     assert "chosen on validation" in capsys.readouterr().err

@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import shlex
 import sys
+import tempfile
+from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -63,7 +66,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
-    from benchmarks.ablation import AblationOptions, run_ablation
+    from benchmarks.ablation import AblationError, AblationOptions, run_ablation
     from benchmarks.variants import DEFAULT_VARIANTS, VARIANTS, select
     from nmt.config import ConfigError, load_config
 
@@ -102,15 +105,50 @@ def main(argv=None) -> int:
     except (KeyError, ConfigError) as err:
         print(f"ablate.py: {err.args[0] if isinstance(err, KeyError) else err}", file=sys.stderr)
         return 2
-    if options.budget_minutes <= 0:
-        print("ablate.py: --budget must be positive", file=sys.stderr)
+    if problem := check_options(options):
+        print(f"ablate.py: {problem}", file=sys.stderr)
         return 2
-    output, failed = run_ablation(options)
+    try:
+        output, failed = run_ablation(options)
+    except AblationError as err:
+        print(f"ablate.py: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(
+            "ablate.py: interrupted; the variant in training stopped with a checkpoint (rerun with --reuse to "
+            "resume it and keep the variants already finished); no report written",
+            file=sys.stderr,
+        )
+        return 130
     print(f"ablate.py: wrote {output}", file=sys.stderr)
     if failed:
         print(f"ablate.py: failed variants: {', '.join(failed)}", file=sys.stderr)
     return 1 if failed else 0
 
 
+def check_options(options) -> str | None:
+    """What is wrong with the numbers or the report path (checked before any training), or None."""
+    if not (math.isfinite(options.budget_minutes) and options.budget_minutes > 0):
+        return f"--budget must be a positive number of minutes, got {options.budget_minutes}"
+    for name in ("max_steps", "eval_every", "grad_steps", "bleu_sentences", "mask_steps"):
+        if getattr(options, name) < 0:
+            return f"--{name.replace('_', '-')} must be >= 0, got {getattr(options, name)}"
+    if not options.variants:
+        return "--variants names no variant"
+    output = Path(options.output).resolve()
+    try:  # the report is written after all the training: a path it cannot be written to is refused now
+        output.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=output.parent, prefix=f".{output.name}."):
+            pass
+    except OSError as err:
+        return f"--output {options.output}: cannot write there ({err.strerror or err})"
+    if output.is_dir():
+        return f"--output {options.output} is a directory"
+    return None
+
+
 if __name__ == "__main__":
+    from nmt.cli import stop_on_sigterm
+
+    stop_on_sigterm()  # SIGTERM like Ctrl-C: the variant in training saves a checkpoint and stops
     sys.exit(main())

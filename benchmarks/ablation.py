@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -115,15 +116,30 @@ def shared_tokenizer(config, root: Path) -> Path:
     return directory
 
 
+class AblationError(RuntimeError):
+    """A variant's run directory cannot be used (not a run directory, or a training is running in it)."""
+
+
 def fresh_run_dir(path: Path, tokenizer_dir: Path) -> None:
-    """Empties `path` (only if it is a run directory) and copies the shared tokenizer in."""
+    """Empties `path` (only if it is a run directory no training holds) and copies the shared tokenizer in."""
+    from nmt.run_dir import RunDir, RunDirError, RunLock
+
     if path.exists():
         if not (path / "config.yaml").is_file() and any(path.iterdir()):
-            raise RuntimeError(f"{path} exists and is not a run directory: move it away")
+            raise AblationError(f"{path} exists and is not a run directory: move it away")
+        try:  # another ablate.py (or a train.py) training there: not removed under it
+            RunLock(RunDir(path)).acquire().release()
+        except RunDirError as err:
+            raise AblationError(f"{path}: {err}") from None
         log.info("removing the previous run %s", path)
         shutil.rmtree(path)
     path.mkdir(parents=True)
     shutil.copytree(tokenizer_dir, path / "tokenizer")
+
+
+def resumable(run_dir: Path) -> bool:
+    """A variant's run stopped before its end (a signal, a crash) with a checkpoint to resume from."""
+    return (run_dir / "config.yaml").is_file() and any((run_dir / "checkpoints").glob("ckpt-*.index"))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -131,7 +147,11 @@ def fresh_run_dir(path: Path, tokenizer_dir: Path) -> None:
 
 
 def train_subprocess(config_path: Path, run_dir: Path, overrides: list[str], log_path: Path) -> int:
-    """`train.py` in a child process (output to `log_path`); returns its exit code."""
+    """`train.py` in a child process (output to `log_path`); returns its exit code.
+
+    The child has its own session: a Ctrl-C or SIGTERM meant for ablate.py reaches it once, from here (SIGTERM: it
+    saves a checkpoint and stops), and this process waits for it before KeyboardInterrupt goes on; a second
+    interruption kills it (its last checkpoint stays)."""
     command = [
         sys.executable,
         str(REPO_ROOT / "train.py"),
@@ -144,9 +164,22 @@ def train_subprocess(config_path: Path, run_dir: Path, overrides: list[str], log
         command += ["--set", text]
     log.info("running %s", " ".join(command))
     with open(log_path, "w", encoding="utf-8") as handle:
-        return subprocess.run(
-            command, cwd=REPO_ROOT, stdout=handle, stderr=subprocess.STDOUT, check=False
-        ).returncode
+        child = subprocess.Popen(
+            command, cwd=REPO_ROOT, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        try:
+            return child.wait()
+        except KeyboardInterrupt:
+            log.warning(
+                "interrupted: stopping the training in %s after its step (a checkpoint is saved)", run_dir
+            )
+            child.send_signal(signal.SIGTERM)
+            try:
+                child.wait()
+            except KeyboardInterrupt:
+                child.kill()
+                child.wait()
+            raise
 
 
 def train_inprocess(config_path: Path, run_dir: Path, overrides: list[str], log_path: Path) -> int:
@@ -235,7 +268,10 @@ def run_ablation(options: AblationOptions) -> tuple[Path, list[str]]:
             log.info("%s: reusing %s", variant.name, run_dir)
             entry["exit_code"], entry["wall_minutes"] = 0, None
         else:
-            fresh_run_dir(run_dir, tokenizer_dir)
+            if options.reuse and resumable(run_dir):  # stopped before its end: train.py resumes it
+                log.info("%s: resuming the interrupted run in %s", variant.name, run_dir)
+            else:
+                fresh_run_dir(run_dir, tokenizer_dir)
             log.info("%s: training for %.2f minutes", variant.name, options.budget_minutes)
             start = time.perf_counter()
             entry["exit_code"] = launcher(config_path, run_dir, overrides, root / f"{variant.name}.train.log")

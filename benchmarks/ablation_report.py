@@ -9,6 +9,7 @@ import platform
 from pathlib import Path
 
 from benchmarks.variants import BASELINE, CLAIMS, GROUPS
+from nmt.run_dir import write_atomic
 
 
 def machine_description() -> str:
@@ -222,7 +223,7 @@ def write_report(path: Path, *, options, config, results: dict, mask: dict | Non
     if mask is not None:
         lines += _mask_section(mask, options)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(lines).rstrip() + "\n", encoding="utf-8")
+    write_atomic(path, "\n".join(lines).rstrip() + "\n")  # an interrupted write keeps the previous report
 
 
 def _bleu_scope(results: dict) -> str:

@@ -102,6 +102,46 @@ def test_ablate_cli_rejects_unknown_variant(capsys):
     assert "nope" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--budget", "nan"], "--budget must be a positive number of minutes, got nan"),
+        (["--max-steps", "-5"], "--max-steps must be >= 0, got -5"),
+        (["--grad-steps", "-3"], "--grad-steps must be >= 0, got -3"),
+        (["--variants", ","], "--variants names no variant"),
+        (["--output", "/proc/no/report.md"], "--output /proc/no/report.md: cannot write there"),
+    ],
+)
+def test_ablate_cli_refuses_bad_options_before_training(tmp_path, capsys, args, message):
+    """Checked up front: before, --budget nan failed after the tokenizer was trained, and a report path that
+    cannot be written failed after every variant had trained (and lost the report)."""
+    import ablate
+
+    root = tmp_path / "runs"
+    assert ablate.main(["--quick", "--root", str(root), *args]) == 2
+    assert f"ablate.py: {message}" in capsys.readouterr().err
+    assert not root.exists()
+
+
+def test_a_variant_directory_in_use_is_not_removed(tmp_path):
+    from benchmarks.ablation import AblationError, fresh_run_dir, resumable
+    from nmt.run_dir import RunDir, RunLock
+
+    run = tmp_path / "baseline"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.yaml").write_text("train: {}\n")
+    (run / "checkpoints" / "ckpt-2.index").write_text("")
+    tokenizer = tmp_path / "tokenizer"
+    tokenizer.mkdir()
+    assert resumable(run)  # --reuse resumes it instead of starting again
+    with RunLock(RunDir(run)):  # another ablate.py's train.py is training there
+        with pytest.raises(AblationError, match="already running"):
+            fresh_run_dir(run, tokenizer)
+    assert (run / "checkpoints" / "ckpt-2.index").is_file()
+    fresh_run_dir(run, tokenizer)  # free: emptied for a new run
+    assert sorted(p.name for p in run.iterdir()) == ["tokenizer"] and not resumable(run)
+
+
 @pytest.mark.slow
 def test_ablate_quick_cli_on_multi30k(tmp_path):
     """The CI smoke as a user runs it: train.py subprocesses on configs/tiny.yaml (Multi30k), a few minutes."""

@@ -24,6 +24,7 @@ import argparse
 import logging
 import os
 import sys
+from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -132,6 +133,15 @@ def main(argv=None) -> int:
     except ConfigError as err:
         print(f"bench.py: config error: {err}", file=sys.stderr)
         return 2
+    # the defaults fall back (no trained runs/base: an untrained model, a temporary tokenizer); a path given is used
+    if args.run_dir is not None and not (Path(args.run_dir) / "config.yaml").is_file():
+        print(f"bench.py: --run-dir {args.run_dir}: not a run directory (no config.yaml)", file=sys.stderr)
+        return 2
+    if args.tokenizer_dir is not None and not any(Path(args.tokenizer_dir).glob("*.model")):
+        print(
+            f"bench.py: --tokenizer-dir {args.tokenizer_dir}: no SentencePiece model there", file=sys.stderr
+        )
+        return 2
     # Without train rows, decode as evaluate.py and translate.py do (Eigen kernels, oneDNN on AMX); bf16 training needs
     # oneDNN.
     if not {"train", "train_ema"} & set(options.only):
@@ -147,4 +157,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    from nmt.cli import stop_on_sigterm
+
+    stop_on_sigterm()  # SIGTERM like Ctrl-C: temporary files removed, the closing record says "complete": false
     sys.exit(main())

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import math
 import sys
 import time
 from pathlib import Path
@@ -141,6 +142,21 @@ def check_options(options: BenchOptions) -> None:
         raise ValueError(f"train bucket steps must be >= 0 (0 = automatic), got {options.train_bucket_steps}")
     if not 0.0 < options.ema_decay < 1.0:
         raise ValueError(f"EMA decay must be in (0, 1), got {options.ema_decay}")
+    if not options.only:
+        raise ValueError(f"no benchmark named; choose from {', '.join(BENCHES)}")
+    for name in ("train_batches", "train_shapes", "train_rounds", "peak_size", "decode_sentences", "chunk_size",
+                 "window", "attention_repeats"):  # fmt: skip
+        if getattr(options, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(options, name)}")
+    if options.decode_all < 0:
+        raise ValueError(f"--decode-all must be >= 0 (0 = all), got {options.decode_all}")
+    for name in ("beams", "attention_lengths"):
+        if any(value < 1 for value in getattr(options, name)):
+            raise ValueError(
+                f"--{name.replace('_', '-')} must all be at least 1, got {getattr(options, name)}"
+            )
+    if not (math.isfinite(options.memory_budget_mb) and options.memory_budget_mb > 0):
+        raise ValueError(f"--memory-budget-mb must be a positive number, got {options.memory_budget_mb}")
 
 
 def run_benchmarks(options: BenchOptions, emit=None, config=None) -> list[dict]:

@@ -10,6 +10,32 @@ def test_bench_cli_rejects_unknown_benchmark(capsys):
     assert "nope" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--only", ""], "no benchmark named"),
+        (["--memory-budget-mb", "nan"], "--memory-budget-mb must be a positive number, got nan"),
+        (["--chunk-size", "0"], "--chunk-size must be at least 1, got 0"),
+        (["--window", "-1"], "--window must be at least 1, got -1"),
+        (["--beams", "1,0"], "--beams must all be at least 1"),
+        (["--train-shapes", "0"], "--train-shapes must be at least 1, got 0"),
+        (["--train-rounds", "0"], "--train-rounds must be at least 1, got 0"),
+        (["--decode-all", "-3"], "--decode-all must be >= 0 (0 = all), got -3"),
+        (["--decode-sentences", "-1"], "--decode-sentences must be at least 1, got -1"),
+        (["--attention-lengths", "0"], "--attention-lengths must all be at least 1"),
+        (["--run-dir", "/nonexistent/run"], "--run-dir /nonexistent/run: not a run directory"),
+        (["--tokenizer-dir", "/nonexistent"], "--tokenizer-dir /nonexistent: no SentencePiece model there"),
+    ],
+)
+def test_bench_cli_refuses_values_it_cannot_measure(capsys, args, message):
+    """Before: a traceback (chunk size 0, window -1, beam 0), NaN in the JSON lines, negative counts read as
+    "all but the last" (997 sentences decoded for --decode-all -3), a missing --run-dir silently untrained."""
+    import bench
+
+    assert bench.main(["--quick", *args]) == 2
+    assert f"bench.py: {message}" in capsys.readouterr().err
+
+
 def test_bench_cli_decode_engine_options():
     import bench
 

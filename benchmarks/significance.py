@@ -48,8 +48,10 @@ def paired_bootstrap(
     delta = result.score - base.score
     if same == len(system):
         verdict = "identical translations"
-    elif result.p_value < SIGNIFICANCE:
+    elif result.p_value < SIGNIFICANCE and delta:
         verdict = "significant gain" if delta > 0 else "significant loss"
+    elif not delta:
+        verdict = "equal BLEU"
     else:
         verdict = f"not significant (p >= {SIGNIFICANCE})"
     return {
@@ -81,6 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     from data.errors import DataError
     from data.multi30k import read_lines
 
+    if args.samples < 1:
+        print(f"significance: --samples must be at least 1, got {args.samples}", file=sys.stderr)
+        return 2
     try:
         texts = {name: read_lines(getattr(args, name)) for name in ("baseline", "system", "references")}
     except DataError as error:

@@ -33,6 +33,22 @@ def test_paired_bootstrap_reports_sacrebleus_bleu_difference_and_a_verdict():
     assert 0 < loss["p_value"] < 0.05 and loss["verdict"] == "significant loss" and loss["samples"] == 200
 
 
+def test_different_translations_of_equal_bleu_are_neither_a_gain_nor_a_loss(capsys):
+    """Each system right on the half the other gets wrong, with the same counts: BLEU equal to the last digit (a
+    delta of 0 was called a "significant loss" whenever the bootstrap's p-value fell under 0.05)."""
+    from benchmarks.significance import main, paired_bootstrap
+
+    references = [f"w{i}a w{i}b w{i}c w{i}d w{i}e" for i in range(40)]
+    garbage = [f"x{i}a x{i}b x{i}c x{i}d x{i}e" for i in range(40)]
+    baseline = references[:20] + garbage[20:]
+    system = garbage[:20] + references[20:]
+    result = paired_bootstrap(baseline, system, references, "de", samples=200)
+    assert result["bleu_delta"] == 0 and result["bleu"] == result["baseline_bleu"] > 0
+    assert result["verdict"] == "equal BLEU"
+    assert main(["--baseline", "a", "--system", "b", "--references", "c", "--samples", "0"]) == 2
+    assert "--samples must be at least 1, got 0" in capsys.readouterr().err
+
+
 def test_significance_command_prints_the_bootstrap_of_two_files_and_refuses_misaligned_ones(tmp_path, capsys):
     """`python -m benchmarks.significance`: the JSON line is `paired_bootstrap` of the files' lines (references
     read from .gz too); files of different lengths are an error that names the counts."""

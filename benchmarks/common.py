@@ -19,6 +19,37 @@ log = logging.getLogger("benchmarks")
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")  # the Keras policies the train benchmark compares
 
 
+def positive_int(text: str) -> int:
+    """argparse type: an integer of at least 1 (a count of steps, rounds, pairs...): exit 2 otherwise."""
+    import argparse
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def int_list(positive: bool = False):
+    """argparse type: comma-separated integers (each at least 1 if `positive`)."""
+    import argparse
+
+    def parse(text: str) -> list[int]:
+        try:
+            values = [int(part) for part in text.split(",") if part.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not comma-separated integers: {text!r}") from None
+        if not values or (positive and min(values) < 1):
+            raise argparse.ArgumentTypeError(
+                f"expected integers{' of at least 1' if positive else ''}, got {text!r}"
+            )
+        return values
+
+    return parse
+
+
 def median(values: list[float]) -> float:
     return float(statistics.median(values)) if values else float("nan")
 

@@ -33,11 +33,14 @@ from pathlib import Path
 
 import yaml
 
+from benchmarks.common import int_list, positive_int
 from benchmarks.machine import machine_facts
 from benchmarks.worktree import ROOT, baseline_worktree
 from nmt.config import EvalConfig
 
 RUN_FILES = ("config.yaml", "tokenizer", "final", "best", "checkpoints")
+
+ENGINES = ("baseline", "current", "ctranslate2_float32", "ctranslate2_int8")  # the rows, in order
 
 
 def _run_json(command: list[str], cwd: Path) -> dict:
@@ -101,16 +104,21 @@ def main(argv=None) -> int:
         "--baseline", required=True, help="commit (or any git revision) of the baseline decoder"
     )
     parser.add_argument("--run-dir", default="runs/base", help="trained run directory (default runs/base)")
-    parser.add_argument("--beams", default="4,1", help="comma-separated beam sizes (default 4,1)")
     parser.add_argument(
-        "--rounds", type=int, default=2, help="interleaved rounds (default 2; median reported)"
+        "--beams",
+        type=int_list(positive=True),
+        default=[4, 1],
+        help="comma-separated beam sizes (default 4,1)",
+    )
+    parser.add_argument(
+        "--rounds", type=positive_int, default=2, help="interleaved rounds (default 2; median reported)"
     )
     parser.add_argument(
         "--max-sentences", type=int, default=0, help="first N test sentences (default 0 = all)"
     )
     parser.add_argument(
         "--engines",
-        default="baseline,current,ctranslate2_float32,ctranslate2_int8",
+        default=",".join(ENGINES),
         help="which rows (default all four)",
     )
     parser.add_argument(
@@ -125,10 +133,12 @@ def main(argv=None) -> int:
     run_dir = Path(args.run_dir).resolve()
     if not (run_dir / "config.yaml").is_file():
         parser.error(f"{run_dir} is not a run directory (no config.yaml); train one with train.py")
-    beams = [int(b) for b in args.beams.split(",") if b.strip()]
+    beams = args.beams
     run_config = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
     run_batch_size = (run_config.get("eval") or {}).get("batch_size")  # what the baseline decodes with
     engines = [e for e in args.engines.split(",") if e.strip()]
+    if unknown := sorted(set(engines) - set(ENGINES)) or ([] if engines else ["(none)"]):
+        parser.error(f"--engines: unknown {', '.join(unknown)}; choose from {', '.join(ENGINES)}")
     python = sys.executable
     emit = lambda record: print(json.dumps(record), flush=True)  # noqa: E731
     emit({"bench": "machine", **machine_facts()})
@@ -222,4 +232,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from nmt import cli
+
+    cli.stop_on_sigterm()
+    cli.run(main)  # a config or data error: one line, exit 2 or 1

@@ -30,6 +30,8 @@ import os
 import sys
 import time
 
+from benchmarks.common import positive_int
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 MARK = "PREPARED_SPEED "
@@ -67,10 +69,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", required=True)
     add_set_argument(parser)
-    parser.add_argument("--rounds", type=int, default=20)
-    parser.add_argument("--block", type=int, default=10)
+    parser.add_argument("--rounds", type=positive_int, default=20)
+    parser.add_argument("--block", type=positive_int, default=10)
     parser.add_argument("--warmup", type=int, default=4)
-    parser.add_argument("--input-batches", type=int, default=200)
+    parser.add_argument("--input-batches", type=positive_int, default=200)
     args = parser.parse_args(argv)
 
     config = load_config(args.config, args.overrides)
@@ -144,4 +146,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from nmt import cli
+
+    cli.stop_on_sigterm()
+    cli.run(main)  # a config or data error: one line, exit 2 or 1

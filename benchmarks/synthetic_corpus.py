@@ -18,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.common import positive_int
+
 DEFAULT_MIRROR = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
 BLOCK = 100_000
 LANGUAGES = ("en", "de")
@@ -57,7 +59,7 @@ def write_corpus(out: Path, pairs: int, *, mirror: Path = DEFAULT_MIRROR, seed: 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--pairs", type=int, required=True)
+    parser.add_argument("--pairs", type=positive_int, required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--mirror", default=str(DEFAULT_MIRROR))
     parser.add_argument("--seed", type=int, default=0)
@@ -67,4 +69,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from nmt import cli
+
+    cli.run(main)  # a missing mirror or a taken --out: one line, exit 1

@@ -30,6 +30,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from benchmarks.common import int_list, positive_int
 from benchmarks.worktree import ROOT, baseline_worktree
 
 
@@ -63,8 +64,12 @@ def main(argv=None) -> int:
         default="configs/base.yaml",
         help="config path inside each tree: the baseline reads its own copy (its schema)",
     )
-    parser.add_argument("--steps", type=int, default=600, help="optimizer steps per run (default 600)")
-    parser.add_argument("--seeds", default="1,2", help="comma-separated train.seed values (default 1,2)")
+    parser.add_argument(
+        "--steps", type=positive_int, default=600, help="optimizer steps per run (default 600)"
+    )
+    parser.add_argument(
+        "--seeds", type=int_list(), default=[1, 2], help="comma-separated train.seed values (default 1,2)"
+    )
     parser.add_argument("--keep", help="keep the run directories under this directory (default: removed)")
     parser.add_argument(
         "--current-set",
@@ -77,7 +82,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.steps < 2:
         parser.error("--steps must be at least 2")
-    seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    seeds = args.seeds
     emit = lambda record: print(json.dumps(record), flush=True)  # noqa: E731
     env = dict(os.environ)
     mirror = (
@@ -144,4 +149,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from nmt import cli
+
+    cli.stop_on_sigterm()
+    cli.run(main)  # a config or data error: one line, exit 2 or 1

@@ -37,6 +37,7 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import nmt.xla  # noqa: E402, F401  (TF_XLA_FLAGS before TensorFlow reads them: --xla fusible)
+from benchmarks.common import positive_int
 
 MARK = "TRAIN_PROFILE "
 PROJECTION = "output projection matmuls (fwd+bwd)"
@@ -173,8 +174,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", required=True)
     add_set_argument(parser)
-    parser.add_argument("--precision", default=None, help="a Keras policy (default: the config's, resolved)")
-    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument(
+        "--precision",
+        choices=("float32", "mixed_float16", "mixed_bfloat16"),
+        help="a Keras policy (default: the config's, resolved)",
+    )
+    parser.add_argument("--steps", type=positive_int, default=6)
     parser.add_argument(
         "--xla", choices=("off", "fusible"), default="off", help="fusible: as train.xla: fusible (nmt.xla)"
     )
@@ -217,4 +222,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from nmt import cli
+
+    cli.stop_on_sigterm()
+    cli.run(main)  # a config or data error: one line, exit 2 or 1

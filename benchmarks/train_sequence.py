@@ -25,6 +25,7 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import nmt.xla  # noqa: E402, F401  (TF_XLA_FLAGS before TensorFlow reads them: fusible)
+from benchmarks.common import positive_int
 
 SLOW_STEP_SECONDS = 1.5
 
@@ -87,7 +88,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--config", default="base.yaml")
     add_set_argument(parser)
     parser.add_argument("--precision", default=None, help="a Keras policy (default: the config's, resolved)")
-    parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--steps", type=positive_int, default=400)
     parser.add_argument("--xla", default="off,fusible", help="comma-separated: off, fusible")
     parser.add_argument("--tokenizer-dir", default="runs/base/tokenizer", help="used if it holds a tokenizer")
     parser.add_argument(
@@ -130,4 +131,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from nmt import cli
+
+    cli.stop_on_sigterm()
+    cli.run(main)  # a config or data error: one line, exit 2 or 1

@@ -88,3 +88,27 @@ def test_make_bench_writes_json_lines_only_on_stdout(tmp_path):
     records = [json.loads(line) for line in done.stdout.decode().splitlines()]
     assert [record["bench"] for record in records] == ["refusal", "timing"]
     assert "bench.py --quick --only refusal" in done.stderr.decode()  # the command, said on stderr
+
+
+def test_the_benchmark_modules_refuse_counts_below_one_as_argument_errors():
+    """`python -m benchmarks.X --steps 0` (or --rounds 0, --pairs -5, --seeds x, --beams 0): argparse's exit 2
+    with the reason, not a ZeroDivisionError or an empty corpus marked complete."""
+    import argparse
+
+    from benchmarks import synthetic_corpus
+    from benchmarks.common import int_list, positive_int
+
+    assert (
+        positive_int("3") == 3 and int_list()("1,-2") == [1, -2] and int_list(positive=True)("4,1") == [4, 1]
+    )
+    for parse, text in (
+        (positive_int, "0"),
+        (positive_int, "x"),
+        (int_list(positive=True), "4,0"),
+        (int_list(), ""),
+    ):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse(text)
+    with pytest.raises(SystemExit) as exit_info:
+        synthetic_corpus.main(["--pairs", "-5", "--out", "/nonexistent/corpus"])
+    assert exit_info.value.code == 2

@@ -20,7 +20,9 @@ def baseline_worktree(revision: str) -> Iterator[tuple[Path, str]]:
         ["git", "rev-parse", "--verify", f"{revision}^{{commit}}"], cwd=ROOT, capture_output=True, text=True
     )
     if resolved.returncode != 0:
-        raise SystemExit(f"unknown git revision {revision!r}: {resolved.stderr.strip()}")
+        from nmt.cli import CliError
+
+        raise CliError(f"unknown git revision {revision!r}: {resolved.stderr.strip()}", exit_code=2)
     commit = resolved.stdout.strip()
     parent = Path(tempfile.mkdtemp(prefix="nmt-baseline-"))
     directory = parent / "tree"

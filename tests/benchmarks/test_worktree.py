@@ -41,9 +41,12 @@ def test_removed_when_the_body_fails():
 
 
 def test_unknown_revision_is_a_clear_error():
-    with pytest.raises(SystemExit, match="unknown git revision 'no-such-commit'"):
+    from nmt.cli import CliError
+
+    with pytest.raises(CliError, match="unknown git revision 'no-such-commit'") as raised:
         with baseline_worktree("no-such-commit"):
             pass
+    assert raised.value.exit_code == 2  # a bad argument (nmt.cli.run: one line, exit 2)
 
 
 def test_clis_refuse_bad_arguments(tmp_path, capsys):

@@ -7,8 +7,9 @@
 Each variant trains in runs/ablate/<variant> (a normal run directory, overwritten on the next run unless --reuse),
 from the same seed, with `--set train.max_minutes=BUDGET train.max_steps=0` (or --max-steps N). The report
 (ablations.md) puts the measured tables next to the claimed ones. Variants: benchmarks/variants.py (--list).
-Exit codes: 0 ok, 1 a variant has no result (no weights, or its evaluation failed; the report is still written),
-2 bad arguments or config.
+Exit codes: 0 ok, 1 a variant has no result (no weights, or its evaluation failed; the report is still written) or
+its directory is in use, 2 bad arguments or config (checked before any training), 130 interrupted (the variant in
+training keeps a checkpoint: --reuse resumes it).
 """
 
 from __future__ import annotations
@@ -58,7 +59,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--in-process", action="store_true", help="train with nmt.trainer.Trainer in this process"
     )
-    parser.add_argument("--reuse", action="store_true", help="keep variants that already have final weights")
+    parser.add_argument(
+        "--reuse",
+        action="store_true",
+        help="keep variants that already have final weights, resume those stopped with a checkpoint",
+    )
     parser.add_argument("--list", action="store_true", help="print the variants and exit")
     return parser.parse_args(argv)
 

@@ -147,7 +147,8 @@ def resumable(run_dir: Path) -> bool:
 
 
 def train_subprocess(config_path: Path, run_dir: Path, overrides: list[str], log_path: Path) -> int:
-    """`train.py` in a child process (output to `log_path`); returns its exit code.
+    """`train.py` in a child process (output appended to `log_path`: a resumed run's log follows the first part's);
+    returns its exit code.
 
     The child has its own session: a Ctrl-C or SIGTERM meant for ablate.py reaches it once, from here (SIGTERM: it
     saves a checkpoint and stops), and this process waits for it before KeyboardInterrupt goes on; a second
@@ -163,7 +164,7 @@ def train_subprocess(config_path: Path, run_dir: Path, overrides: list[str], log
     for text in overrides:
         command += ["--set", text]
     log.info("running %s", " ".join(command))
-    with open(log_path, "w", encoding="utf-8") as handle:
+    with open(log_path, "a", encoding="utf-8") as handle:
         child = subprocess.Popen(
             command, cwd=REPO_ROOT, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True
         )
@@ -272,6 +273,7 @@ def run_ablation(options: AblationOptions) -> tuple[Path, list[str]]:
                 log.info("%s: resuming the interrupted run in %s", variant.name, run_dir)
             else:
                 fresh_run_dir(run_dir, tokenizer_dir)
+                (root / f"{variant.name}.train.log").unlink(missing_ok=True)  # the log of the removed run
             log.info("%s: training for %.2f minutes", variant.name, options.budget_minutes)
             start = time.perf_counter()
             entry["exit_code"] = launcher(config_path, run_dir, overrides, root / f"{variant.name}.train.log")

@@ -119,13 +119,14 @@ def multi_worker_strategy(minutes: float):
 
 
 def tasks_named(text: str, cluster: dict | None) -> list[str]:
-    """The tasks TensorFlow names in `text` (`/job:worker/replica:0/task:1`), as `worker 1 (its address)`."""
-    named = []
-    for kind, index in dict.fromkeys(_TASK_NAME.findall(text)):
-        addresses = (cluster or {}).get(kind) or []
-        index = int(index)
-        named.append(f"{kind} {index}" + (f" ({addresses[index]})" if index < len(addresses) else ""))
-    return named
+    """The tasks TensorFlow names in `text` (`/job:worker/replica:0/task:1`), as `task_name` gives them."""
+    return [task_name(kind, int(index), cluster) for kind, index in dict.fromkeys(_TASK_NAME.findall(text))]
+
+
+def task_name(kind: str, index: int, cluster: dict | None) -> str:
+    """`worker 1 (host:port)`: a task as the messages name it (without the address if TF_CONFIG has none)."""
+    addresses = (cluster or {}).get(kind) or []
+    return f"{kind} {index}" + (f" ({addresses[index]})" if index < len(addresses) else "")
 
 
 def wait_for_peers(cluster: dict, task_type: str, index: int, minutes: float, clock=time.monotonic) -> None:
@@ -137,7 +138,7 @@ def wait_for_peers(cluster: dict, task_type: str, index: int, minutes: float, cl
     Python all along: SIGINT/SIGTERM interrupt the wait (KeyboardInterrupt), the port is closed on the way out.
     """
     peers = {
-        f"{kind} {i} ({address})": split_address(address)
+        task_name(kind, i, cluster): split_address(address)
         for kind in COORDINATED
         for i, address in enumerate(cluster.get(kind) or [])
         if (kind, i) != (task_type, index)

@@ -19,17 +19,26 @@ log = logging.getLogger("benchmarks")
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")  # the Keras policies the train benchmark compares
 
 
-def positive_int(text: str) -> int:
-    """argparse type: an integer of at least 1 (a count of steps, rounds, pairs...): exit 2 otherwise."""
+def _int_at_least(text: str, minimum: int) -> int:
     import argparse
 
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
     return value
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer of at least 1 (a count of steps, rounds, pairs...): exit 2 otherwise."""
+    return _int_at_least(text, 1)
+
+
+def non_negative_int(text: str) -> int:
+    """argparse type: an integer of at least 0 (a limit where 0 means none): exit 2 otherwise."""
+    return _int_at_least(text, 0)
 
 
 def int_list(positive: bool = False):

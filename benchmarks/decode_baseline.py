@@ -33,9 +33,9 @@ from pathlib import Path
 
 import yaml
 
-from benchmarks.common import int_list, positive_int
+from benchmarks.common import int_list, non_negative_int, positive_int
 from benchmarks.machine import machine_facts
-from benchmarks.worktree import ROOT, baseline_worktree
+from benchmarks.worktree import ROOT, baseline_worktree, resolve_revision
 from nmt.config import EvalConfig
 
 RUN_FILES = ("config.yaml", "tokenizer", "final", "best", "checkpoints")
@@ -114,7 +114,7 @@ def main(argv=None) -> int:
         "--rounds", type=positive_int, default=2, help="interleaved rounds (default 2; median reported)"
     )
     parser.add_argument(
-        "--max-sentences", type=int, default=0, help="first N test sentences (default 0 = all)"
+        "--max-sentences", type=non_negative_int, default=0, help="first N test sentences (default 0 = all)"
     )
     parser.add_argument(
         "--engines",
@@ -139,13 +139,14 @@ def main(argv=None) -> int:
     engines = [e for e in args.engines.split(",") if e.strip()]
     if unknown := sorted(set(engines) - set(ENGINES)) or ([] if engines else ["(none)"]):
         parser.error(f"--engines: unknown {', '.join(unknown)}; choose from {', '.join(ENGINES)}")
+    baseline = resolve_revision(args.baseline)  # an unknown revision: exit 2 before any record
     python = sys.executable
     emit = lambda record: print(json.dumps(record), flush=True)  # noqa: E731
     emit({"bench": "machine", **machine_facts()})
 
     with (
         tempfile.TemporaryDirectory(prefix="nmt-decode-baseline-") as scratch,
-        baseline_worktree(args.baseline) as (worktree, commit),
+        baseline_worktree(baseline) as (worktree, commit),
     ):
         scratch = Path(scratch)
         baseline_run = _copy_run(run_dir, scratch / "run")

@@ -30,7 +30,7 @@ import os
 import sys
 import time
 
-from benchmarks.common import positive_int
+from benchmarks.common import non_negative_int, positive_int
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -55,25 +55,26 @@ def input_speed(iterators: dict, batches: int) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import keras
-
-    from benchmarks.train_speed import make_train_step
-    from data.pipeline import train_batches
-    from data.prepare import prepare
-    from data.store import PreparedSplit
-    from nmt.cli import add_set_argument
-    from nmt.config import load_config
-    from nmt.precision import resolve_precision, resolve_xla, set_policy
-    from transformer.model import build_model
+    from common.config_tree import add_set_argument  # TensorFlow only after parsing: --help is quick
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", required=True)
     add_set_argument(parser)
     parser.add_argument("--rounds", type=positive_int, default=20)
     parser.add_argument("--block", type=positive_int, default=10)
-    parser.add_argument("--warmup", type=int, default=4)
+    parser.add_argument("--warmup", type=non_negative_int, default=4)
     parser.add_argument("--input-batches", type=positive_int, default=200)
     args = parser.parse_args(argv)
+
+    import keras
+
+    from benchmarks.train_speed import make_train_step
+    from data.pipeline import train_batches
+    from data.prepare import prepare
+    from data.store import PreparedSplit
+    from nmt.config import load_config
+    from nmt.precision import resolve_precision, resolve_xla, set_policy
+    from transformer.model import build_model
 
     config = load_config(args.config, args.overrides)
     seed = config.train.seed

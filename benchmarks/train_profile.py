@@ -160,16 +160,7 @@ def sample_batches(config, tokenizer, *, num_batches: int, max_shapes: int = 3) 
 
 
 def main(argv: list[str] | None = None) -> int:
-    import keras
-
-    from benchmarks.common import timed
-    from benchmarks.matmul_bound import MatmulOnly
-    from benchmarks.train_speed import make_train_step
-    from data.prepare import prepare
-    from nmt.cli import add_set_argument
-    from nmt.config import load_config
-    from nmt.precision import resolve_precision, set_policy
-    from transformer.model import build_model
+    from common.config_tree import add_set_argument  # TensorFlow only after parsing: --help is quick
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", required=True)
@@ -184,6 +175,16 @@ def main(argv: list[str] | None = None) -> int:
         "--xla", choices=("off", "fusible"), default="off", help="fusible: as train.xla: fusible (nmt.xla)"
     )
     args = parser.parse_args(argv)
+
+    import keras
+
+    from benchmarks.common import timed
+    from benchmarks.matmul_bound import MatmulOnly
+    from benchmarks.train_speed import make_train_step
+    from data.prepare import prepare
+    from nmt.config import load_config
+    from nmt.precision import resolve_precision, set_policy
+    from transformer.model import build_model
 
     config = load_config(args.config, args.overrides)
     tokenizer, _ = prepare(config.data, progress=False)

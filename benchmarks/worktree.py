@@ -12,10 +12,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@contextlib.contextmanager
-def baseline_worktree(revision: str) -> Iterator[tuple[Path, str]]:
-    """Yields (directory, full commit hash) of `revision` checked out with `git worktree add --detach` in a temporary
-    directory; the worktree is removed (and pruned from git's list) on exit, whatever happens inside."""
+def resolve_revision(revision: str) -> str:
+    """The full commit hash of `revision`; an unknown one is a CliError (exit 2), raised before anything runs."""
     resolved = subprocess.run(
         ["git", "rev-parse", "--verify", f"{revision}^{{commit}}"], cwd=ROOT, capture_output=True, text=True
     )
@@ -23,7 +21,14 @@ def baseline_worktree(revision: str) -> Iterator[tuple[Path, str]]:
         from nmt.cli import CliError
 
         raise CliError(f"unknown git revision {revision!r}: {resolved.stderr.strip()}", exit_code=2)
-    commit = resolved.stdout.strip()
+    return resolved.stdout.strip()
+
+
+@contextlib.contextmanager
+def baseline_worktree(revision: str) -> Iterator[tuple[Path, str]]:
+    """Yields (directory, full commit hash) of `revision` checked out with `git worktree add --detach` in a temporary
+    directory; the worktree is removed (and pruned from git's list) on exit, whatever happens inside."""
+    commit = resolve_revision(revision)
     parent = Path(tempfile.mkdtemp(prefix="nmt-baseline-"))
     directory = parent / "tree"
     try:

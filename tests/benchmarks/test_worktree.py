@@ -76,3 +76,19 @@ def test_baseline_copy_drops_the_keys_its_code_does_not_know(tmp_path):
     assert sorted(dropped) == ["later_section", "train.added_later"]
     kept = yaml.safe_load((tmp_path / "config.yaml").read_text(encoding="utf-8"))
     assert kept == Config().to_dict()
+
+
+def test_decode_baseline_refuses_an_unknown_revision_before_any_record(tmp_path, capsys):
+    """Before: the `machine` record was printed, then the revision refused: a JSON-lines file with a lone record."""
+    from nmt.cli import CliError
+
+    (tmp_path / "config.yaml").write_text("eval: {}\n")  # what the checks read of a run directory
+
+    with pytest.raises(CliError, match="unknown git revision 'no-such-commit'") as raised:
+        decode_baseline.main(["--baseline", "no-such-commit", "--run-dir", str(tmp_path)])
+    assert raised.value.exit_code == 2
+    assert capsys.readouterr().out == ""
+    with pytest.raises(SystemExit) as exit_info:
+        decode_baseline.main(["--baseline", "HEAD", "--run-dir", str(tmp_path), "--max-sentences", "-1"])
+    assert exit_info.value.code == 2
+    assert "must be at least 0, got -1" in capsys.readouterr().err

@@ -85,6 +85,7 @@ class ModelConfig:
 @dataclass
 class TrainConfig:
     seed: int = 1234  # seeds weights, dropout and data order
+    init_from: str | None = None  # fine-tuning: a new run starts from this run's weights and tokenizer
     max_steps: int = field(
         default=0, metadata=_NOT_NEGATIVE
     )  # optimizer steps to run in all (0 = no step limit)

@@ -79,7 +79,8 @@ class Trainer(TrainerEvaluation):
     # Set-up
     def setup(self) -> None:
         from data.pipeline import make_eval_dataset, make_train_dataset
-        from data.prepare import prepare, run_tokenizer
+        from data.prepare import prepare
+        from nmt.init_from import load_parent_weights, parent_run, run_tokenizer
         from transformer.model import build_model
 
         cfg = self.config
@@ -111,7 +112,7 @@ class Trainer(TrainerEvaluation):
         self.private_dir = None if self.chief else Path(tempfile.mkdtemp(prefix="nmt-worker-"))
         if self.private_dir is not None:
             atexit.register(_remove_tree, self.private_dir)
-        self.tokenizer = run_tokenizer(cfg.data, self.run_dir.tokenizer_dir, chief=self.chief)
+        self.tokenizer = run_tokenizer(cfg, self.run_dir, chief=self.chief)  # init_from: the parent's
         prepare(cfg.data, tokenizer=self.tokenizer, chief=self.chief)
 
         # data.batch_tokens is a per-replica budget: the global batch grows with the replicas (more devices, more
@@ -183,6 +184,8 @@ class Trainer(TrainerEvaluation):
         self.snapshots = AveragingSnapshots(self.model, checkpoint_dir / "average", cfg.train)
         self.best = BestWeights(self.model, self.run_dir.best_dir)
         self.resumed_from = self._restore()
+        if cfg.train.init_from and not self.resumed_from:  # a resumed run has its own weights
+            load_parent_weights(self.model, *parent_run(cfg))
         snapshots = self.snapshots.roll_back(self.resumed_from)
         if self.chief:  # what steps the checkpoint does not hold wrote: those steps and evaluations run again
             dropped = self.run_dir.drop_metrics_after(self.resumed_from)

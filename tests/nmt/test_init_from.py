@@ -1,0 +1,150 @@
+"""Fine-tuning (`train.init_from`): a new run starts from another run's weights and tokenizer.
+
+The parent is the tiny memorised run of tests/run_fixture.py. The child's weights are checked against the parent's
+as evaluate.py loads them (`Translator.from_run_dir`), through the real Trainer; train.py's run is checked by what
+the parent guarantees on any CPU (a validation loss below MAX_SENTENCE_NLL), not by a trajectory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from common.config_tree import ConfigError
+from nmt.config import config_from_dict
+from nmt.init_from import parent_run
+from nmt.run_dir import RunDir, write_atomic
+from tests.run_fixture import MAX_SENTENCE_NLL, shared_tiny_run_dir
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="session")
+def tiny_run_dir(tmp_path_factory, request):
+    return shared_tiny_run_dir(tmp_path_factory, getattr(request.config, "cache", None))
+
+
+def child_tree(parent, **train) -> dict:
+    """The parent's own config, fine-tuned from it: a couple of steps at a learning rate that moves nothing."""
+    tree = yaml.safe_load((parent / "config.yaml").read_text(encoding="utf-8"))
+    tree["train"].update(
+        {"init_from": str(parent), "max_steps": 4, "learning_rate": 1e-9, "warmup_steps": 1, "eval_every": 2,
+         "bleu_every": 0, "checkpoint_every": 2, "average_last": 0, **train}
+    )  # fmt: skip
+    return tree
+
+
+def test_without_init_from_there_is_no_parent(tiny_run_dir):
+    tree = child_tree(tiny_run_dir)
+    tree["train"]["init_from"] = None
+    assert parent_run(config_from_dict(tree)) is None
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"model": {"d_model": 16}}, "model.d_model: 16 here, 32 in"),
+        ({"model": {"num_layers": 2, "norm": "pre"}}, "model.num_layers: 2 here, 1 in"),
+        ({"data": {"vocab_size": 80}}, "data.vocab_size: 80 here, 64 in"),
+    ],
+)
+def test_another_model_or_tokenizer_is_refused_naming_each_difference(tiny_run_dir, change, message):
+    tree = child_tree(tiny_run_dir)
+    for section, values in change.items():
+        tree[section].update(values)
+    with pytest.raises(
+        ConfigError, match="train.init_from: this config's model or tokenizer differs"
+    ) as raised:
+        parent_run(config_from_dict(tree))
+    assert message in str(raised.value)
+    if "norm" in change.get("model", {}):
+        assert "model.norm: 'pre' here, 'post' in" in str(raised.value)
+
+
+def test_a_parent_that_is_not_a_trained_run_is_refused(tiny_run_dir, tmp_path):
+    for path, message in (
+        (tmp_path / "missing", "model directory does not exist"),
+        (tmp_path, "is not a run directory"),
+    ):
+        tree = child_tree(tiny_run_dir)
+        tree["train"]["init_from"] = str(path)
+        with pytest.raises(ConfigError, match=f"train.init_from: .*{message}"):
+            parent_run(config_from_dict(tree))
+    untrained = tmp_path / "untrained"
+    shutil.copytree(tiny_run_dir, untrained, ignore=shutil.ignore_patterns("final", "best", "checkpoints"))
+    tree = child_tree(tiny_run_dir)
+    tree["train"]["init_from"] = str(untrained)
+    with pytest.raises(ConfigError, match="no trained weights found"):
+        parent_run(config_from_dict(tree))
+
+
+def test_a_new_run_starts_from_the_parents_weights_and_tokenizer(tiny_run_dir, tmp_path, monkeypatch):
+    from nmt.trainer import Trainer
+    from nmt.translator import Translator
+
+    monkeypatch.setenv("NMT_DATA_CACHE", str(tmp_path / "data_cache"))
+    config = config_from_dict(child_tree(tiny_run_dir))
+    run_dir = RunDir(tmp_path / "child")
+    run_dir.path.mkdir()
+    write_atomic(run_dir.config_path, config.to_yaml())
+    trainer = Trainer(config, run_dir)
+    trainer.setup()
+    assert trainer.resumed_from == 0
+    parent = Translator.from_run_dir(tiny_run_dir)  # the weights evaluate.py would use
+    # by path below the model's own name (transformer, transformer_1, ...: Keras numbers the models it builds)
+    expected = {w.path.split("/", 1)[1]: w.numpy() for w in parent.model.weights}
+    got = {w.path.split("/", 1)[1]: w.numpy() for w in trainer.model.weights}
+    assert got.keys() == expected.keys()
+    for path, value in expected.items():
+        np.testing.assert_array_equal(got[path], value, err_msg=path)
+    parent_models = sorted(p.name for p in (tiny_run_dir / "tokenizer").glob("*.model"))
+    assert sorted(p.name for p in run_dir.tokenizer_dir.glob("*.model")) == parent_models
+    for name in parent_models:
+        assert (run_dir.tokenizer_dir / name).read_bytes() == (tiny_run_dir / "tokenizer" / name).read_bytes()
+    assert int(trainer.optimizer.iterations.numpy()) == 0  # the optimizer starts afresh
+
+
+def train(config_tree, run_dir, tmp_path, *extra):
+    config = tmp_path / f"config-{len(list(tmp_path.glob('config-*')))}.yaml"
+    config.write_text(yaml.safe_dump(config_tree, sort_keys=False), encoding="utf-8")
+    env = {**os.environ, "NMT_DATA_CACHE": str(tmp_path / "data_cache")}  # not the user's ~/.cache
+    command = [sys.executable, "train.py", "--config", str(config), "--model-dir", str(run_dir), *extra]
+    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_train_py_fine_tunes_then_resumes_without_the_parent(tiny_run_dir, tmp_path):
+    parent = tmp_path / "parent"
+    shutil.copytree(tiny_run_dir, parent)
+    child = tmp_path / "child"
+    done = train(child_tree(parent), child, tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"initialised the weights from {parent}" in done.stderr
+    validation = [r for r in map(json.loads, (child / "metrics.jsonl").read_text().splitlines())
+                  if r.get("tag") == "validation"]  # fmt: skip
+    assert validation and validation[0]["step"] == 2
+    # A fresh model of this size starts near log(64) = 4.2 nats per token; the parent's weights are below this
+    assert validation[0]["loss"] < MAX_SENTENCE_NLL
+
+    longer = child_tree(parent, max_steps=6)
+    shutil.rmtree(parent)  # a resumed run restores its own checkpoint: the parent is no longer needed
+    done = train(longer, child, tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "resuming" in done.stderr and "initialised the weights" not in done.stderr
+
+
+def test_train_py_refuses_another_model_and_undoes_the_start(tiny_run_dir, tmp_path):
+    tree = child_tree(tiny_run_dir)
+    tree["model"]["d_ff"] = 128
+    done = train(tree, tmp_path / "child", tmp_path)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "train.py: config error: train.init_from:" in done.stderr
+    assert "model.d_ff: 128 here, 64 in" in done.stderr
+    assert not (tmp_path / "child").exists()  # a new run whose start failed leaves nothing behind

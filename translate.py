@@ -6,6 +6,7 @@
     python translate.py --model-dir runs/base --input input.en --beam 8 --alpha 1.0   # another search setting
     python translate.py --model-dir runs/base --engine ctranslate2 --engine-dir runs/base/ct2 < input.en
     python translate.py --model-dir runs/base --input input.en --plot-attention attention.svg   # heat maps, 1st line
+    python translate.py --model-dir runs/base --input input.en --score given.de   # "log-probability<TAB>tokens"
 
 Input is read as bytes: invalid UTF-8 is replaced (U+FFFD) and NUL bytes removed, each with a warning naming the
 line on stderr. Empty lines give empty lines without reaching the model; lines longer than the model's position
@@ -16,6 +17,10 @@ and SIGTERM stop cleanly (exit 130, the temporary file removed).
 With --nbest N, each output line holds N tab-separated `text<TAB>score` fields, best first (score: the
 length-normalised log-probability of the beam search; an empty translation is an empty text field), so the line
 count still matches the input.
+--score FILE scores the translations in FILE (line-aligned with the input) instead of translating (forced
+decoding, `nmt/scoring.py`): each output line is `log-probability<TAB>tokens`, the natural-log probability of the
+translation's pieces and EOS given its source line and their count (mean per token: their ratio). A translation
+longer than the position table gets `nan`, with a warning; files of different lengths are an error (exit 1).
 --engine ctranslate2 decodes with a CTranslate2 export (export.py --format ctranslate2) under the same contract;
 the tokenizer and the eval settings come from --model-dir (see nmt/ctranslate2_engine.py for how its beam search
 differs); --weights is refused there (the export holds the weights it was made from: export.py --weights).
@@ -64,6 +69,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         metavar="FILE.svg",
         help="cross-attention heat maps of the first non-empty line, as an SVG file",
     )
+    parser.add_argument(
+        "--score",
+        metavar="TRANSLATIONS",
+        help="score these translations (one per input line) instead of translating: 'log-probability<TAB>tokens' "
+        "per line (natural log, the pieces and EOS)",
+    )
     parser.add_argument("--verbose", action="store_true", help="debug logging")
     return parser.parse_args(argv)
 
@@ -91,7 +102,34 @@ def _check(args: argparse.Namespace) -> None:
             raise cli.CliError(f"--plot-attention: {err}", exit_code=2) from err
     if args.plot_attention and args.engine != "tensorflow":
         raise cli.CliError("--plot-attention needs --engine tensorflow", exit_code=2)
+    if args.score is not None:
+        _check_score(args)
     cli.check_engine(args)
+
+
+def _check_score(args: argparse.Namespace) -> None:
+    from nmt.text_io import count_lines_if_file
+
+    search = [name for name, given in (("--beam", args.beam is not None), ("--alpha", args.alpha is not None),
+              ("--nbest", args.nbest != 1), ("--no-cache", args.no_cache), ("--xla", args.xla != "auto"),
+              ("--plot-attention", bool(args.plot_attention))) if given]  # fmt: skip
+    if search:
+        raise cli.CliError(
+            f"--score scores the given translations: {', '.join(search)} do not apply", exit_code=2
+        )
+    if args.engine != "tensorflow":
+        raise cli.CliError("--score needs --engine tensorflow", exit_code=2)
+    if args.score == "-" and args.input is None:
+        raise cli.CliError(
+            "--score - and the input cannot both be stdin: give --input or a --score file", exit_code=2
+        )
+    cli.check_input_file(None if args.score == "-" else args.score)
+    sources, translations = (count_lines_if_file(path) for path in (args.input, args.score))
+    if None not in (sources, translations) and sources != translations:
+        raise cli.CliError(
+            f"--score {args.score} has {translations} lines, --input {args.input} {sources}: they must be line-aligned",
+            exit_code=2,
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -131,7 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     keep = translator.max_source_length - 1
 
     def truncated(index: int, length: int) -> None:
-        message = f"{length} subwords, longer than the model allows: translated only the first {keep}"
+        done = "scored" if args.score is not None else "translated"
+        message = f"{length} subwords, longer than the model allows: {done} only the first {keep}"
         warnings(index + 1, "truncated", message)
 
     interactive = args.input is None and sys.stdin.isatty()
@@ -148,6 +187,11 @@ def main(argv: list[str] | None = None) -> int:
         else:
             logging.getLogger("nmt").warning("--plot-attention: no non-empty input line, nothing plotted")
         lines = itertools.chain(head, lines)
+    if args.score is not None:
+        try:
+            return _score(args, translator, lines, warnings, truncated, total, interactive)
+        finally:
+            handle.close()
     results = translator.translate_stream(
         lines,
         chunk_size=1 if interactive else args.chunk_size,
@@ -169,6 +213,46 @@ def main(argv: list[str] | None = None) -> int:
         bar.close()
     handle.close()
     warnings.summary()
+    return 0
+
+
+def _score(args, translator, lines, warnings, truncated, total, interactive) -> int:
+    """--score: one 'log-probability<TAB>tokens' line per (input line, translation) pair."""
+    from tqdm import tqdm
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
+    from nmt.scoring import LengthMismatch, score_stream
+    from nmt.text_io import LineWriter, open_input, read_lines
+
+    limit = translator.max_target_length - 1
+
+    def too_long(index: int, length: int) -> None:
+        warnings(
+            index + 1, "not scored", f"a translation of {length} subwords, over the model's {limit}: nan"
+        )
+
+    handle = open_input(args.score)
+    translation_warnings = cli.LineWarnings(source=args.score if args.score != "-" else "stdin")
+    translations = read_lines(handle, translation_warnings)
+    scores = score_stream(
+        translator, lines, translations, chunk_size=1 if interactive else args.chunk_size,
+        on_truncated=truncated, on_too_long=too_long,
+    )  # fmt: skip
+    try:
+        with logging_redirect_tqdm(), LineWriter(args.output) as writer:
+            bar = tqdm(total=total, unit="line", desc="scoring", disable=not args.input, file=sys.stderr)
+            for log_prob, tokens in scores:
+                writer.write_fields([f"{log_prob:.6f}", str(tokens)])
+                bar.update(1)
+                if interactive:
+                    writer.flush()
+            bar.close()
+    except LengthMismatch as err:
+        raise cli.CliError(f"--score {args.score} and the input: {err}", exit_code=1) from None
+    finally:
+        handle.close()
+    warnings.summary()
+    translation_warnings.summary()
     return 0
 
 

@@ -85,6 +85,10 @@ def main(argv=None) -> int:
     except RunDirError as err:
         print(f"train.py: {err}", file=sys.stderr)
         return 3
+    if resuming:  # fine-tuning: the parent of its start, whatever this command says
+        from nmt.init_from import keep_parent_of_resumed_run
+
+        config = keep_parent_of_resumed_run(run_dir.load_config(), config)
 
     from nmt.cluster import is_chief
 

@@ -20,7 +20,8 @@ count still matches the input.
 --score FILE scores the translations in FILE (line-aligned with the input) instead of translating (forced
 decoding, `nmt/scoring.py`): each output line is `log-probability<TAB>tokens`, the natural-log probability of the
 translation's pieces and EOS given its source line and their count (mean per token: their ratio). A translation
-longer than the position table gets `nan`, with a warning; files of different lengths are an error (exit 1).
+longer than the position table gets `nan`, with a warning; files of different lengths are refused before the
+model loads (exit 2), or, from a pipe, once one ends (exit 1). Search and decoding options do not apply (exit 2).
 --engine ctranslate2 decodes with a CTranslate2 export (export.py --format ctranslate2) under the same contract;
 the tokenizer and the eval settings come from --model-dir (see nmt/ctranslate2_engine.py for how its beam search
 differs); --weights is refused there (the export holds the weights it was made from: export.py --weights).
@@ -112,10 +113,12 @@ def _check_score(args: argparse.Namespace) -> None:
 
     search = [name for name, given in (("--beam", args.beam is not None), ("--alpha", args.alpha is not None),
               ("--nbest", args.nbest != 1), ("--no-cache", args.no_cache), ("--xla", args.xla != "auto"),
+              ("--batch-size", args.batch_size is not None), ("--streams", args.streams is not None),
               ("--plot-attention", bool(args.plot_attention))) if given]  # fmt: skip
     if search:
+        verb = "does" if len(search) == 1 else "do"
         raise cli.CliError(
-            f"--score scores the given translations: {', '.join(search)} do not apply", exit_code=2
+            f"--score scores the given translations: {', '.join(search)} {verb} not apply", exit_code=2
         )
     if args.engine != "tensorflow":
         raise cli.CliError("--score needs --engine tensorflow", exit_code=2)
@@ -123,7 +126,10 @@ def _check_score(args: argparse.Namespace) -> None:
         raise cli.CliError(
             "--score - and the input cannot both be stdin: give --input or a --score file", exit_code=2
         )
-    cli.check_input_file(None if args.score == "-" else args.score)
+    try:
+        cli.check_input_file(None if args.score == "-" else args.score)
+    except cli.CliError as err:
+        raise cli.CliError(f"--score: {err}", exit_code=2) from None
     sources, translations = (count_lines_if_file(path) for path in (args.input, args.score))
     if None not in (sources, translations) and sources != translations:
         raise cli.CliError(
@@ -227,9 +233,8 @@ def _score(args, translator, lines, warnings, truncated, total, interactive) -> 
     limit = translator.max_target_length - 1
 
     def too_long(index: int, length: int) -> None:
-        warnings(
-            index + 1, "not scored", f"a translation of {length} subwords, over the model's {limit}: nan"
-        )
+        message = f"a translation of {length} subwords, over the model's {limit}: nan"
+        warnings(index + 1, "not scored", message, source=args.score if args.score != "-" else "stdin")
 
     handle = open_input(args.score)
     translation_warnings = cli.LineWarnings(source=args.score if args.score != "-" else "stdin")

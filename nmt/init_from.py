@@ -12,6 +12,7 @@ a resumed one restores its own checkpoint and no longer needs the parent.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import shutil
@@ -24,19 +25,31 @@ log = logging.getLogger(__name__)
 # What gives the weights their shapes and their meaning (attention variants, max_length and dropout do not).
 ARCHITECTURE_KEYS = ("d_model", "num_heads", "d_ff", "num_layers", "norm", "residual", "share_embeddings",
                      "tie_output", "share_qkv", "scale")  # fmt: skip
-TOKENIZER_KEYS = ("tokenizer", "vocab_size", "joint_vocab")  # the parent's tokenizer is used: as it says
+# The parent's tokenizer is used (its source model reads the source language): the config must say what it is
+TOKENIZER_KEYS = ("source", "target", "tokenizer", "vocab_size", "joint_vocab")
 
 
-def parent_run(config) -> tuple[RunDir, object] | None:
+def parent_run(config, run_dir: RunDir | None = None) -> tuple[RunDir, object] | None:
     """(the run `train.init_from` names, its config), checked against `config`; None without `init_from`.
 
-    Raises ConfigError naming the problem: not a run directory, no tokenizer or no trained weights there, or a
-    model/tokenizer setting that differs from the parent's (every difference, with both values).
+    Raises ConfigError naming the problem: the new run's own directory (`run_dir`), a file, not a run directory, no
+    tokenizer or no trained weights there, or a model/tokenizer setting that differs from the parent's (every
+    difference, with both values).
     """
     path = config.train.init_from
     if not path:
         return None
     parent = RunDir(path)
+    if run_dir is not None and parent.path.resolve() == run_dir.path.resolve():
+        raise ConfigError(
+            f"train.init_from names this run's own directory ({path}): give the run to start from, and another "
+            "--model-dir for the new run"
+        )
+    if parent.path.is_file():
+        raise ConfigError(
+            f"train.init_from: {path} is a file; give the run directory train.py wrote (it holds config.yaml, "
+            "tokenizer/ and final/)"
+        )
     try:
         parent.require()  # a directory with config.yaml and a tokenizer
         parent_config = parent.load_config()
@@ -58,24 +71,51 @@ def parent_run(config) -> tuple[RunDir, object] | None:
     return parent, parent_config
 
 
+def starts_from_parent(config, run_dir: RunDir) -> bool:
+    """Whether this start takes the parent's tokenizer and weights: `train.init_from` is set and the run has no
+    checkpoint to resume from (a new run, or one stopped before its first checkpoint: it starts again)."""
+    import tensorflow as tf
+
+    return bool(config.train.init_from) and not tf.train.latest_checkpoint(str(run_dir.checkpoint_dir))
+
+
 def run_tokenizer(config, run_dir: RunDir, *, chief: bool = True):
-    """The run's tokenizer. A new run with `train.init_from` takes the parent's: the chief copies it into the run
-    directory (atomically); other workers read the parent's. Otherwise `data.prepare.run_tokenizer`: the run
-    directory's own copy, or the data cache's (trained there first if missing)."""
+    """The run's tokenizer. A start from a parent (`starts_from_parent`) takes the parent's: the chief copies it
+    into the run directory (atomically, replacing whatever is there), other workers read the parent's. Otherwise
+    `data.prepare.run_tokenizer`: the run directory's own copy, or the data cache's (trained there if missing)."""
     from data import prepare
     from data.tokenizer import Tokenizer
 
     directory = run_dir.tokenizer_dir
-    if not config.train.init_from or any(directory.glob("*.model")):  # no parent, or a resumed run's own copy
+    if not starts_from_parent(config, run_dir):
         return prepare.run_tokenizer(config.data, directory, chief=chief)
-    parent, _ = parent_run(config)  # ConfigError: not a run, another model or another tokenizer
+    parent, _ = parent_run(config, run_dir)  # ConfigError: not a run, another model or another tokenizer
     if not chief:
         return Tokenizer.load(parent.tokenizer_dir)
-    partial = directory.with_name(directory.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
+    partial, old = (directory.with_name(f"{directory.name}.{suffix}") for suffix in ("partial", "old"))
+    for leftover in (partial, old):
+        shutil.rmtree(leftover, ignore_errors=True)
     shutil.copytree(parent.tokenizer_dir, partial)
+    if directory.exists():
+        log.warning("replacing the tokenizer in %s with %s's", directory, parent.path)
+        os.replace(directory, old)
     os.replace(partial, directory)
+    shutil.rmtree(old, ignore_errors=True)
     return Tokenizer.load(directory)
+
+
+def keep_parent_of_resumed_run(saved, config):
+    """`config` with `train.init_from` of the run it resumes (`saved`, its config.yaml): a run started from one
+    parent never takes another's tokenizer or weights, and its config.yaml keeps saying where it started."""
+    if config.train.init_from == saved.train.init_from:
+        return config
+    log.warning(
+        "train.init_from %s is ignored: this run resumes its own (started from %s)",
+        config.train.init_from, saved.train.init_from or "scratch",
+    )  # fmt: skip
+    return dataclasses.replace(
+        config, train=dataclasses.replace(config.train, init_from=saved.train.init_from)
+    )
 
 
 def load_parent_weights(model, parent: RunDir, parent_config) -> str:

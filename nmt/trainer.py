@@ -185,7 +185,7 @@ class Trainer(TrainerEvaluation):
         self.best = BestWeights(self.model, self.run_dir.best_dir)
         self.resumed_from = self._restore()
         if cfg.train.init_from and not self.resumed_from:  # a resumed run has its own weights
-            load_parent_weights(self.model, *parent_run(cfg))
+            load_parent_weights(self.model, *parent_run(cfg, self.run_dir))
         snapshots = self.snapshots.roll_back(self.resumed_from)
         if self.chief:  # what steps the checkpoint does not hold wrote: those steps and evaluations run again
             dropped = self.run_dir.drop_metrics_after(self.resumed_from)

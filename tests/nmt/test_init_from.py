@@ -54,6 +54,7 @@ def test_without_init_from_there_is_no_parent(tiny_run_dir):
         ({"model": {"d_model": 16}}, "model.d_model: 16 here, 32 in"),
         ({"model": {"num_layers": 2, "norm": "pre"}}, "model.num_layers: 2 here, 1 in"),
         ({"data": {"vocab_size": 80}}, "data.vocab_size: 80 here, 64 in"),
+        ({"data": {"source": "de", "target": "en"}}, "data.source: 'de' here, 'en' in"),
     ],
 )
 def test_another_model_or_tokenizer_is_refused_naming_each_difference(tiny_run_dir, change, message):
@@ -78,6 +79,15 @@ def test_a_parent_that_is_not_a_trained_run_is_refused(tiny_run_dir, tmp_path):
         tree["train"]["init_from"] = str(path)
         with pytest.raises(ConfigError, match=f"train.init_from: .*{message}"):
             parent_run(config_from_dict(tree))
+    tree = child_tree(tiny_run_dir)
+    checkpoint = tmp_path / "ckpt-30.index"  # a checkpoint file, as fairseq's --finetune-from-model takes
+    checkpoint.touch()
+    tree["train"]["init_from"] = str(checkpoint)
+    with pytest.raises(ConfigError, match="is a file; give the run directory train.py wrote"):
+        parent_run(config_from_dict(tree))
+    tree["train"]["init_from"] = str(tmp_path / "child")
+    with pytest.raises(ConfigError, match="names this run's own directory"):
+        parent_run(config_from_dict(tree), RunDir(tmp_path / "child"))
     untrained = tmp_path / "untrained"
     shutil.copytree(tiny_run_dir, untrained, ignore=shutil.ignore_patterns("final", "best", "checkpoints"))
     tree = child_tree(tiny_run_dir)
@@ -95,6 +105,8 @@ def test_a_new_run_starts_from_the_parents_weights_and_tokenizer(tiny_run_dir, t
     run_dir = RunDir(tmp_path / "child")
     run_dir.path.mkdir()
     write_atomic(run_dir.config_path, config.to_yaml())
+    run_dir.tokenizer_dir.mkdir()  # another tokenizer, left by hand: no checkpoint, so the start takes the parent's
+    (run_dir.tokenizer_dir / "spm.model").write_bytes(b"not this one")
     trainer = Trainer(config, run_dir)
     trainer.setup()
     assert trainer.resumed_from == 0
@@ -134,10 +146,14 @@ def test_train_py_fine_tunes_then_resumes_without_the_parent(tiny_run_dir, tmp_p
     assert validation[0]["loss"] < MAX_SENTENCE_NLL
 
     longer = child_tree(parent, max_steps=6)
+    longer["train"]["init_from"] = str(tmp_path / "elsewhere")  # another parent: ignored, with a warning
     shutil.rmtree(parent)  # a resumed run restores its own checkpoint: the parent is no longer needed
     done = train(longer, child, tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "resuming" in done.stderr and "initialised the weights" not in done.stderr
+    assert f"train.init_from {tmp_path / 'elsewhere'} is ignored: this run resumes its own" in done.stderr
+    saved = yaml.safe_load((child / "config.yaml").read_text(encoding="utf-8"))
+    assert saved["train"]["init_from"] == str(parent) and saved["train"]["max_steps"] == 6
 
 
 def test_train_py_refuses_another_model_and_undoes_the_start(tiny_run_dir, tmp_path):

@@ -175,8 +175,10 @@ def test_translate_py_score(tiny_run_dir, tmp_path):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--beam", "2"], "--score scores the given translations: --beam do not apply"),
+        (["--beam", "2"], "--score scores the given translations: --beam does not apply"),
         (["--nbest", "2", "--no-cache"], "--nbest, --no-cache do not apply"),
+        (["--batch-size", "4", "--streams", "1"], "--batch-size, --streams do not apply"),
+        (["--input", "translate.py", "--score", "nope.de"], "--score: input file not found: nope.de"),
         (["--engine", "ctranslate2", "--engine-dir", "."], "--score needs --engine tensorflow"),
         (["--input", "-"], "--score - and the input cannot both be stdin"),
     ],

@@ -118,9 +118,11 @@ class TrainStep:
         """
         self.jit_compile = jit_compile
         self._replica_grads = tf.function(self._replica_grads_fn, jit_compile=jit_compile)
-        # Without XLA one relaxed trace serves every shape; with XLA each bucket shape compiles once.
+        # Without XLA one trace with every batch dimension unknown serves every shape (`_relax`); with XLA each
+        # bucket shape compiles once.
         self.gradients = tf.function(self._gradients_fn, reduce_retracing=not jit_compile)
         self.accumulate = tf.function(self._accumulate_fn, reduce_retracing=not jit_compile)
+        self._relaxed = set()  # the functions traced for batches of any shape (`_relax`)
 
     def retrace(self) -> None:
         """Traces the gradient computation again on the next step (after a change to the model's Python
@@ -236,12 +238,29 @@ class TrainStep:
             name: float(np.sqrt(2.0 * half[indices].sum())) for name, indices in self.layer_groups.items()
         }
 
+    def _relax(self, function, batch) -> None:
+        """Traces `function` (`gradients` or `accumulate`) once for batches of any shape, before its first call.
+
+        Left to `reduce_retracing`, the first batch shape of a process got a trace of its own (static shapes, other
+        kernels and roundings) and later ones a relaxed trace: which steps ran which trace depended on where the
+        process started, so a run resumed from a checkpoint drifted from the uninterrupted one whenever batches
+        came in several shapes (buckets). Every step now runs the same relaxed trace, wherever the process started.
+        """
+        spec = tf.nest.map_structure(
+            lambda value: tf.type_spec_from_value(value)._with_tensor_ranks_only(), batch
+        )
+        function.get_concrete_function(spec)
+        self._relaxed.add(function)
+
     def step(self, batches) -> dict:
         """One optimizer update on the micro-batches `batches`; returns the metrics (tensors, see the module doc).
 
         One micro-batch goes straight from `gradients` to `update`; several are summed in the accumulators first.
         """
         with autoclustering(self.autocluster and not self.jit_compile):
+            function = self.gradients if len(batches) == 1 else self.accumulate
+            if not self.jit_compile and function not in self._relaxed:
+                self._relax(function, batches[0])
             if len(batches) == 1:
                 return self.update(*self.gradients(batches[0]))
             for batch in batches:

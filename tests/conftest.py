@@ -3,7 +3,15 @@
 import atexit
 import os
 import shutil
+import signal
 import tempfile
+
+# Tests signal their train.py/translate.py subprocesses with SIGINT. A shell that starts `make test` in the
+# background without job control (`(make test &)`, a script's `nohup make test &`) sets SIGINT to "ignored", and
+# every child inherits that through exec: those tests would wait for a signal that never lands. With a handler here
+# the children start with the default disposition again.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")

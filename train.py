@@ -88,7 +88,20 @@ def main(argv=None) -> int:
     if resuming:  # fine-tuning: the parent of its start, whatever this command says
         from nmt.init_from import keep_parent_of_resumed_run
 
-        config = keep_parent_of_resumed_run(run_dir.load_config(), config)
+        saved = run_dir.load_config()
+        config = keep_parent_of_resumed_run(saved, config)
+        changed = [
+            f"{section}.{key}: {old!r} -> {new!r}"
+            for section in ("train", "eval")
+            for key, old in getattr(saved, section).__dict__.items()
+            if (new := getattr(getattr(config, section), key)) != old
+        ]
+        if changed:
+            log.warning(
+                "settings differ from %s: %s. A run that trains on uses them from its next step and rewrites "
+                "config.yaml (the checkpoint keeps its plan); a finished run ignores them",
+                run_dir.config_path, "; ".join(changed),
+            )  # fmt: skip
 
     from nmt.cluster import is_chief
 

@@ -28,17 +28,18 @@ def peak_memory_mb() -> float:
 
 
 def write_train_summaries(
-    writer, step: int, metrics: dict, lr: float, tokens_per_sec: float, skipped, layer_grad_norms: dict
+    writer, step: int, metrics: dict, lr: float, tokens_per_sec: float | None, skipped, layer_grad_norms: dict
 ) -> None:
     """train/ scalars; `grad_norm` and `grad_norm/<layer>` (`layer_grad_norms`, from `TrainStep.layer_grad_norms`)
-    are norms of the unclipped gradient."""
+    are norms of the unclipped gradient; `tokens_per_sec` None (a window with the step's trace) is not written."""
     with writer.as_default(step=step):
         tf.summary.scalar("loss", metrics["loss"])
         tf.summary.scalar("nll", metrics["nll"])
         tf.summary.scalar("learning_rate", lr)
         tf.summary.scalar("grad_norm", metrics["grad_norm"])
         tf.summary.scalar("loss_scale", metrics["loss_scale"])
-        tf.summary.scalar("tokens_per_sec", tokens_per_sec)
+        if tokens_per_sec is not None:
+            tf.summary.scalar("tokens_per_sec", tokens_per_sec)
         tf.summary.scalar("skipped_steps", skipped)
         tf.summary.scalar("peak_memory_mb", peak_memory_mb())
         for name, value in layer_grad_norms.items():

@@ -284,11 +284,13 @@ class Trainer(TrainerEvaluation):
         )
         planned = self.plan.total_steps  # 0 until a time budget's plan is fixed (then the bar's total)
         self.progress = bar = tqdm(
-            total=planned or cfg.max_steps or None, initial=self.step, unit="step", dynamic_ncols=True, mininterval=2.0, desc="train",
+            total=(max(planned, cfg.max_steps) if self.step >= planned else planned) or None, initial=self.step, unit="step", dynamic_ncols=True, mininterval=2.0, desc="train",
             disable=not self.chief,
         )  # fmt: skip
         status, message = "", ""
-        window_tokens, window_start = 0.0, time.perf_counter()
+        # tokens/s over the training steps since the last logged one: evaluations and checkpoint saves are not in
+        # the window, and the window of a process's first step (its trace) is left out of TensorBoard
+        window_tokens, window_seconds, traced_window = 0.0, 0.0, True
         try:
             if self._patience_spent():  # stopped early, then interrupted in its final evaluation
                 status, message = "early_stopped", "validation BLEU stopped improving"
@@ -300,7 +302,7 @@ class Trainer(TrainerEvaluation):
                 if self.stop.requested():
                     status, message = "stopped", self._stop_message()
                     break
-                started = self.clock()
+                started, wall = self.clock(), time.perf_counter()
                 batches = [
                     replica_batches(self.strategy, next(self.iterator), self.part)
                     for _ in range(cfg.accumulate_steps)
@@ -308,6 +310,7 @@ class Trainer(TrainerEvaluation):
                 metrics = self.step_fn.step(batches)
                 applied = bool(metrics["applied"].numpy())
                 self.elapsed.assign_add(self.clock() - started)
+                window_seconds += time.perf_counter() - wall
                 self._agree_on_stop()
                 step = self.step
                 if not applied:
@@ -327,15 +330,15 @@ class Trainer(TrainerEvaluation):
                 window_tokens += float(metrics["tokens"].numpy())
                 bar.update(1)
                 if step % cfg.log_every == 0 or step == 1:
-                    now = time.perf_counter()
-                    tokens_per_sec = window_tokens / max(now - window_start, 1e-9)
-                    window_tokens, window_start = 0.0, now
+                    tokens_per_sec = window_tokens / max(window_seconds, 1e-9)
+                    logged_rate = None if traced_window else tokens_per_sec
+                    window_tokens, window_seconds, traced_window = 0.0, 0.0, False
                     lr = float(self.schedule(step - 1))
                     loss = float(metrics["loss"].numpy())
                     bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_sec:,.0f}")
                     if writer is not None:
                         write_train_summaries(
-                            writer, step, metrics, lr, tokens_per_sec, self.step_fn.skipped_steps,
+                            writer, step, metrics, lr, logged_rate, self.step_fn.skipped_steps,
                             self.step_fn.layer_grad_norms(metrics),  # grouped only on logged steps
                         )  # fmt: skip
                 # After the step's log: its learning rate is the one its update used, before a (re-)plan moves it.

@@ -66,12 +66,18 @@ def test_a_finished_run_with_its_state_file_deleted_is_still_finished(
     assert f"train.py: already finished at step {MAX_STEPS}" in stderr
 
 
-def test_a_finished_run_rerun_with_other_settings_keeps_its_config(fault_config, reference_copy, capsys):
+def test_a_finished_run_rerun_with_other_settings_keeps_its_config(
+    fault_config, reference_copy, capsys, caplog
+):
     before = snapshot_run(reference_copy)
     argv = ["--config", str(fault_config), "--model-dir", str(reference_copy)]
     code = train_cli.main([*argv, "--set", "eval.beam_size=7", "train.learning_rate=0.5"])
     stderr = capsys.readouterr().err
     assert code == 0, stderr[-3000:]
+    warned = [r.getMessage() for r in caplog.records if "settings differ from" in r.getMessage()]
+    assert len(warned) == 1 and "train.learning_rate: 0.01 -> 0.5; eval.beam_size: 2 -> 7" in warned[0], (
+        warned
+    )
     assert f"train.py: already finished at step {MAX_STEPS}" in stderr
     assert "resuming" not in stderr.split("\n")[-2]
     assert snapshot_run(reference_copy) == before  # config.yaml too: the run did not use those settings

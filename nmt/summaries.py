@@ -31,7 +31,7 @@ def write_train_summaries(
     writer, step: int, metrics: dict, lr: float, tokens_per_sec: float | None, skipped, layer_grad_norms: dict
 ) -> None:
     """train/ scalars; `grad_norm` and `grad_norm/<layer>` (`layer_grad_norms`, from `TrainStep.layer_grad_norms`)
-    are norms of the unclipped gradient; `tokens_per_sec` None (a window with the step's trace) is not written."""
+    are norms of the unclipped gradient; `tokens_per_sec` None (step 1's window, the trace) is not written."""
     with writer.as_default(step=step):
         tf.summary.scalar("loss", metrics["loss"])
         tf.summary.scalar("nll", metrics["nll"])

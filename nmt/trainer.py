@@ -289,8 +289,9 @@ class Trainer(TrainerEvaluation):
         )  # fmt: skip
         status, message = "", ""
         # tokens/s over the training steps since the last logged one: evaluations and checkpoint saves are not in
-        # the window, and the window of a process's first step (its trace) is left out of TensorBoard
-        window_tokens, window_seconds, traced_window = 0.0, 0.0, True
+        # the window. Step 1's (the trace) is left out of TensorBoard; a resumed process's first window is written
+        # (with its trace), so an interrupted run's events are at the steps of the uninterrupted run's
+        window_tokens, window_seconds, traced_window = 0.0, 0.0, self.step == 0
         try:
             if self._patience_spent():  # stopped early, then interrupted in its final evaluation
                 status, message = "early_stopped", "validation BLEU stopped improving"

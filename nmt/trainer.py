@@ -267,7 +267,9 @@ class Trainer(TrainerEvaluation):
         previous = self.stop.install()
         try:
             status, message = self._train_steps()
-            self.save_checkpoint()
+            latest = self.manager.latest_checkpoint
+            if not latest or checkpoint_step(latest) != self.step:  # the loop's own save at this step stands
+                self.save_checkpoint()
             self.plan.report_end(self.step, out_of_time=not self.stop.time_left(self._time_up()))
             if status in ("done", "early_stopped"):
                 status, message = self._final_evaluation(status, message)

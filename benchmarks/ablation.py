@@ -231,7 +231,14 @@ def evaluate_variant(run_dir: Path, *, bleu_sentences: int, grad_steps: int) -> 
     sources, references = load_text_pairs(config.data, config.data.validation_split)
     if bleu_sentences:
         sources, references = sources[:bleu_sentences], references[:bleu_sentences]
-    _, record = evaluate(translator, sources, references, beam_size=1, target_language=config.data.target)
+    _, record = evaluate(
+        translator,
+        sources,
+        references,
+        beam_size=1,
+        target_language=config.data.target,
+        lowercase=config.data.lowercase,
+    )
     result.update(bleu=record["bleu"], chrf=record["chrf"], bleu_sentences=len(sources))
     result["bleu_signature"] = record["signature"]
     batch = next(iter(make_eval_dataset(config.data, translator.tokenizer, config.data.validation_split)))

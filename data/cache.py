@@ -63,6 +63,7 @@ def tokenizer_key_inputs(cfg: DataConfig, train_identity: dict) -> dict:
         "joint_vocab": cfg.joint_vocab,
         "max_sentences": cfg.tokenizer_max_sentences,
         "seed": TOKENIZER_SEED,
+        **({"lowercase": True} if cfg.lowercase else {}),  # absent when off: older caches keep their keys
     }
 
 

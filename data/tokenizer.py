@@ -9,7 +9,9 @@ Lossless by construction, so sacreBLEU can score detokenized cased text against 
 normalization (no NFKC), whitespace kept as it is (`remove_extra_whitespaces=False`), every character of the
 training text in the vocabulary (`character_coverage=1.0`) and, when the vocabulary has room (>= 2048 pieces),
 byte fallback for characters never seen in training. One known loss: TF Text's bundled SentencePiece drops
-whitespace at the very start of a line when detokenizing.
+whitespace at the very start of a line when detokenizing. With `data.lowercase` the normalization lowercases
+instead (a user-defined SentencePiece rule, `lowercase_rules`): lossless up to case, and every reader of the model
+(TF Text in-graph, the `sentencepiece` package, a SavedModel, a CTranslate2 export) lowercases alike.
 
 Special ids are the project's (`common.special_ids`): <pad>=0, <unk>=1, <s>=2 (BOS), </s>=3 (EOS). A model file
 that reserves other ids is refused. Vocabulary sizes are padded up to a multiple of 8 for the embedding tables;
@@ -21,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import io
 import logging
+import tempfile
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -273,36 +276,60 @@ def _sample_sentences(cfg: DataConfig, seed: int) -> tuple[list[str], list[str]]
     return first, second
 
 
+def lowercase_rules() -> str:
+    """SentencePiece normalization rules (TSV of hex code points) that lowercase: every character whose
+    `str.lower()` is one other character, the rest unchanged. `str.lower`, not case folding: German ß stays ß,
+    as sacreBLEU's lowercased scoring keeps it (SentencePiece's `nmt_nfkc_cf` would write "ss")."""
+    rows = []
+    for code in range(0x110000):
+        char = chr(code)
+        lower = char.lower()
+        if lower != char and len(lower) == 1:
+            rows.append(f"{code:X}\t{ord(lower):X}")
+    return "\n".join(rows) + "\n"
+
+
+def _normalization(cfg: DataConfig, scratch: Path) -> dict:
+    """The trainer's normalization options: identity, or `lowercase_rules` with data.lowercase."""
+    if not cfg.lowercase:
+        return {"normalization_rule_name": "identity"}
+    rules = scratch / "lowercase.tsv"
+    rules.write_text(lowercase_rules(), encoding="utf-8")
+    return {"normalization_rule_tsv": str(rules)}
+
+
 def _train_model(sentences: list[str], cfg: DataConfig, seed: int, side: str, num_threads: int = 1) -> bytes:
     """Trains one SentencePiece model in memory; deterministic for a given seed with one thread."""
     if not sentences:
         raise DataError(f"no {side} sentences to train the tokenizer on (split {cfg.train_split!r} is empty)")
     model = io.BytesIO()
     spm.set_random_generator_seed(seed)
-    try:
-        spm.SentencePieceTrainer.Train(
-            sentence_iterator=iter(sentences),
-            model_writer=model,
-            model_type=cfg.tokenizer,
-            vocab_size=cfg.vocab_size,
-            character_coverage=1.0,
-            byte_fallback=cfg.vocab_size >= BYTE_FALLBACK_MIN_VOCAB,
-            normalization_rule_name="identity",
-            remove_extra_whitespaces=False,
-            num_threads=num_threads,
-            minloglevel=2,
-            **_SPECIAL_IDS,
-        )
-    except RuntimeError as err:
-        raise DataError(
-            f"SentencePiece cannot train a {cfg.tokenizer} model of data.vocab_size={cfg.vocab_size} on "
-            f"{len(sentences)} {side} sentences of {cfg.dataset!r}: {str(err).strip()}. "
-            + (
-                "Raise data.vocab_size: it must hold every character of the corpus."
-                if "smaller than required" in str(err)
-                else "Lower data.vocab_size (or use more data)."
+    with tempfile.TemporaryDirectory(prefix="nmt-spm-") as scratch:  # the lowercase rules' file, if any
+        normalization = _normalization(cfg, Path(scratch))
+        try:
+            spm.SentencePieceTrainer.Train(
+                sentence_iterator=iter(sentences),
+                model_writer=model,
+                model_type=cfg.tokenizer,
+                vocab_size=cfg.vocab_size,
+                character_coverage=1.0,
+                byte_fallback=cfg.vocab_size >= BYTE_FALLBACK_MIN_VOCAB,
+                remove_extra_whitespaces=False,
+                **normalization,
+                num_threads=num_threads,
+                minloglevel=2,
+                **_SPECIAL_IDS,
             )
-        ) from err
+        except RuntimeError as err:
+            raise DataError(
+                f"SentencePiece cannot train a {cfg.tokenizer} model of data.vocab_size={cfg.vocab_size} on "
+                f"{len(sentences)} {side} sentences of {cfg.dataset!r}: {str(err).strip()}. "
+                + (
+                    "Raise data.vocab_size: it must hold every character of the corpus."
+                    if "smaller than required" in str(err)
+                    else "Lower data.vocab_size (or use more data)."
+                )
+            ) from err
     return model.getvalue()
 
 

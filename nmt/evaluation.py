@@ -2,7 +2,9 @@
 
 Quality protocol (DESIGN.md): BLEU and chrF from sacreBLEU on detokenized, cased hypotheses against the raw
 references, with the signature. `bleu_lc_tok` is a second, clearly labelled BLEU on lowercased text with the 13a
-tokenizer, only for comparison with papers that report lowercased tokenized BLEU; never mix the two.
+tokenizer, only for comparison with papers that report lowercased tokenized BLEU; never mix the two. A run trained
+on lowercased text (`data.lowercase`) writes lowercase, so its BLEU and chrF are scored case-insensitively (the
+signature says `c:lc`, the record `lowercase: true`); its BLEU then equals `bleu_lc_tok`.
 
 The hypotheses file holds exactly the strings that were scored (one per line, `text_io.one_line`), so
 `sacrebleu.corpus_bleu(open(hyp).read().splitlines(), [references])` reproduces `bleu`.
@@ -40,8 +42,12 @@ class EvaluationError(ValueError):
     """A problem with what was asked to evaluate (e.g. source and reference files of different lengths)."""
 
 
-def score_corpus(hypotheses: Sequence[str], references: Sequence[str], target_language: str = "") -> dict:
-    """sacreBLEU BLEU (cased, detokenized, 13a), chrF and the lowercased tokenized BLEU, with signatures."""
+def score_corpus(
+    hypotheses: Sequence[str], references: Sequence[str], target_language: str = "", lowercase: bool = False
+) -> dict:
+    """sacreBLEU BLEU (cased, detokenized, 13a), chrF and the lowercased tokenized BLEU, with signatures.
+
+    `lowercase`: the hypotheses come from a model trained on lowercased text; BLEU and chrF ignore case."""
     from sacrebleu.metrics import BLEU, CHRF
 
     if len(hypotheses) != len(references):
@@ -49,7 +55,7 @@ def score_corpus(hypotheses: Sequence[str], references: Sequence[str], target_la
     hypotheses, references = list(hypotheses), [list(references)]
     # 13a (sacreBLEU's default) is wrong for Chinese; every other language keeps the default signature.
     tokenize = "zh" if target_language.lower().startswith("zh") else None
-    bleu_metric, chrf_metric = BLEU(tokenize=tokenize), CHRF()
+    bleu_metric, chrf_metric = BLEU(tokenize=tokenize, lowercase=lowercase), CHRF(lowercase=lowercase)
     lc_metric = BLEU(lowercase=True, tokenize=tokenize or "13a")
     bleu = bleu_metric.corpus_score(hypotheses, references)
     chrf = chrf_metric.corpus_score(hypotheses, references)
@@ -62,6 +68,7 @@ def score_corpus(hypotheses: Sequence[str], references: Sequence[str], target_la
         "chrf_signature": str(chrf_metric.get_signature()),
         "bleu_lc_tok": lc.score,
         "bleu_lc_tok_signature": str(lc_metric.get_signature()),
+        **({"lowercase": True} if lowercase else {}),
     }
 
 
@@ -82,11 +89,12 @@ def evaluate(
     target_language: str = "",
     progress: bool = False,
     loss_model=None,
+    lowercase: bool = False,
 ) -> tuple[list[str], dict]:
     """Translates `sources`, scores them against `references`, and measures the loss on `loss_dataset`.
 
     `translator` is a `Translator` or a `CTranslate2Translator`; the loss is that of `loss_model` (default:
-    `translator.model`; none if neither exists).
+    `translator.model`; none if neither exists). `lowercase`: score case-insensitively (`score_corpus`).
 
     Returns:
       (hypotheses exactly as scored, a record with `bleu`, `chrf`, `signature`, `bleu_lc_tok`, `loss`,
@@ -98,7 +106,7 @@ def evaluate(
         one_line(h) for h in translator.translate(list(sources), beam_size=beam_size, progress=progress)
     ]
     seconds = time.perf_counter() - start
-    record = score_corpus(hypotheses, references, target_language)
+    record = score_corpus(hypotheses, references, target_language, lowercase)
     record.update(beam=beam_size, num_sentences=len(sources), seconds=round(seconds, 3))
     record["sentences_per_sec"] = round(len(sources) / seconds, 2) if seconds > 0 else None
     loss_model = loss_model if loss_model is not None else getattr(translator, "model", None)
@@ -119,7 +127,12 @@ def format_report(record: dict) -> str:
         f"model dir      {record.get('model_dir', '')} (weights {record.get('weights', '')})",
         f"data           {record.get('split', '')}: {record['num_sentences']} sentences, beam {record['beam']}"
         + (f", alpha {record['alpha']}" if record.get("alpha") is not None and record["beam"] > 1 else ""),
-        f"BLEU           {number('bleu')}   sacreBLEU, detokenized, cased (the number to report)",
+        f"BLEU           {number('bleu')}   sacreBLEU, detokenized, "
+        + (
+            "LOWERCASED: the run was trained on lowercased text (data.lowercase)"
+            if record.get("lowercase")
+            else "cased (the number to report)"
+        ),
         f"  signature    {record['signature']}",
         f"  detail       {record['bleu_detail']}",
         f"chrF           {number('chrf')}   {record['chrf_signature']}",
@@ -266,6 +279,7 @@ def evaluate_run_dir(
         target_language=config.data.target,
         progress=progress,
         loss_model=loss_model,
+        lowercase=config.data.lowercase,
     )
     output = Path(output) if output else Path(model_dir) / f"hypotheses.{label}.txt"
     write_hypotheses(output, hypotheses)

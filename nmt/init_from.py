@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 ARCHITECTURE_KEYS = ("d_model", "num_heads", "d_ff", "num_layers", "norm", "residual", "share_embeddings",
                      "tie_output", "share_qkv", "scale")  # fmt: skip
 # The parent's tokenizer is used (its source model reads the source language): the config must say what it is
-TOKENIZER_KEYS = ("source", "target", "tokenizer", "vocab_size", "joint_vocab")
+TOKENIZER_KEYS = ("source", "target", "tokenizer", "vocab_size", "joint_vocab", "lowercase")
 
 
 def parent_run(config, run_dir: RunDir | None = None) -> tuple[RunDir, object] | None:

@@ -152,7 +152,7 @@ class TrainerEvaluation:
             return self.scorer(hypotheses, references)
         from nmt.evaluation import score_corpus
 
-        return score_corpus(hypotheses, references, self.config.data.target)
+        return score_corpus(hypotheses, references, self.config.data.target, self.config.data.lowercase)
 
     def _early_stop(self, record: dict) -> bool:
         return "bleu" in record and self._patience_spent()

@@ -219,12 +219,16 @@ def test_the_cache_key_changes_exactly_when_the_tokens_may_change(tmp_path):
         assert keys(dataclasses.replace(cfg, **same)) == (tokenizer_key, split_key), same
     for tokenizer_change in (
         dict(vocab_size=97), dict(tokenizer="bpe"), dict(joint_vocab=False), dict(tokenizer_max_sentences=10),
+        dict(lowercase=True),
     ):  # fmt: skip
         changed = keys(dataclasses.replace(cfg, **tokenizer_change))
         assert changed[0] != tokenizer_key and changed[1] == split_key, tokenizer_change
     assert (
         keys(cfg, "e" * 64) == (tokenizer_key, keys(cfg, "e" * 64)[1]) and keys(cfg, "e" * 64)[1] != split_key
     )
+    assert "lowercase" not in cache.tokenizer_key_inputs(
+        cfg, {}
+    )  # off: the keys of caches made before the knob
     reverse = keys(dataclasses.replace(cfg, source="fr", target="en"))
     assert reverse[0] != tokenizer_key and reverse[1] != split_key
     with open(Path(cfg.folder) / "fr.train.txt", "a") as handle:

@@ -10,7 +10,14 @@ import sentencepiece as spm
 import tensorflow as tf
 
 from data.errors import DataError
-from data.tokenizer import JOINT_MODEL, SOURCE_MODEL, TARGET_MODEL, Tokenizer, train_tokenizer
+from data.tokenizer import (
+    JOINT_MODEL,
+    SOURCE_MODEL,
+    TARGET_MODEL,
+    Tokenizer,
+    lowercase_rules,
+    train_tokenizer,
+)
 from tests.data.conftest import mirror_lines
 from transformer.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
@@ -127,3 +134,32 @@ def test_survives_tf_random_set_seed(tokenizer):
     """`tf.random.set_seed` clears TF's kernel cache, which deletes TF Text's own SentencePiece resource."""
     tf.random.set_seed(5)
     assert texts(tokenizer.detokenize_target(tokenizer.tokenize_target(tf.constant(TEXT[:1])))) == TEXT[:1]
+
+
+def test_lowercase_rules_lower_without_case_folding():
+    rules = dict(line.split("\t") for line in lowercase_rules().splitlines())
+    assert rules["41"] == "61" and rules["C4"] == "E4" and rules["391"] == "3B1"  # A, Ä, Greek Alpha
+    assert "DF" not in rules and "1E9E" in rules  # ß kept (case folding writes "ss"); capital ẞ lowered to ß
+    assert "130" not in rules  # İ lowers to two characters: left as it is
+    assert all(chr(int(source, 16)).lower() == chr(int(target, 16)) for source, target in rules.items())
+
+
+def test_lowercase_tokenizer_lowers_in_every_reader(data_cfg, tmp_path):
+    data_cfg = dataclasses.replace(data_cfg, vocab_size=70)  # the lowercased corpus has fewer pieces to learn
+    cased = train_tokenizer(data_cfg, tmp_path / "cased")
+    lowered = train_tokenizer(dataclasses.replace(data_cfg, lowercase=True), tmp_path / "lower")
+    assert lowered.fingerprint != cased.fingerprint
+    text = ["Ein MÄDCHEN läuft über die Straße!", "A man sleeps near the CAFÉ."]
+    expected = [line.lower() for line in text]
+    ids = lowered.tokenize_target(tf.constant(text))
+    assert ids.to_list() == lowered.tokenize_target(tf.constant(expected)).to_list()
+    assert texts(lowered.detokenize_target(ids)) == expected  # TF Text, in graph
+    processor = spm.SentencePieceProcessor(model_file=str(tmp_path / "lower" / JOINT_MODEL))
+    assert processor.encode(text) == ids.to_list()  # the sentencepiece package (CTranslate2's tokenizer)
+    assert processor.decode(processor.encode(text)) == expected
+    known = tf.constant(TEXT[:2])  # characters the cased model has seen (no byte fallback at this size)
+    assert texts(cased.detokenize_target(cased.tokenize_target(known))) == TEXT[:2]  # off: cased, lossless
+    pieces = set(processor.id_to_piece(i) for i in range(processor.get_piece_size()))
+    assert not any(piece != piece.lower() for piece in pieces if not piece.startswith("<")), (
+        "an uppercase piece"
+    )

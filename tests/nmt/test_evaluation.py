@@ -39,6 +39,37 @@ def test_scores_are_sacrebleu_scores():
         score_corpus(hyps[:2], refs)
 
 
+def test_lowercase_scores_ignore_case_and_say_so():
+    """A run trained on lowercased text (data.lowercase) is scored case-insensitively, with a signature that says it."""
+    hyps = ["the cat sat on the mat.", "a dog barks loudly!"]
+    refs = ["The cat sat on a mat.", "The dog barks loudly!"]
+    scores = score_corpus(hyps, refs, "en", lowercase=True)
+    assert scores["bleu"] == sacrebleu.corpus_bleu(hyps, [refs], lowercase=True).score
+    assert scores["chrf"] == sacrebleu.metrics.CHRF(lowercase=True).corpus_score(hyps, [refs]).score
+    assert scores["bleu"] == scores["bleu_lc_tok"] > score_corpus(hyps, refs, "en")["bleu"]
+    assert "case:lc" in scores["signature"] and "lc" in scores["chrf_signature"] and scores["lowercase"]
+    assert "lowercase" not in score_corpus(hyps, refs, "en")
+
+
+def test_evaluate_run_dir_scores_a_lowercased_run_case_insensitively(tiny_run_dir, tmp_path):
+    """The run's data.lowercase decides (the tiny run's tokenizer is cased: its hypotheses keep capitals here)."""
+    import shutil
+
+    import yaml
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run_dir, run)
+    tree = yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8"))
+    tree["data"]["lowercase"] = True
+    (run / "config.yaml").write_text(yaml.safe_dump(tree, sort_keys=False), encoding="utf-8")
+    record = evaluate_run_dir(run, split="test", beam_size=1, max_sentences=8)
+    hypotheses = (run / "hypotheses.test.txt").read_text(encoding="utf-8").splitlines()
+    references = [t for _, t in tiny_corpus()["test"][:8]]
+    assert record["lowercase"] and "case:lc" in record["signature"]
+    assert record["bleu"] == sacrebleu.corpus_bleu(hypotheses, [references], lowercase=True).score
+    assert "LOWERCASED" in format_report(record)
+
+
 def load_run(run_dir):
     """(config, tokenizer, model with the run's final weights)."""
     from data.tokenizer import Tokenizer

@@ -55,6 +55,7 @@ def test_without_init_from_there_is_no_parent(tiny_run_dir):
         ({"model": {"num_layers": 2, "norm": "pre"}}, "model.num_layers: 2 here, 1 in"),
         ({"data": {"vocab_size": 80}}, "data.vocab_size: 80 here, 64 in"),
         ({"data": {"source": "de", "target": "en"}}, "data.source: 'de' here, 'en' in"),
+        ({"data": {"lowercase": True}}, "data.lowercase: True here, False in"),
     ],
 )
 def test_another_model_or_tokenizer_is_refused_naming_each_difference(tiny_run_dir, change, message):

@@ -32,8 +32,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--model-dir", required=True, help="run directory written by train.py")
     parser.add_argument(
         "--split",
-        default="validation",
-        help="validation or test (the config's split names), or any split name",
+        default=None,
+        help="validation (the default) or test (the config's split names), or any split name; not with --source",
     )
     parser.add_argument(
         "--beam", type=int, default=None, help="beam size (1 = greedy); default: eval.beam_size"
@@ -64,6 +64,11 @@ def main(argv: list[str] | None = None) -> int:
     cli.setup_logging(args.verbose)
     if (args.source is None) != (args.reference is None):
         raise cli.CliError("--source and --reference go together", exit_code=2)
+    if args.split is not None and args.source is not None:
+        raise cli.CliError(
+            f"--split {args.split} and --source are alternatives: evaluate a split of the run's dataset or a file",
+            exit_code=2,
+        )
     cli.check_search(args.beam, args.alpha)
     if args.max_sentences < 0:
         raise cli.CliError(f"--max-sentences must be >= 0, got {args.max_sentences}", exit_code=2)
@@ -97,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         record = evaluate_run_dir(
             args.model_dir,
-            split=args.split,
+            split=args.split or "validation",
             beam_size=args.beam,
             source_file=args.source,
             reference_file=args.reference,

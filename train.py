@@ -60,6 +60,16 @@ def check_resume_compatible(run_dir: RunDir, config) -> bool:
     return True
 
 
+def _why(path: Path, err: OSError) -> str:
+    """What is wrong with a run directory that cannot be created or locked, in words."""
+    if path.exists() and not path.is_dir():
+        return "it is a file, not a directory (give a directory: train.py creates it)"
+    for parent in path.parents:
+        if parent.exists() and not parent.is_dir():
+            return f"{parent} is a file, not a directory"
+    return err.strerror or str(err)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     logging.basicConfig(
@@ -118,7 +128,10 @@ def main(argv=None) -> int:
         print(f"train.py: {err}", file=sys.stderr)
         return 3
     except OSError as err:  # DIR is a file, under a file, on a read-only filesystem...
-        print(f"train.py: cannot use {run_dir.path} as the run directory: {err}", file=sys.stderr)
+        print(
+            f"train.py: cannot use {run_dir.path} as the run directory: {_why(run_dir.path, err)}",
+            file=sys.stderr,
+        )
         return 2
 
     written = resuming  # DIR has its config.yaml: if it goes, the directory was removed under this process

@@ -17,6 +17,7 @@ accepted, ignored and logged once (old run directories stay loadable).
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import logging
 import math
 import types
@@ -91,7 +92,16 @@ def resolve_config_path(name: str | Path, relative_to: Path | None = None) -> Pa
     for candidate in candidates:
         if candidate.is_file():
             return candidate
-    raise ConfigError(f"config file not found: {name} (looked in {', '.join(str(c) for c in candidates)})")
+    if name.is_dir():
+        raise ConfigError(f"config file {name} is a directory: give a YAML file (e.g. configs/base.yaml)")
+    known = sorted(path.stem for path in CONFIG_DIR.glob("*.yaml"))
+    close = difflib.get_close_matches(name.name.removesuffix(".yaml"), known, n=3)
+    hint = (
+        f"; did you mean {' or '.join(str(CONFIG_DIR / f'{stem}.yaml') for stem in close)}?" if close else ""
+    )
+    raise ConfigError(
+        f"config file not found: {name} (looked in {', '.join(str(c) for c in candidates)}){hint}"
+    )
 
 
 def _read_yaml(path: Path) -> dict:

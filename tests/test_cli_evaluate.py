@@ -159,6 +159,9 @@ def test_evaluate_refuses_empty_files_with_a_usage_error(tiny_run_dir, tmp_path)
         evaluate.main([*argv, "--output", str(tmp_path / "hyp.txt")])
     assert caught.value.exit_code == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["e0.de", "e0.en"]
+    with pytest.raises(CliError, match="--split test and --source are alternatives") as caught:
+        evaluate.main([*argv, "--split", "test"])  # was ignored: the file was evaluated, labelled by its name
+    assert caught.value.exit_code == 2
 
 
 def test_evaluate_refuses_an_unknown_split_with_a_usage_error(tiny_run_dir):

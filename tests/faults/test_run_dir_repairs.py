@@ -105,11 +105,15 @@ def test_a_new_run_whose_start_fails_is_undone(fault_config, tmp_path, capsys, e
 def test_an_unusable_model_dir_exits_2(fault_config, tmp_path, capsys):
     regular = tmp_path / "a-file"
     regular.write_text("not a directory\n")
-    for model_dir in (regular, regular / "below"):
+    for model_dir, why in (
+        (regular, "it is a file, not a directory"),
+        (regular / "below", f"{regular} is a file, not a directory"),
+    ):
         code = train_cli.main(["--config", str(fault_config), "--model-dir", str(model_dir)])
         stderr = capsys.readouterr().err
         assert code == 2, stderr[-3000:]
-        assert f"train.py: cannot use {model_dir} as the run directory" in stderr
+        assert f"train.py: cannot use {model_dir} as the run directory: {why}" in stderr
+        assert "Errno" not in stderr
     assert regular.read_text() == "not a directory\n"
     code = train_cli.main(["--config", str(fault_config), "--model-dir", ""])
     assert code == 2 and "--model-dir is empty" in capsys.readouterr().err

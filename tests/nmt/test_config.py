@@ -67,8 +67,15 @@ def test_errors_name_the_dotted_path(override, message):
 
 
 def test_missing_file_and_loop(tmp_path):
-    with pytest.raises(ConfigError, match="config file not found: nope.yaml"):
+    with pytest.raises(ConfigError, match="config file not found: nope.yaml") as raised:
         load_config("nope.yaml")
+    assert "did you mean" not in str(raised.value)
+    with pytest.raises(
+        ConfigError, match=r"config file not found: tyny\.yaml .*did you mean .*configs/tiny\.yaml\?"
+    ):
+        load_config("tyny.yaml")
+    with pytest.raises(ConfigError, match=f"config file {tmp_path} is a directory: give a YAML file"):
+        load_config(tmp_path)
     write(tmp_path / "a.yaml", "base: b.yaml\n")
     write(tmp_path / "b.yaml", "base: a.yaml\n")
     with pytest.raises(ConfigError, match="inheritance loop"):

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from nmt.text_io import LineWriter, one_line
-from nmt.validation import pairs_loss_dataset, perplexity, validation_loss
+from nmt.validation import cut_pairs, pairs_loss_dataset, perplexity, validation_loss
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +137,12 @@ def format_report(record: dict) -> str:
         f"  detail       {record['bleu_detail']}",
         f"chrF           {number('chrf')}   {record['chrf_signature']}",
         f"bleu_lc_tok    {number('bleu_lc_tok')}   lowercased 13a-tokenized BLEU, only to compare with papers",
-        f"loss           {number('loss', 4)} per target token, no label smoothing ({record.get('loss_tokens', 0)} tokens)",
+        f"loss           {number('loss', 4)} per target token, no label smoothing ({record.get('loss_tokens', 0)} tokens"
+        + (
+            f"; {record['loss_pairs_cut']} pairs cut to data.max_length - 1 pieces)"
+            if record.get("loss_pairs_cut")
+            else ")"
+        ),
         f"perplexity     {number('perplexity')}",
         f"decoding       {number('seconds', 1)} s, {number('sentences_per_sec', 1)} sentences/s",
     ]
@@ -216,10 +221,11 @@ def evaluate_run_dir(
       engine, engine_dir: "tensorflow", or "ctranslate2" with the export `engine_dir` (`CTranslate2Translator`):
         translations from the export, the loss from the run directory's TensorFlow weights (`_loss_model`).
     Returns:
-      The record of `evaluate`, plus `split`, `model_dir`, `weights` and `hypotheses` (the file written), and
+      The record of `evaluate`, plus `split`, `model_dir`, `weights` and `hypotheses` (the file written),
+      `loss_pairs_cut` with a loss (pairs whose loss saw only data.max_length - 1 pieces of a side), and
       `engine` (with ctranslate2: `engine_dir`, `compute_type`, `int8_saturates`, `loss_weights` or `loss_note`).
     """
-    from data.pipeline import make_eval_dataset
+    from data.pipeline import eval_batches, open_split
     from nmt.translator import Translator
 
     loss_model, extra = None, {"engine": engine}
@@ -266,9 +272,19 @@ def evaluate_run_dir(
     if not sources:
         raise EvaluationError(f"nothing to evaluate: {label} has no sentences")
     if split_name is not None and not max_sentences:
-        loss_dataset = make_eval_dataset(config.data, translator.tokenizer, split_name)
+        prepared = open_split(config.data, translator.tokenizer, split_name)
+        loss_dataset = eval_batches(config.data, prepared)
+        cut = cut_pairs(prepared.source_lengths, prepared.target_lengths, config.data.max_length)
     else:
         loss_dataset = pairs_loss_dataset(config.data, translator.tokenizer, sources, references)
+        cut = loss_dataset.cut
+    if cut:
+        log.warning(
+            "the loss is measured on %d pair(s) cut to data.max_length - 1 = %d pieces per side (translations "
+            "and BLEU are not cut there)",
+            cut,
+            config.data.max_length - 1,
+        )
     log.info("translating %d sentences of %s", len(sources), label)
     hypotheses, record = evaluate(
         translator,
@@ -284,6 +300,8 @@ def evaluate_run_dir(
     output = Path(output) if output else Path(model_dir) / f"hypotheses.{label}.txt"
     write_hypotheses(output, hypotheses)
     record.update(split=label, model_dir=str(model_dir), weights=translator.weights, hypotheses=str(output))
+    if "loss" in record:
+        record["loss_pairs_cut"] = cut
     record["alpha"] = translator.eval_config.alpha
     record["xla"] = translator.uses_xla(len(sources), record["beam"])
     record.update(extra)

@@ -50,12 +50,27 @@ def perplexity(loss: float) -> float:
     return math.exp(min(loss, 50.0))
 
 
-def pairs_loss_dataset(data_config, tokenizer, sources: Sequence[str], targets: Sequence[str]) -> list[dict]:
+def cut_pairs(source_lengths, target_lengths, max_length: int) -> int:
+    """How many pairs the loss batches cut: either side longer than `max_length - 1` pieces (before EOS/BOS)."""
+    import numpy as np
+
+    keep = max_length - 1
+    return int(((np.asarray(source_lengths) > keep) | (np.asarray(target_lengths) > keep)).sum())
+
+
+class LossBatches(list):
+    """The batches of `pairs_loss_dataset`, with `cut`: how many of its pairs were cut (`cut_pairs`)."""
+
+    cut: int = 0
+
+
+def pairs_loss_dataset(data_config, tokenizer, sources: Sequence[str], targets: Sequence[str]) -> LossBatches:
     """Validation-loss batches for in-memory pairs, with the conventions of `data.pipeline.make_eval_dataset`.
 
     source = pieces + [EOS], target_in = [BOS] + pieces, target_out = pieces + [EOS], each side cut to
     `max_length - 1` pieces first; pairs sorted by length, about `eval_batch_tokens` tokens per batch, PAD-padded
-    to the longest pair of the batch. Returns a list of `{"source", "target_in", "target_out"}` int32 arrays.
+    to the longest pair of the batch. Returns a list of `{"source", "target_in", "target_out"}` int32 arrays
+    (a `LossBatches`, which also says how many pairs were cut).
     """
     import numpy as np
     import tensorflow as tf
@@ -81,7 +96,10 @@ def pairs_loss_dataset(data_config, tokenizer, sources: Sequence[str], targets: 
             batch["target_out"][row, : len(target) + 1] = [*target, EOS_ID]
         return batch
 
-    batches, chunk = [], []
+    batches, chunk = LossBatches(), []
+    batches.cut = cut_pairs(
+        list(map(len, source_pieces)), list(map(len, target_pieces)), data_config.max_length
+    )
     for pair in pairs:  # shortest first: the pair being added is the longest of its batch
         if chunk and (len(chunk) + 1) * (max(map(len, pair)) + 1) > data_config.eval_batch_tokens:
             batches.append(padded(chunk))

@@ -70,6 +70,47 @@ def test_evaluate_run_dir_scores_a_lowercased_run_case_insensitively(tiny_run_di
     assert "LOWERCASED" in format_report(record)
 
 
+def test_the_loss_says_how_many_pairs_it_cut(tiny_run_dir, tmp_path, caplog):
+    """Pairs longer than data.max_length - 1 pieces are cut for the loss: counted from the tokenizer, on both the
+    split path and the file path, and said in the log and the report."""
+    import shutil
+
+    import tensorflow as tf
+    import yaml
+
+    from data.tokenizer import Tokenizer
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run_dir, run)
+    pairs = tiny_corpus()["test"]
+    tokenizer = Tokenizer.load(run / "tokenizer")
+    lengths = [
+        tokenizer.tokenize_source(tf.constant([s for s, _ in pairs])).row_lengths().numpy(),
+        tokenizer.tokenize_target(tf.constant([t for _, t in pairs])).row_lengths().numpy(),
+    ]
+    keep = int(np.median(np.maximum(*lengths)))  # about half the pairs are longer
+    expected = int(((lengths[0] > keep) | (lengths[1] > keep)).sum())
+    assert 0 < expected < len(pairs)
+    tree = yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8"))
+    tree["data"]["max_length"] = keep + 1
+    (run / "config.yaml").write_text(yaml.safe_dump(tree, sort_keys=False), encoding="utf-8")
+    caplog.set_level("WARNING", logger="nmt.evaluation")
+    record = evaluate_run_dir(run, split="test", beam_size=1)
+    assert record["loss_pairs_cut"] == expected
+    assert (
+        f"the loss is measured on {expected} pair(s) cut to data.max_length - 1 = {keep} pieces"
+        in caplog.text
+    )
+    assert f"{expected} pairs cut to data.max_length - 1 pieces" in format_report(record)
+    source, reference = tmp_path / "s.txt", tmp_path / "r.txt"
+    source.write_text("".join(s + "\n" for s, _ in pairs), encoding="utf-8")
+    reference.write_text("".join(t + "\n" for _, t in pairs), encoding="utf-8")
+    from_files = evaluate_run_dir(run, source_file=str(source), reference_file=str(reference), beam_size=1)
+    assert from_files["loss_pairs_cut"] == expected
+    assert from_files["loss"] == pytest.approx(record["loss"], rel=1e-4)
+    assert evaluate_run_dir(tiny_run_dir, split="test", beam_size=1, max_sentences=4)["loss_pairs_cut"] == 0
+
+
 def load_run(run_dir):
     """(config, tokenizer, model with the run's final weights)."""
     from data.tokenizer import Tokenizer

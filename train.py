@@ -187,7 +187,21 @@ def main(argv=None) -> int:
     finally:
         signal.signal(signal.SIGTERM, previous_term)
     print(f"train.py: {result.message}", file=sys.stderr)
+    if result.status in ("done", "early_stopped") and chief:
+        print(_outputs(run_dir), file=sys.stderr)
     return 0
+
+
+def _outputs(run_dir: RunDir) -> str:
+    """Where a finished run's results are, and the next command."""
+    kept = [f"final weights {run_dir.final_dir}"]
+    if run_dir.best_dir.is_dir():
+        kept.append(f"best-BLEU weights {run_dir.best_dir}")
+    kept += [f"metrics {run_dir.metrics_path}", f"TensorBoard {run_dir.tensorboard_dir}"]
+    return (
+        f"train.py: {'; '.join(kept)}\n"
+        f"train.py: next: python evaluate.py --model-dir {run_dir.path} --split test  (sacreBLEU, beam search)"
+    )
 
 
 def existing_entries(run_dir: RunDir) -> set[str] | None:

@@ -74,6 +74,9 @@ def test_run_resumed_after_stops_finishes_like_an_uninterrupted_one(interrupted_
     run_dir, stages = interrupted_run.result()
     finish = stages["finish"]
     assert finish.returncode == 0, finish.stderr[-3000:]
-    assert finish.stderr.strip().splitlines()[-1].startswith(f"train.py: finished at step {MAX_STEPS}: ")
+    *_, finished, outputs, next_command = finish.stderr.strip().splitlines()
+    assert finished.startswith(f"train.py: finished at step {MAX_STEPS}: ")
+    assert outputs.startswith(f"train.py: final weights {run_dir / 'final'}; ") and "metrics " in outputs
+    assert next_command.startswith(f"train.py: next: python evaluate.py --model-dir {run_dir} --split test")
     assert latest_step(run_dir) == MAX_STEPS
     assert_bit_identical(final_weights(run_dir), final_weights(reference_run.result()), "final weights")

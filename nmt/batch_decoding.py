@@ -193,7 +193,10 @@ class DecodingFunctions:
         def decode(source, limits, buffer=max_length):
             self.num_traces += 1
             log.debug(
-                "tracing the decoder: source %s, beam %d, max_length %s", source.shape, beam_size, buffer
+                "tracing the decoder: source %s, beam %d, max_length %s",
+                source.shape,
+                beam_size,
+                "given per call" if max_length is None else max_length,
             )
             return decode_batch(
                 model_ref(),

@@ -39,6 +39,19 @@ def test_scores_are_sacrebleu_scores():
         score_corpus(hyps[:2], refs)
 
 
+def copy_with_data(run_dir, copy, **data):
+    """A copy of a run directory whose config.yaml has these `data:` settings."""
+    import shutil
+
+    import yaml
+
+    shutil.copytree(run_dir, copy)
+    tree = yaml.safe_load((copy / "config.yaml").read_text(encoding="utf-8"))
+    tree["data"].update(data)
+    (copy / "config.yaml").write_text(yaml.safe_dump(tree, sort_keys=False), encoding="utf-8")
+    return copy
+
+
 def test_lowercase_scores_ignore_case_and_say_so():
     """A run trained on lowercased text (data.lowercase) is scored case-insensitively, with a signature that says it."""
     hyps = ["the cat sat on the mat.", "a dog barks loudly!"]
@@ -53,15 +66,7 @@ def test_lowercase_scores_ignore_case_and_say_so():
 
 def test_evaluate_run_dir_scores_a_lowercased_run_case_insensitively(tiny_run_dir, tmp_path):
     """The run's data.lowercase decides (the tiny run's tokenizer is cased: its hypotheses keep capitals here)."""
-    import shutil
-
-    import yaml
-
-    run = tmp_path / "run"
-    shutil.copytree(tiny_run_dir, run)
-    tree = yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8"))
-    tree["data"]["lowercase"] = True
-    (run / "config.yaml").write_text(yaml.safe_dump(tree, sort_keys=False), encoding="utf-8")
+    run = copy_with_data(tiny_run_dir, tmp_path / "run", lowercase=True)
     record = evaluate_run_dir(run, split="test", beam_size=1, max_sentences=8)
     hypotheses = (run / "hypotheses.test.txt").read_text(encoding="utf-8").splitlines()
     references = [t for _, t in tiny_corpus()["test"][:8]]
@@ -73,17 +78,12 @@ def test_evaluate_run_dir_scores_a_lowercased_run_case_insensitively(tiny_run_di
 def test_the_loss_says_how_many_pairs_it_cut(tiny_run_dir, tmp_path, caplog):
     """Pairs longer than data.max_length - 1 pieces are cut for the loss: counted from the tokenizer, on both the
     split path and the file path, and said in the log and the report."""
-    import shutil
-
     import tensorflow as tf
-    import yaml
 
     from data.tokenizer import Tokenizer
 
-    run = tmp_path / "run"
-    shutil.copytree(tiny_run_dir, run)
     pairs = tiny_corpus()["test"]
-    tokenizer = Tokenizer.load(run / "tokenizer")
+    tokenizer = Tokenizer.load(tiny_run_dir / "tokenizer")
     lengths = [
         tokenizer.tokenize_source(tf.constant([s for s, _ in pairs])).row_lengths().numpy(),
         tokenizer.tokenize_target(tf.constant([t for _, t in pairs])).row_lengths().numpy(),
@@ -91,9 +91,7 @@ def test_the_loss_says_how_many_pairs_it_cut(tiny_run_dir, tmp_path, caplog):
     keep = int(np.median(np.maximum(*lengths)))  # about half the pairs are longer
     expected = int(((lengths[0] > keep) | (lengths[1] > keep)).sum())
     assert 0 < expected < len(pairs)
-    tree = yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8"))
-    tree["data"]["max_length"] = keep + 1
-    (run / "config.yaml").write_text(yaml.safe_dump(tree, sort_keys=False), encoding="utf-8")
+    run = copy_with_data(tiny_run_dir, tmp_path / "run", max_length=keep + 1)
     caplog.set_level("WARNING", logger="nmt.evaluation")
     record = evaluate_run_dir(run, split="test", beam_size=1)
     assert record["loss_pairs_cut"] == expected

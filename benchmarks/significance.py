@@ -21,13 +21,15 @@ def paired_bootstrap(
     references: list[str],
     target_language: str = "",
     samples: int = BOOTSTRAP_SAMPLES,
+    lowercase: bool = False,
 ) -> dict:
     """sacreBLEU's paired bootstrap resampling (`sacrebleu.significance.PairedTest`, ``test_type="bs"``; its seed,
     ``SACREBLEU_SEED``, defaults to 12345) of `system` against `baseline`, BLEU with the signature of `score_corpus`.
 
     Returns `bleu_delta` (system - baseline), sacreBLEU's `p_value` (that a difference this large arises from the
     sentences sampled, not the systems), `ci95` (half-width of the system's 95% bootstrap interval), the number of
-    identical translations and a `verdict`. sacreBLEU gives identical systems a small p-value on purpose (a zero
+    identical translations and a `verdict`. `lowercase`: case-insensitive BLEU (that of `score_corpus`'s
+    `bleu_lc_tok`, and of a run trained with `data.lowercase`), e.g. to compare such a run with a cased one. sacreBLEU gives identical systems a small p-value on purpose (a zero
     difference is "not attributed to chance"), so identical outputs have the verdict "identical translations".
     """
     from sacrebleu.metrics import BLEU
@@ -37,7 +39,7 @@ def paired_bootstrap(
     tokenize = "zh" if target_language.lower().startswith("zh") else None
     test = PairedTest(
         [("baseline", list(baseline)), ("system", list(system))],
-        {"BLEU": BLEU(tokenize=tokenize)},
+        {"BLEU": BLEU(tokenize=tokenize, lowercase=lowercase)},
         references=[list(references)],
         test_type="bs",
         n_samples=samples,
@@ -63,6 +65,7 @@ def paired_bootstrap(
         "same_translations": same,
         "sentences": len(system),
         "samples": samples,
+        "lowercase": lowercase,
         "verdict": verdict,
     }
 
@@ -78,6 +81,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--references", required=True, help="references, line-aligned (.gz is read as gzip)")
     parser.add_argument("--target-language", default="", help="e.g. zh for sacreBLEU's Chinese tokenizer")
     parser.add_argument("--samples", type=int, default=BOOTSTRAP_SAMPLES, help="bootstrap resamples")
+    parser.add_argument(
+        "--lowercase",
+        action="store_true",
+        help="case-insensitive BLEU (evaluate.py's bleu_lc_tok), e.g. against a run trained with data.lowercase",
+    )
     args = parser.parse_args(argv)
     # gzip-aware, and splits on "\n" only, as the hypothesis files are written (not on other Unicode breaks)
     from data.errors import DataError
@@ -99,7 +107,12 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     result = paired_bootstrap(
-        texts["baseline"], texts["system"], texts["references"], args.target_language, args.samples
+        texts["baseline"],
+        texts["system"],
+        texts["references"],
+        args.target_language,
+        args.samples,
+        args.lowercase,
     )
     print(json.dumps({"baseline": args.baseline, "system": args.system, **result}))
     return 0

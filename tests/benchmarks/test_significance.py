@@ -33,6 +33,21 @@ def test_paired_bootstrap_reports_sacrebleus_bleu_difference_and_a_verdict():
     assert 0 < loss["p_value"] < 0.05 and loss["verdict"] == "significant loss" and loss["samples"] == 200
 
 
+def test_lowercase_bootstrap_ignores_case():
+    """With lowercase, a lowercased copy of the references ties them (the cased test calls it a loss)."""
+    import sacrebleu
+
+    from benchmarks.significance import paired_bootstrap
+
+    references = ["Ein Mann sieht den Hund.", "Die Katze mag das Haus.", "Eine Frau hat den Ball heute."] * 10
+    lowered = [line.lower() for line in references]
+    cased = paired_bootstrap(references, lowered, references, "de", samples=100)
+    assert cased["bleu_delta"] < -10 and not cased["lowercase"]
+    tied = paired_bootstrap(references, lowered, references, "de", samples=100, lowercase=True)
+    assert tied["bleu_delta"] == 0 and tied["lowercase"] and tied["verdict"] == "equal BLEU"
+    assert tied["bleu"] == round(sacrebleu.corpus_bleu(lowered, [references], lowercase=True).score, 2) == 100
+
+
 def test_different_translations_of_equal_bleu_are_neither_a_gain_nor_a_loss(capsys):
     """Each system right on the half the other gets wrong, with the same counts: BLEU equal to the last digit (a
     delta of 0 was called a "significant loss" whenever the bootstrap's p-value fell under 0.05)."""

@@ -54,6 +54,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     cli.add_xla_argument(parser)
     cli.add_streams_argument(parser)
     cli.add_engine_arguments(parser)
+    cli.add_ensemble_argument(parser)
     parser.add_argument("--json", action="store_true", help="print the result as one JSON line on stdout")
     parser.add_argument("--verbose", action="store_true", help="debug logging")
     return parser.parse_args(argv)
@@ -91,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
             )
     cli.check_output_file(args.output)
     cli.check_model_dir(args.model_dir)
+    cli.check_ensemble(args)
     cli.check_engine(args)
     cli.quiet_tensorflow()
     cli.decoding_kernels()
@@ -117,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
             warn=warnings,
             engine=args.engine,
             engine_dir=args.engine_dir,
+            ensemble=args.ensemble,
         )
     except (EvaluationError, ExportError) as err:
         raise cli.CliError(str(err), exit_code=2) from err

@@ -65,6 +65,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     cli.add_xla_argument(parser)
     cli.add_streams_argument(parser)
     cli.add_engine_arguments(parser)
+    cli.add_ensemble_argument(parser)
     parser.add_argument(
         "--plot-attention",
         metavar="FILE.svg",
@@ -105,6 +106,7 @@ def _check(args: argparse.Namespace) -> None:
         raise cli.CliError("--plot-attention needs --engine tensorflow", exit_code=2)
     if args.score is not None:
         _check_score(args)
+    cli.check_ensemble(args)
     cli.check_engine(args)
 
 
@@ -164,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
             xla=cli.xla_setting(args.xla),
             batch_size=args.batch_size,
             streams=args.streams,
+            ensemble=args.ensemble,
         )
     if args.alpha is not None:  # both engines read the length penalty from their eval_config
         translator.eval_config = dataclasses.replace(translator.eval_config, alpha=args.alpha)

@@ -182,6 +182,33 @@ def add_weights_argument(parser) -> None:
     )
 
 
+def add_ensemble_argument(parser) -> None:
+    """`--ensemble DIR [DIR ...]`: more run directories decoding with --model-dir's (`check_ensemble`)."""
+    parser.add_argument(
+        "--ensemble",
+        nargs="+",
+        default=[],
+        metavar="DIR",
+        help="more run directories whose models decode together with --model-dir's: the mean of their "
+        "probabilities at every step (the same --weights of each); every run must have --model-dir's tokenizer; "
+        "eval settings come from --model-dir",
+    )
+
+
+def check_ensemble(args) -> None:
+    """Usage errors (exit 2) of `--ensemble`, and its run directories checked, before TensorFlow."""
+    if not args.ensemble:
+        return
+    if args.engine != "tensorflow":
+        raise CliError(
+            "--ensemble needs --engine tensorflow (a CTranslate2 export holds one model)", exit_code=2
+        )
+    if getattr(args, "plot_attention", None):
+        raise CliError("--plot-attention shows one model's attention: not with --ensemble", exit_code=2)
+    for path in args.ensemble:
+        check_model_dir(path)
+
+
 def add_engine_arguments(parser) -> None:
     """`--engine tensorflow|ctranslate2` and `--engine-dir DIR` (a CTranslate2 export); see `check_engine`."""
     parser.add_argument(

@@ -146,6 +146,10 @@ def format_report(record: dict) -> str:
         f"perplexity     {number('perplexity')}",
         f"decoding       {number('seconds', 1)} s, {number('sentences_per_sec', 1)} sentences/s",
     ]
+    if record.get("ensemble"):
+        lines.insert(
+            1, f"ensemble       with {', '.join(record['ensemble'])} (the mean of the models' probabilities)"
+        )
     if record.get("engine") == "ctranslate2":
         loss_from = record.get("loss_weights") or record.get("loss_note", "")
         lines.append(
@@ -202,6 +206,7 @@ def evaluate_run_dir(
     streams: int | None = None,
     engine: str = "tensorflow",
     engine_dir: str | Path | None = None,
+    ensemble: Sequence[str | Path] = (),
 ) -> dict:
     """Evaluates a run directory on a split of its dataset, or on a source file and its reference file.
 
@@ -220,6 +225,8 @@ def evaluate_run_dir(
         the run's eval.streams.
       engine, engine_dir: "tensorflow", or "ctranslate2" with the export `engine_dir` (`CTranslate2Translator`):
         translations from the export, the loss from the run directory's TensorFlow weights (`_loss_model`).
+      ensemble: more run directories decoding with `model_dir`'s (`Translator.from_run_dir(ensemble=...)`): the
+        translations and the loss are the ensemble's.
     Returns:
       The record of `evaluate`, plus `split`, `model_dir`, `weights` and `hypotheses` (the file written),
       `loss_pairs_cut` with a loss (pairs whose loss saw only data.max_length - 1 pieces of a side), and
@@ -241,9 +248,11 @@ def evaluate_run_dir(
         extra.update(streams=translator.inter_threads, intra_threads=translator.intra_threads)
     else:
         translator = Translator.from_run_dir(
-            model_dir, weights=weights, xla=xla, batch_size=batch_size, streams=streams
+            model_dir, weights=weights, xla=xla, batch_size=batch_size, streams=streams, ensemble=ensemble
         )
         extra["streams"] = translator.num_streams()
+        if ensemble:
+            extra["ensemble"] = [str(path) for path in ensemble]
     config = translator.config
     if alpha is not None:
         translator.eval_config = dataclasses.replace(translator.eval_config, alpha=alpha)

@@ -237,3 +237,46 @@ def test_export_ctranslate2_then_evaluate_with_it(tiny_run_dir, tmp_path):
     assert record["sentences_per_sec"] > 0 and record["beam"] == 2 and record["xla"] is False
     # The loss is the run directory's TensorFlow weights' (those the export was made from), not the engine's.
     assert record["loss_weights"] == metadata["weights"] and 0 < record["loss"] < MAX_SENTENCE_NLL
+
+
+def test_evaluate_an_ensemble(tiny_run_dir, tmp_path, capsys):
+    """A run with itself as its ensemble: the same distribution at every step, so the same translations and loss;
+    the record and report name the ensemble. Its usage errors come before TensorFlow loads a model."""
+    sys.path.insert(0, str(ROOT))
+    import evaluate
+    from nmt.cli import CliError
+
+    argv = [
+        "--model-dir",
+        str(tiny_run_dir),
+        "--split",
+        "test",
+        "--beam",
+        "2",
+        "--max-sentences",
+        "12",
+        "--json",
+    ]
+    assert evaluate.main([*argv, "--output", str(tmp_path / "alone.txt")]) == 0
+    alone = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert (
+        evaluate.main([*argv, "--output", str(tmp_path / "both.txt"), "--ensemble", str(tiny_run_dir)]) == 0
+    )
+    captured = capsys.readouterr()
+    both = json.loads(captured.out.strip().splitlines()[-1])
+    assert both["ensemble"] == [str(tiny_run_dir)] and "ensemble " in captured.err
+    assert (tmp_path / "both.txt").read_text() == (tmp_path / "alone.txt").read_text()
+    assert both["bleu"] == alone["bleu"] and both["loss"] == pytest.approx(alone["loss"], rel=1e-4)
+    from nmt.run_dir import RunDirError
+
+    ct2 = ["--engine", "ctranslate2", "--engine-dir", str(tmp_path)]
+    with pytest.raises(CliError, match="--ensemble needs --engine tensorflow") as raised:
+        evaluate.main([*argv, *ct2, "--ensemble", str(tiny_run_dir)])
+    assert raised.value.exit_code == 2
+    with pytest.raises(RunDirError, match=f"model directory does not exist: {tmp_path / 'missing'}"):
+        evaluate.main([*argv, "--ensemble", str(tmp_path / "missing")])
+    import translate
+
+    plot = ["--plot-attention", str(tmp_path / "a.svg"), "--ensemble", str(tiny_run_dir)]
+    with pytest.raises(CliError, match="--plot-attention shows one model's attention: not with --ensemble"):
+        translate.main(["--model-dir", str(tiny_run_dir), *plot])

@@ -90,12 +90,13 @@ def full_step_fn(model, source, forbid=FORBIDDEN, prefix_only=False):
     Returns:
         ``step_fn(ids (N, max_length), index, cache) -> (logits (N, V) float32, cache)``.
     """
-    memory = model.encode(source)  # (B, S, d_model)
+    memory = model.encode(source)  # (B, S, d_model), or a nested structure of them (`transformer.ensemble`)
     source_mask = model.source_mask(source)  # (B, 1, 1, S)
 
     def step_fn(ids, index, cache):
-        repeats = tf.shape(ids)[0] // tf.shape(memory)[0]
-        tiled_memory, tiled_mask = tf.repeat(memory, repeats, axis=0), tf.repeat(source_mask, repeats, axis=0)
+        repeats = tf.shape(ids)[0] // tf.shape(source_mask)[0]
+        tiled_memory = tf.nest.map_structure(lambda x: tf.repeat(x, repeats, axis=0), memory)
+        tiled_mask = tf.repeat(source_mask, repeats, axis=0)
         if prefix_only:
             logits = model.decode_last(ids[:, : index + 1], tiled_memory, tiled_mask)  # (N, V)
         else:

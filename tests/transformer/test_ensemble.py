@@ -1,0 +1,104 @@
+"""`transformer.ensemble.Ensemble`: the mean of its members' probabilities, against NumPy, in every decoding path."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from nmt.batch_decoding import decode_batch
+from tests.transformer.model_configs import tiny_config
+from transformer.ensemble import Ensemble
+from transformer.model import build_model
+from transformer.vocab import BOS_ID, EOS_ID, PAD_ID
+
+VOCAB = 32
+SOURCE = tf.constant([[5, 9, 12, 7, EOS_ID], [6, 8, EOS_ID, PAD_ID, PAD_ID], [11, 4, 20, EOS_ID, PAD_ID]])
+
+
+def members(count=2, **overrides):
+    models = []
+    for seed in range(count):
+        keras.utils.set_random_seed(100 + seed)
+        config = tiny_config(d_model=16, num_heads=2, d_ff=32, max_length=16, **overrides)
+        models.append(build_model(config, VOCAB, VOCAB))
+    return models
+
+
+def numpy_log_mean_prob(logits_list) -> np.ndarray:
+    logits = np.stack([np.asarray(x, np.float64) for x in logits_list])
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    return np.log(probs.mean(0))
+
+
+def test_the_forward_pass_is_the_log_of_the_mean_probability():
+    models = members(3)
+    inputs = {
+        "source": SOURCE,
+        "target_in": tf.constant([[BOS_ID, 7, 9], [BOS_ID, 5, PAD_ID], [BOS_ID, 4, 4]]),
+    }
+    expected = numpy_log_mean_prob([m(inputs).numpy() for m in models])
+    np.testing.assert_allclose(Ensemble(models)(inputs).numpy(), expected, atol=2e-5)
+
+
+def numpy_greedy(models, source_row, steps):
+    """Greedy search by full forward passes over the prefix, each member's probabilities averaged in float64,
+    PAD and BOS never produced (as the step adapters forbid them)."""
+    source = tf.constant([source_row])
+    prefix = [BOS_ID]
+    for _ in range(steps):
+        last = [m({"source": source, "target_in": tf.constant([prefix])}).numpy()[0, -1] for m in models]
+        scores = numpy_log_mean_prob(last)
+        scores[[PAD_ID, BOS_ID]] = -np.inf
+        prefix.append(int(scores.argmax()))
+        if prefix[-1] == EOS_ID:
+            break
+    return prefix[1:]
+
+
+@pytest.mark.parametrize(
+    "options",
+    [dict(use_cache=True), dict(use_cache=True, static_shapes=True), dict(use_cache=False)],
+    ids=["growing-cache", "static-cache", "no-cache"],
+)
+def test_greedy_decoding_follows_the_averaged_distribution(options):
+    models = members(2)
+    steps = 6
+    limits = tf.fill([SOURCE.shape[0]], steps)
+    ids, _ = decode_batch(Ensemble(models), SOURCE, limits, max_length=steps + 1, beam_size=1, **options)
+    for row, source_row in enumerate(SOURCE.numpy().tolist()):
+        got = [t for t in ids[row, 0].numpy().tolist() if t != PAD_ID]
+        expected = numpy_greedy(models, source_row, steps)
+        assert got[: len(expected)] == expected, (row, got, expected)
+    single = [decode_batch(m, SOURCE, limits, max_length=steps + 1, beam_size=1)[0].numpy() for m in models]
+    assert not all((ids.numpy() == s).all() for s in single), "the ensemble decodes like one of its members"
+
+
+def test_an_ensemble_of_one_model_decodes_as_the_model():
+    (model,) = members(1)
+    limits = tf.fill([SOURCE.shape[0]], 8)
+    alone = decode_batch(model, SOURCE, limits, max_length=10, beam_size=3, alpha=0.6)
+    ensemble = decode_batch(Ensemble([model]), SOURCE, limits, max_length=10, beam_size=3, alpha=0.6)
+    np.testing.assert_array_equal(ensemble[0].numpy(), alone[0].numpy())
+    np.testing.assert_allclose(ensemble[1].numpy(), alone[1].numpy(), atol=1e-5)
+
+
+def test_beam_search_cached_and_full_paths_agree():
+    ensemble = Ensemble(members(2))
+    limits = tf.fill([SOURCE.shape[0]], 8)
+    cached = decode_batch(ensemble, SOURCE, limits, max_length=10, beam_size=3, alpha=1.0)
+    full = decode_batch(ensemble, SOURCE, limits, max_length=10, beam_size=3, alpha=1.0, use_cache=False)
+    np.testing.assert_array_equal(cached[0].numpy(), full[0].numpy())
+    np.testing.assert_allclose(cached[1].numpy(), full[1].numpy(), atol=1e-4)
+
+
+def test_members_must_share_the_vocabularies():
+    keras.utils.set_random_seed(1)
+    config = tiny_config(d_model=16, num_heads=2, d_ff=32, max_length=16, share_embeddings=False)
+    other = build_model(config, VOCAB, VOCAB + 8)
+    with pytest.raises(ValueError, match="different vocabulary sizes"):
+        Ensemble([*members(1), other])
+    with pytest.raises(ValueError, match="at least one model"):
+        Ensemble([])
+    with pytest.raises(ValueError, match="inference only"):
+        Ensemble(members(1))({"source": SOURCE, "target_in": SOURCE}, training=True)

@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
             warn=warnings,
             engine=args.engine,
             engine_dir=args.engine_dir,
-            ensemble=args.ensemble,
+            ensemble=tuple(args.ensemble),
         )
     except (EvaluationError, ExportError) as err:
         raise cli.CliError(str(err), exit_code=2) from err

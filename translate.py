@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
             xla=cli.xla_setting(args.xla),
             batch_size=args.batch_size,
             streams=args.streams,
-            ensemble=args.ensemble,
+            ensemble=tuple(args.ensemble),
         )
     if args.alpha is not None:  # both engines read the length penalty from their eval_config
         translator.eval_config = dataclasses.replace(translator.eval_config, alpha=args.alpha)

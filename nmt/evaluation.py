@@ -248,7 +248,12 @@ def evaluate_run_dir(
         extra.update(streams=translator.inter_threads, intra_threads=translator.intra_threads)
     else:
         translator = Translator.from_run_dir(
-            model_dir, weights=weights, xla=xla, batch_size=batch_size, streams=streams, ensemble=ensemble
+            model_dir,
+            weights=weights,
+            xla=xla,
+            batch_size=batch_size,
+            streams=streams,
+            ensemble=tuple(ensemble),
         )
         extra["streams"] = translator.num_streams()
         if ensemble:

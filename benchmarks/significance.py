@@ -46,7 +46,8 @@ def paired_bootstrap(
     )
     _, scores = test()
     base, result = scores["BLEU"]
-    same = sum(a == b for a, b in zip(baseline, system))
+    fold = str.lower if lowercase else str  # what BLEU compares
+    same = sum(fold(a) == fold(b) for a, b in zip(baseline, system))
     delta = result.score - base.score
     if same == len(system):
         verdict = "identical translations"

@@ -44,7 +44,8 @@ def test_lowercase_bootstrap_ignores_case():
     cased = paired_bootstrap(references, lowered, references, "de", samples=100)
     assert cased["bleu_delta"] < -10 and not cased["lowercase"]
     tied = paired_bootstrap(references, lowered, references, "de", samples=100, lowercase=True)
-    assert tied["bleu_delta"] == 0 and tied["lowercase"] and tied["verdict"] == "equal BLEU"
+    assert tied["bleu_delta"] == 0 and tied["lowercase"] and tied["verdict"] == "identical translations"
+    assert cased["same_translations"] == 0 and tied["same_translations"] == len(references)
     assert tied["bleu"] == round(sacrebleu.corpus_bleu(lowered, [references], lowercase=True).score, 2) == 100
 
 

@@ -236,6 +236,8 @@ def evaluate_run_dir(
     from nmt.translator import Translator
 
     loss_model, extra = None, {"engine": engine}
+    if ensemble and engine != "tensorflow":
+        raise EvaluationError(f"an ensemble decodes with the tensorflow engine, not {engine}")
     if engine == "ctranslate2":
         from nmt.ctranslate2_engine import CTranslate2Translator
 

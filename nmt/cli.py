@@ -205,8 +205,18 @@ def check_ensemble(args) -> None:
         )
     if getattr(args, "plot_attention", None):
         raise CliError("--plot-attention shows one model's attention: not with --ensemble", exit_code=2)
+    tokenizer = _tokenizer_files(check_model_dir(args.model_dir))
     for path in args.ensemble:
-        check_model_dir(path)
+        if _tokenizer_files(check_model_dir(path)) != tokenizer:
+            raise CliError(
+                f"--ensemble {path} has another tokenizer than --model-dir {args.model_dir}: the runs of an ensemble "
+                "share one (train them with the same data settings, or fine-tune one with train.init_from)",
+                exit_code=2,
+            )
+
+
+def _tokenizer_files(run_dir) -> dict[str, bytes]:
+    return {path.name: path.read_bytes() for path in run_dir.tokenizer_dir.glob("*.model")}
 
 
 def add_engine_arguments(parser) -> None:

@@ -275,6 +275,17 @@ def test_evaluate_an_ensemble(tiny_run_dir, tmp_path, capsys):
     assert raised.value.exit_code == 2
     with pytest.raises(RunDirError, match=f"model directory does not exist: {tmp_path / 'missing'}"):
         evaluate.main([*argv, "--ensemble", str(tmp_path / "missing")])
+    import shutil
+
+    other = tmp_path / "other"
+    shutil.copytree(tiny_run_dir, other)
+    (model_file,) = (other / "tokenizer").glob("*.model")
+    model_file.write_bytes(model_file.read_bytes() + b" ")  # not loaded: compared before TensorFlow starts
+    with pytest.raises(
+        CliError, match=f"--ensemble {other} has another tokenizer than --model-dir"
+    ) as raised:
+        evaluate.main([*argv, "--ensemble", str(other)])
+    assert raised.value.exit_code == 2
     import translate
 
     plot = ["--plot-attention", str(tmp_path / "a.svg"), "--ensemble", str(tiny_run_dir)]

@@ -237,5 +237,7 @@ def test_evaluate_refuses_an_unknown_split(tiny_run_dir):
 
 
 def test_an_ensemble_needs_the_tensorflow_engine(tiny_run_dir, tmp_path):
-    with pytest.raises(EvaluationError, match="an ensemble decodes with the tensorflow engine, not ctranslate2"):
+    with pytest.raises(
+        EvaluationError, match="an ensemble decodes with the tensorflow engine, not ctranslate2"
+    ):
         evaluate_run_dir(tiny_run_dir, engine="ctranslate2", engine_dir=tmp_path, ensemble=[tiny_run_dir])

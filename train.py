@@ -15,6 +15,7 @@ import argparse
 import contextlib
 import logging
 import os
+import shlex
 import signal
 import sys
 from pathlib import Path
@@ -67,7 +68,7 @@ def _why(path: Path, err: OSError) -> str:
     for parent in path.parents:
         if parent.exists() and not parent.is_dir():
             return f"{parent} is a file, not a directory"
-    return err.strerror or str(err)
+    return f"{err.strerror}: {err.filename}" if err.strerror and err.filename else str(err)
 
 
 def main(argv=None) -> int:
@@ -200,7 +201,8 @@ def _outputs(run_dir: RunDir) -> str:
     kept += [f"metrics {run_dir.metrics_path}", f"TensorBoard {run_dir.tensorboard_dir}"]
     return (
         f"train.py: {'; '.join(kept)}\n"
-        f"train.py: next: python evaluate.py --model-dir {run_dir.path} --split test  (sacreBLEU, beam search)"
+        f"train.py: next: python evaluate.py --model-dir {shlex.quote(str(run_dir.path))} --split test  "
+        "(sacreBLEU, beam search)"
     )
 
 

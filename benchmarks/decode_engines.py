@@ -140,6 +140,7 @@ def measure_ctranslate2(
     # the engine waits for beam x patience finished hypotheses only when alpha != 0; else CTranslate2's early exit
     patience = None if beam == 1 else (translator.patience if alpha else 1.0)
     language = translator.config.data.target if translator.config is not None else ""
+    lowercase = translator.config is not None and translator.config.data.lowercase
     record = {
         "bench": "decode",
         "row": row_name("ctranslate2", translator.compute_type, beam, patience=patience),
@@ -162,7 +163,7 @@ def measure_ctranslate2(
         "latency_sentences": len(latencies),
         "peak_memory_mb": rounded(peak_mb),
         "peak_memory_method": method,
-        "bleu": bleu(hypotheses, references, language),
+        "bleu": bleu(hypotheses, references, language, lowercase),
         "batch_size": translator.batch_size,
         "threads": len(os.sched_getaffinity(0)),  # the CPUs of this process
     }
@@ -249,7 +250,9 @@ def bench_decode_engines(
             }
         )
         if against is not None:
-            test = paired_bootstrap(against[1], hypotheses, references, language, bootstrap_samples)
+            test = paired_bootstrap(
+                against[1], hypotheses, references, language, bootstrap_samples, config.data.lowercase
+            )
             record["paired_bootstrap"] = {"against": against[0]["row"], **test}
         measured.append((record, hypotheses))
         records.append(emit(record))

@@ -70,11 +70,14 @@ def test_set(config, sentences: int = 0) -> tuple[list[str], list[str]]:
     return [s for s, _ in pairs], [t for _, t in pairs]
 
 
-def bleu(hypotheses: list[str], references: list[str], target_language: str = "") -> float:
-    """Corpus BLEU (sacreBLEU, the signature `evaluate.py` reports), rounded to 2 digits."""
+def bleu(
+    hypotheses: list[str], references: list[str], target_language: str = "", lowercase: bool = False
+) -> float:
+    """Corpus BLEU (sacreBLEU, the signature `evaluate.py` reports; case-insensitive for a `data.lowercase` run),
+    rounded to 2 digits."""
     from nmt.evaluation import score_corpus
 
-    return round(score_corpus(hypotheses, references, target_language)["bleu"], 2)
+    return round(score_corpus(hypotheses, references, target_language, lowercase)["bleu"], 2)
 
 
 def row_name(engine: str, compute_type: str, beam: int, *, xla: bool = False, patience=None) -> str:
@@ -163,6 +166,7 @@ def measure_tensorflow(
     seconds, tokens = timing["seconds"], timing["tokens"]
     latencies = _latencies(translator, lines[:latency_sentences], beam) if use_cache else []
     language = translator.config.data.target if translator.config is not None else ""
+    lowercase = translator.config is not None and translator.config.data.lowercase
     xla = translator.uses_xla(len(lines), beam)
     record = {
         "bench": "decode",
@@ -188,7 +192,9 @@ def measure_tensorflow(
         "latency_sentences": len(latencies),
         "peak_memory_mb": rounded(timing["peak_memory_mb"]),
         "peak_memory_method": timing["peak_memory_method"],
-        "bleu": bleu(timing["hypotheses"], references, language) if references is not None else None,
+        "bleu": bleu(timing["hypotheses"], references, language, lowercase)
+        if references is not None
+        else None,
         "precision": "float32",
         "onednn": onednn_enabled(),  # bench.py without train rows decodes like the CLIs: Eigen kernels
         "batch_size": translator.batch_size,

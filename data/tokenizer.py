@@ -20,12 +20,9 @@ ids in the padding (never produced by the tokenizer, maybe by a model) are dropp
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import io
 import logging
-import os
-import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -38,6 +35,7 @@ import tensorflow as tf
 from common.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from data.config import DataConfig
 from data.errors import DataError
+from data.native_stderr import IDENTITY_NOTICE, without_lines
 
 if TYPE_CHECKING:
     import tensorflow_text as tf_text
@@ -95,36 +93,13 @@ class _SharedSentencepieceModel(tf.saved_model.experimental.TrackableResource):
         return gen_sentencepiece_tokenizer.sentencepiece_op(model=self._model, shared_name=self._shared_name)
 
 
-@contextlib.contextmanager
-def _without_identity_notice():
-    """TF Text's SentencePiece writes "precompiled_charsmap is empty. use identity normalization." to stderr
-    (file descriptor 2, from C++) for each model of the project's identity normalization: that line is held back,
-    everything else written to stderr meanwhile is passed on when the block ends."""
-    try:
-        sys.stderr.flush()
-        saved = os.dup(2)
-    except (OSError, ValueError):  # no file descriptor 2
-        yield
-        return
-    with tempfile.TemporaryFile() as captured:
-        os.dup2(captured.fileno(), 2)
-        try:
-            yield
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-            captured.seek(0)
-            lines = captured.read().splitlines(keepends=True)
-            kept = b"".join(line for line in lines if b"precompiled_charsmap is empty" not in line)
-            if kept:
-                os.write(2, kept)
-
-
 def _sentencepiece(model: bytes) -> tf_text.SentencepieceTokenizer:
     import tensorflow_text as tf_text  # here: its import takes 0.3-1 s; training reads prepared ids
 
-    tokenizer = tf_text.SentencepieceTokenizer(model=model, out_type=tf.int32)
-    tokenizer._model_resource = _SharedSentencepieceModel(model)  # see _SharedSentencepieceModel
+    # SentencePiece's notice about identity normalization, printed once per resource created
+    with without_lines(IDENTITY_NOTICE):
+        tokenizer = tf_text.SentencepieceTokenizer(model=model, out_type=tf.int32)
+        tokenizer._model_resource = _SharedSentencepieceModel(model)  # see _SharedSentencepieceModel
     return tokenizer
 
 
@@ -164,7 +139,7 @@ class Tokenizer(tf.Module):
         """(source, target) TF Text tokenizers (the same one twice if joint), built once, outside any tf.function."""
         if self._source is None:
             # init_scope: the resources are created eagerly even on a first call while tracing a tf.function
-            with _BUILDING, tf.init_scope(), _without_identity_notice():
+            with _BUILDING, tf.init_scope():
                 if self._source is None:
                     source_model, target_model = self._models
                     source = _sentencepiece(source_model)

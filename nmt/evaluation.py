@@ -4,7 +4,7 @@ Quality protocol (DESIGN.md): BLEU and chrF from sacreBLEU on detokenized, cased
 references, with the signature. `bleu_lc_tok` is a second, clearly labelled BLEU on lowercased text with the 13a
 tokenizer, only for comparison with papers that report lowercased tokenized BLEU; never mix the two. A run trained
 on lowercased text (`data.lowercase`) writes lowercase, so its BLEU and chrF are scored case-insensitively (the
-signature says `c:lc`, the record `lowercase: true`); its BLEU then equals `bleu_lc_tok`.
+signature says `case:lc`, the record `lowercase: true`); its BLEU then equals `bleu_lc_tok`.
 
 The hypotheses file holds exactly the strings that were scored (one per line, `text_io.one_line`), so
 `sacrebleu.corpus_bleu(open(hyp).read().splitlines(), [references])` reproduces `bleu`.
@@ -294,10 +294,10 @@ def evaluate_run_dir(
     else:
         loss_dataset = pairs_loss_dataset(config.data, translator.tokenizer, sources, references)
         cut = loss_dataset.cut
-    if cut:
+    if cut and (loss_model if engine == "ctranslate2" else translator.model) is not None:
         log.warning(
-            "the loss is measured on %d pair(s) cut to data.max_length - 1 = %d pieces per side (translations "
-            "and BLEU are not cut there)",
+            "%d pair(s) are cut to data.max_length - 1 = %d pieces per side for the loss (translations and BLEU "
+            "are not cut there)",
             cut,
             config.data.max_length - 1,
         )

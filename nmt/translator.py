@@ -55,25 +55,6 @@ __all__ = [
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def _load_run(path: str | Path, weights: str):
-    """(config, tokenizer, model with the chosen weights, their name) of a run directory; RunDirError if missing,
-    mismatched or corrupt."""
-    from data.tokenizer import Tokenizer
-    from nmt.final_weights import load_run_weights
-    from nmt.run_dir import CANDIDATES, RunDir
-    from transformer.model import build_model
-
-    run_dir = RunDir(path).require()
-    config = run_dir.load_config()
-    if weights not in CANDIDATES:
-        run_dir.weights_prefix(weights)  # RunDirError before the tokenizer and model are loaded
-    tokenizer = Tokenizer.load(run_dir.tokenizer_dir)
-    model = build_model(config.model, tokenizer.source_vocab_size, tokenizer.target_vocab_size)
-    loaded = load_run_weights(model, run_dir, weights, config.train)
-    log.info("loaded %s (weights %s)", run_dir.path, loaded)
-    return config, tokenizer, model, loaded
-
-
 class _Inline:
     """`ThreadPoolExecutor`'s `map` in the calling thread, for a single stream."""
 
@@ -186,25 +167,11 @@ class Translator:
         candidate for final/ made again (average, ema; `nmt.final_weights.load_run_weights`).
 
         `ensemble`: more run directories, whose models (the same `weights` of each) decode together with this
-        one's as a `transformer.ensemble.Ensemble`; each must have this run's tokenizer (the same model bytes).
-        The eval settings and data come from `path`'s config; `weights` then lists every run's."""
-        from nmt.run_dir import RunDirError
+        one's as a `transformer.ensemble.Ensemble` (`nmt.run_models.load_run_models`). The eval settings and data
+        come from `path`'s config; `weights` then lists every run's."""
+        from nmt.run_models import load_run_models
 
-        config, tokenizer, model, loaded = _load_run(path, weights)
-        if ensemble:
-            from transformer.ensemble import Ensemble
-
-            models = [model]
-            for other in ensemble:
-                other_config, other_tokenizer, other_model, other_loaded = _load_run(other, weights)
-                if other_tokenizer.fingerprint != tokenizer.fingerprint:
-                    raise RunDirError(
-                        f"{other} has another tokenizer than {path}: the runs of an ensemble share one (train "
-                        "them with the same data settings and seed, or fine-tune one with train.init_from)"
-                    )
-                models.append(other_model)
-                loaded = f"{loaded} + {other_loaded}"
-            model = Ensemble(models)
+        config, tokenizer, model, loaded = load_run_models(path, weights, ensemble)
         translator = cls(model, tokenizer, config.eval, max_source_length=config.model.max_length, **kwargs)
         translator.config = config
         translator.weights = loaded

@@ -96,7 +96,7 @@ def test_the_loss_says_how_many_pairs_it_cut(tiny_run_dir, tmp_path, caplog):
     record = evaluate_run_dir(run, split="test", beam_size=1)
     assert record["loss_pairs_cut"] == expected
     assert (
-        f"the loss is measured on {expected} pair(s) cut to data.max_length - 1 = {keep} pieces"
+        f"{expected} pair(s) are cut to data.max_length - 1 = {keep} pieces per side for the loss"
         in caplog.text
     )
     assert f"{expected} pairs cut to data.max_length - 1 pieces" in format_report(record)

@@ -394,3 +394,21 @@ def test_an_ensemble_needs_one_tokenizer(tiny_run_dir, tmp_path):
     model_file.write_bytes(proto.SerializeToString())
     with pytest.raises(RunDirError, match=f"{other} has another tokenizer than {tiny_run_dir}"):
         Translator.from_run_dir(tiny_run_dir, ensemble=[other])
+
+
+def test_an_ensemble_run_with_a_shorter_position_table_is_refused(tiny_run_dir, tmp_path):
+    import shutil
+
+    import yaml
+
+    from nmt.run_dir import RunDirError
+
+    other = tmp_path / "other"
+    shutil.copytree(tiny_run_dir, other)
+    tree = yaml.safe_load((other / "config.yaml").read_text(encoding="utf-8"))
+    data_max = tree["data"]["max_length"]
+    tree["model"]["max_length"] = data_max - 1
+    tree["data"]["max_length"] = data_max - 1
+    (other / "config.yaml").write_text(yaml.safe_dump(tree, sort_keys=False), encoding="utf-8")
+    with pytest.raises(RunDirError, match=f"shorter than {tiny_run_dir}'s data.max_length \\({data_max}\\)"):
+        Translator.from_run_dir(tiny_run_dir, ensemble=[other])

@@ -102,3 +102,20 @@ def test_members_must_share_the_vocabularies():
         Ensemble([])
     with pytest.raises(ValueError, match="inference only"):
         Ensemble(members(1))({"source": SOURCE, "target_in": SOURCE}, training=True)
+
+
+def test_xla_decoding_of_an_ensemble_gives_the_same_ids():
+    """The static-shape form under `jit_compile`, as the translator's XLA path runs it."""
+    ensemble = Ensemble(members(2))
+    limits = tf.fill([SOURCE.shape[0]], 6)
+    for beam in (1, 3):
+        eager = decode_batch(ensemble, SOURCE, limits, max_length=8, beam_size=beam, static_shapes=True)
+        compiled = tf.function(
+            lambda beam=beam: decode_batch(
+                ensemble, SOURCE, limits, max_length=8, beam_size=beam, static_shapes=True
+            ),
+            jit_compile=True,
+            autograph=False,
+        )()
+        np.testing.assert_array_equal(compiled[0].numpy(), eager[0].numpy())
+        np.testing.assert_allclose(compiled[1].numpy(), eager[1].numpy(), atol=1e-5)

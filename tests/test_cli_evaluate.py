@@ -246,17 +246,7 @@ def test_evaluate_an_ensemble(tiny_run_dir, tmp_path, capsys):
     import evaluate
     from nmt.cli import CliError
 
-    argv = [
-        "--model-dir",
-        str(tiny_run_dir),
-        "--split",
-        "test",
-        "--beam",
-        "2",
-        "--max-sentences",
-        "12",
-        "--json",
-    ]
+    argv = ["--model-dir", str(tiny_run_dir), *"--split test --beam 2 --max-sentences 12 --json".split()]
     assert evaluate.main([*argv, "--output", str(tmp_path / "alone.txt")]) == 0
     alone = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert (

@@ -287,8 +287,7 @@ class Trainer(TrainerEvaluation):
         planned = self.plan.total_steps  # 0 until a time budget's plan is fixed (then the bar's total)
         self.progress = bar = tqdm(
             total=(max(planned, cfg.max_steps) if self.step >= planned else planned) or None, initial=self.step, unit="step", dynamic_ncols=True, mininterval=2.0, desc="train",
-            smoothing=0,  # the speed (so the ETA) of the whole process, evaluations and saves included
-            disable=not self.chief,
+            smoothing=0, disable=not self.chief,  # smoothing 0: the speed (so the ETA) of the whole process
         )  # fmt: skip
         status, message = "", ""
         # tokens/s over the training steps since the last logged one: evaluations and checkpoint saves are not in

@@ -5,10 +5,10 @@
     log_probs = ensemble({"source": source, "target_in": target_in})   # (B, T, V): log of the mean probability
 
 Each member encodes the source itself and keeps its own key/value cache; at each step the members' next-token
-distributions are averaged in probability space, ``log(mean_i softmax(logits_i))`` (fairseq's `EnsembleModel`,
-Marian's and OpenNMT-py's ensembles do the same). What the ensemble returns as "logits" are those
-log-probabilities: a log-softmax over them leaves them unchanged, so the searches, the loss and forced-decoding
-scores read them as a model's logits. Tokens a search forbids (`transformer.step_fns`: PAD, BOS) are forbidden
+distributions are averaged in probability space, ``log(mean_i softmax(logits_i))`` (fairseq's `EnsembleModel`;
+averaging log-probabilities, a geometric mean, is the other common choice). What the ensemble returns as "logits"
+are those log-probabilities: a log-softmax over them leaves them unchanged, so the searches, the loss and
+forced-decoding scores read them as a model's logits. Tokens a search forbids (`transformer.step_fns`: PAD, BOS) are forbidden
 on the mean, as fairseq does, in the cached step as in the full pass. An ensemble of one model gives that model's
 log-softmax: the same translations and scores.
 """

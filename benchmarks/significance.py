@@ -28,9 +28,10 @@ def paired_bootstrap(
 
     Returns `bleu_delta` (system - baseline), sacreBLEU's `p_value` (that a difference this large arises from the
     sentences sampled, not the systems), `ci95` (half-width of the system's 95% bootstrap interval), the number of
-    identical translations and a `verdict`. `lowercase`: case-insensitive BLEU (that of `score_corpus`'s
-    `bleu_lc_tok`, and of a run trained with `data.lowercase`), e.g. to compare such a run with a cased one. sacreBLEU gives identical systems a small p-value on purpose (a zero
+    identical translations and a `verdict`. sacreBLEU gives identical systems a small p-value on purpose (a zero
     difference is "not attributed to chance"), so identical outputs have the verdict "identical translations".
+    `lowercase`: case-insensitive BLEU (that of `score_corpus`'s `bleu_lc_tok`, and of a run trained with
+    `data.lowercase`), e.g. to compare such a run with a cased one; identical then means up to case.
     """
     from sacrebleu.metrics import BLEU
     from sacrebleu.significance import PairedTest

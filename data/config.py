@@ -46,10 +46,9 @@ class DataConfig:
         default=8000, metadata=value_range(min=MIN_VOCAB_SIZE, why=_VOCAB_WHY)
     )  # SentencePiece vocabulary size (padded up to a multiple of 8 in the model)
     joint_vocab: bool = True  # one vocabulary for source and target (needed for shared embeddings)
-    lowercase: bool = (
-        False  # the tokenizer lowercases both sides (its SentencePiece normalization), as papers
-    )
-    # that train on lowercased Multi30k do; the model then writes lowercase and BLEU is scored case-insensitively
+    # The tokenizer lowercases both sides (its SentencePiece normalization), as papers that train on lowercased
+    # Multi30k do; the model then writes lowercase, and its BLEU is scored case-insensitively.
+    lowercase: bool = False
     tokenizer_max_sentences: int = field(
         default=1_000_000, metadata=_AT_LEAST_1
     )  # at most this many sentences sampled to train SentencePiece

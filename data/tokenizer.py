@@ -20,6 +20,7 @@ ids in the padding (never produced by the tokenizer, maybe by a model) are dropp
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import logging
@@ -279,6 +280,7 @@ def _sample_sentences(cfg: DataConfig, seed: int) -> tuple[list[str], list[str]]
     return first, second
 
 
+@functools.cache  # 1.1M code points scanned: once per process
 def lowercase_rules() -> str:
     """SentencePiece normalization rules (TSV of hex code points) that lowercase: every character whose
     `str.lower()` is one other character, the rest unchanged. `str.lower`, not case folding: German ß stays ß,

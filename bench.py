@@ -9,8 +9,9 @@
 Records: {"bench": "train"} per precision x XLA (and per --train-batch-tokens x --train-bucket-steps value: the
 batch-shape sweep) (our TrainStep vs a stock-Keras reference of the same size, tokens/s, ratio, MFU, the matmul-only
 lower bound and overhead ratio), {"bench": "train_ema"} (the cost of `train.ema_decay` per step: our step with and
-without the EMA, the main job's precision), {"bench": "decode"} per search x cache x XLA, then per search in CTranslate2
-(float32, int8, patiences) and TensorFlow int8, with BLEU, speed-ups and paired bootstraps, and
+without the EMA, the main job's precision), {"bench": "decode"} per search x cache x XLA, {"bench": "decode_ensemble"}
+per search (the cost of `--ensemble`: the model twice over against it alone), then {"bench": "decode"} per search in
+CTranslate2 (float32, int8, patiences) and TensorFlow int8, with BLEU, speed-ups and paired bootstraps, and
 {"bench": "decode_targets"} (benchmarks/decode_engines.py), {"bench": "attention"} per variant x length,
 {"bench": "input"}, {"bench": "input_scale"} per synthetic corpus size (preparation pairs/s, cache size, first
 batch cold/warm, peak RSS), {"bench": "refusal"} (train.py refusing a run directory in use), and last
@@ -84,6 +85,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--decode-xla", type=_list(_switch), help="XLA settings for decode (default: --xla)")
     parser.add_argument("--beams", type=_list(int), help="beam sizes, 1 = greedy (default 1,4)")
     parser.add_argument(
+        "--decode-ensemble",
+        type=int,
+        help="members of the ensemble rows: the model repeated, against it alone (default 2; 0 = none)",
+    )
+    parser.add_argument(
         "--decode-engines",
         type=_list(str),
         help="decode rows beside TensorFlow float32: ctranslate2,tensorflow_int8 (default both; '' = none)",
@@ -109,7 +115,7 @@ def options_from_args(args):
 
     names = ("config", "run_dir", "tokenizer_dir", "precisions", "xla", "train_batches", "train_shapes",
              "train_rounds", "ema_decay", "train_batch_tokens", "train_bucket_steps", "decode_all", "decode_sentences",
-             "decode_xla", "beams", "decode_engines", "ct2_patience", "ct2_dir", "attention_lengths",
+             "decode_xla", "decode_ensemble", "beams", "decode_engines", "ct2_patience", "ct2_dir", "attention_lengths",
              "memory_budget_mb", "chunk_size", "window", "input_scale_pairs", "only")  # fmt: skip
     changes = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
     changes["overrides"] = args.overrides

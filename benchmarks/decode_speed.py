@@ -214,13 +214,16 @@ def bench_decode(
     caches=(True, False),
     xla_settings=(False, True),
     latency_sentences: int = 50,
+    ensemble: int = 2,
 ) -> list[dict]:
-    """Emits one `{"bench": "decode", ...}` record per (search, cache, XLA) setting; returns them.
+    """Emits one `{"bench": "decode", ...}` record per (search, cache, XLA) setting, then the ensemble rows; returns
+    them.
 
     Args:
       sentences: test sentences for the cached settings (0 = all).
       no_cache_sentences: test sentences for the no-cache settings (0 = as many as the cached ones).
       latency_sentences: sentences translated one by one for the latency percentiles (cached settings; 0 = none).
+      ensemble: members of the ensemble rows (`ensemble_rows`; 0 = none).
     """
     from nmt.translator import Translator
 
@@ -232,6 +235,7 @@ def bench_decode(
     }
     records = []
     kept = context.results.setdefault("decode", [])
+    cached = []  # (record, hypotheses) of this call's cached rows
     for xla in xla_settings:
         translator = Translator(
             model, tokenizer, config.eval, max_source_length=config.model.max_length, xla=xla
@@ -252,4 +256,52 @@ def bench_decode(
                 records.append(emit({**record, **described}))
                 if use_cache:
                     kept.append((records[-1], hypotheses))
+                    cached.append((records[-1], hypotheses))
+    if ensemble:
+        records += ensemble_rows(
+            model, tokenizer, config, lines, references, cached, emit, ensemble, described
+        )
+    return records
+
+
+def ensemble_rows(
+    model, tokenizer, config, lines, references, cached, emit, members, described
+) -> list[dict]:
+    """`translate.py --ensemble`'s cost: the model `members` times over as one `transformer.ensemble.Ensemble`, per
+    beam, cached, without XLA, on the sentences of the cached rows.
+
+    Members that are the same model cost what distinct ones of its size cost (each encodes the source and keeps its
+    own cache; the mean is taken at every step), and the mean of equal distributions is that distribution, so the
+    translations are the single model's but for rounding. Each row gives `tokens_per_sec_ratio` and
+    `seconds_ratio` against the single model's row of the same search (same run), and `same_hypotheses`, the
+    fraction of translations equal to that row's: a check that the ensemble decodes the model as it is.
+    """
+    from nmt.translator import Translator
+    from transformer.ensemble import Ensemble
+
+    singles = {r["beam_size"]: (r, h) for r, h in cached if not r["xla"]}
+    if not singles:
+        log.info(
+            "decode bench: no ensemble rows (they compare with the cached rows without XLA, and none ran)"
+        )
+    translator = Translator(
+        Ensemble([model] * members),
+        tokenizer,
+        config.eval,
+        max_source_length=config.model.max_length,
+        xla=False,
+    )
+    translator.config = config
+    records = []
+    for beam, (single, single_hypotheses) in singles.items():
+        record, hypotheses = measure_tensorflow(translator, lines, references, beam, latency_sentences=0)
+        record.update(
+            bench="decode_ensemble",
+            row=f"{record['row']} ensemble of {members}",
+            ensemble=members,
+            tokens_per_sec_ratio=rounded(record["tokens_per_sec"] / single["tokens_per_sec"], 3),
+            seconds_ratio=rounded(record["seconds"] / single["seconds"], 3),
+            same_hypotheses=round(sum(a == b for a, b in zip(hypotheses, single_hypotheses)) / len(lines), 4),
+        )
+        records.append(emit({**record, **described}))
     return records

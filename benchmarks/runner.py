@@ -55,6 +55,7 @@ class BenchOptions:
     decode_sentences: int = 16  # test sentences for the no-cache settings (quadratic; 100 took 8 of 34 min)
     beams: tuple[int, ...] = (1, 4)
     decode_xla: tuple[bool, ...] | None = None  # XLA settings of decode (None: as `xla`, without fusible)
+    decode_ensemble: int = 2  # members of the ensemble rows (the model repeated; 0 = none)
     # decode rows of the same model in other engines (benchmarks.decode_engines; the smoke has none): engines,
     # CTranslate2 beam patiences (alpha != 0; the engine's default is 2), CTranslate2 exports (reused for the same
     # checkpoint) and every row's hypotheses
@@ -150,6 +151,8 @@ def check_options(options: BenchOptions) -> None:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(options, name)}")
     if options.decode_all < 0:
         raise ValueError(f"--decode-all must be >= 0 (0 = all), got {options.decode_all}")
+    if options.decode_ensemble < 0 or options.decode_ensemble == 1:
+        raise ValueError(f"--decode-ensemble must be 0 (none) or at least 2, got {options.decode_ensemble}")
     for name in ("beams", "attention_lengths"):
         if any(value < 1 for value in getattr(options, name)):
             raise ValueError(
@@ -229,7 +232,11 @@ def run_benchmarks(options: BenchOptions, emit=None, config=None) -> list[dict]:
                         xla_settings=options.decode_xla_settings,
                     )
                     records += bench_decode(
-                        context, emit, no_cache_sentences=options.decode_sentences, **shared
+                        context,
+                        emit,
+                        no_cache_sentences=options.decode_sentences,
+                        ensemble=options.decode_ensemble,
+                        **shared,
                     )
                     if options.decode_engines:  # the same model in CTranslate2 and TensorFlow int8
                         from benchmarks.decode_engines import bench_decode_engines

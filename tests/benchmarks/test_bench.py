@@ -141,6 +141,15 @@ def test_quick_benchmarks_emit_json_lines_with_the_required_fields(tiny):
         assert isinstance(r["sentences_per_sec"], NUMBER) and isinstance(r["tokens_per_sec"], NUMBER)
         assert r["trained"] is False and r["xla"] is False and r["traces_in_timed_run"] == 0
     assert {r["cache"]: r["sentences"] for r in decode} == {True: 6, False: 2}
+    # The model twice over as an ensemble, against it alone
+    (ensemble,) = [r for r in lines if r["bench"] == "decode_ensemble"]
+    (single,) = [r for r in decode if r["cache"]]
+    assert ensemble["ensemble"] == 2 and ensemble["sentences"] == 6 and ensemble["search"] == "greedy"
+    assert ensemble["row"] == single["row"] + " ensemble of 2" and ensemble["traces_in_timed_run"] == 0
+    assert ensemble["tokens_per_sec_ratio"] == pytest.approx(
+        ensemble["tokens_per_sec"] / single["tokens_per_sec"], rel=0.01
+    )
+    assert ensemble["same_hypotheses"] >= 5 / 6  # the mean of equal distributions is the distribution
 
     attention = {(r["variant"], r["length"]): r for r in by_bench["attention"]}
     assert set(attention) == {(v, n) for v in ("full", "chunked", "local") for n in (64, 128)}

@@ -21,6 +21,7 @@ def test_bench_cli_rejects_unknown_benchmark(capsys):
         (["--train-shapes", "0"], "--train-shapes must be at least 1, got 0"),
         (["--train-rounds", "0"], "--train-rounds must be at least 1, got 0"),
         (["--decode-all", "-3"], "--decode-all must be >= 0 (0 = all), got -3"),
+        (["--decode-ensemble", "1"], "--decode-ensemble must be 0 (none) or at least 2, got 1"),
         (["--decode-sentences", "-1"], "--decode-sentences must be at least 1, got -1"),
         (["--attention-lengths", "0"], "--attention-lengths must all be at least 1"),
         (["--run-dir", "/nonexistent/run"], "--run-dir /nonexistent/run: not a run directory"),

@@ -184,7 +184,8 @@ def train_subprocess(config_path: Path, run_dir: Path, overrides: list[str], log
 
 
 def train_inprocess(config_path: Path, run_dir: Path, overrides: list[str], log_path: Path) -> int:
-    """`nmt.trainer.Trainer` in this process, as train.py drives it; returns 0, or 1 on a training error."""
+    """`nmt.trainer.Trainer` in this process, as train.py drives it; returns 0, or 1 on a training error. The outcome
+    is appended to `log_path`, as the subprocess launcher appends its output (a resumed run keeps the first line)."""
     from nmt.config import load_config
     from nmt.run_dir import RunDir, RunLock, write_atomic
     from nmt.trainer import Trainer, TrainingError
@@ -197,13 +198,18 @@ def train_inprocess(config_path: Path, run_dir: Path, overrides: list[str], log_
             trainer = Trainer(config, run)
             trainer.setup()
             result = trainer.train()
-        log_path.write_text(f"{result.status}: {result.message}\n", encoding="utf-8")
+        _append(log_path, f"{result.status}: {result.message}\n")
         return 0
     except TrainingError as err:
-        log_path.write_text(f"training failed: {err}\n", encoding="utf-8")
+        _append(log_path, f"training failed: {err}\n")
         return 1
     finally:
         keras.mixed_precision.set_global_policy("float32")
+
+
+def _append(path: Path, text: str) -> None:
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write(text)
 
 
 LAUNCHERS = {"subprocess": train_subprocess, "inprocess": train_inprocess}

@@ -7,6 +7,7 @@
     python translate.py --model-dir runs/base --engine ctranslate2 --engine-dir runs/base/ct2 < input.en
     python translate.py --model-dir runs/base --input input.en --plot-attention attention.svg   # heat maps, 1st line
     python translate.py --model-dir runs/base --input input.en --score given.de   # "log-probability<TAB>tokens"
+    python translate.py --model-dir runs/base --input mono.de --sampling-topk 10 --seed 1   # back-translation
 
 Input is read as bytes: invalid UTF-8 is replaced (U+FFFD) and NUL bytes removed, each with a warning naming the
 line on stderr. Empty lines give empty lines without reaching the model; lines longer than the model's position
@@ -22,6 +23,10 @@ decoding, `nmt/scoring.py`): each output line is `log-probability<TAB>tokens`, t
 translation's pieces and EOS given its source line and their count (mean per token: their ratio). A translation
 longer than the position table gets `nan`, with a warning; files of different lengths are refused before the
 model loads (exit 2), or, from a pipe, once one ends (exit 1). Search and decoding options do not apply (exit 2).
+--sampling-topk K draws each token from the K most likely (0: the whole vocabulary; then --sampling-topp P, the
+nucleus, and --sampling-temperature T) instead of searching, as back-translation at scale does (Edunov et al.,
+2018); line i of the input draws its random numbers from (--seed, i), so the output depends on neither batching,
+streams, XLA nor chunks. Not with a beam, --nbest, --score, --plot-attention or --engine ctranslate2 (exit 2).
 --engine ctranslate2 decodes with a CTranslate2 export (export.py --format ctranslate2) under the same contract;
 the tokenizer and the eval settings come from --model-dir (see nmt/ctranslate2_engine.py for how its beam search
 differs); --weights is refused there (the export holds the weights it was made from: export.py --weights).
@@ -77,8 +82,66 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="score these translations (one per input line) instead of translating: 'log-probability<TAB>tokens' "
         "per line (natural log, the pieces and EOS)",
     )
+    parser.add_argument(
+        "--sampling-topk",
+        type=int,
+        default=1,
+        metavar="K",
+        help="sample each token from the K most likely instead of searching (0: the whole vocabulary; "
+        "default 1: no sampling); needs a beam of 1",
+    )
+    parser.add_argument(
+        "--sampling-topp",
+        type=float,
+        metavar="P",
+        help="with --sampling-topk: then from the smallest set of those reaching probability P (default 1.0)",
+    )
+    parser.add_argument(
+        "--sampling-temperature",
+        type=float,
+        metavar="T",
+        help="with --sampling-topk: log-probabilities divided by T first (default 1.0)",
+    )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        help="with --sampling-topk: the random seed (default 0); line i draws from (seed, i)",
+    )
     parser.add_argument("--verbose", action="store_true", help="debug logging")
     return parser.parse_args(argv)
+
+
+def _sampling(args: argparse.Namespace):
+    """The `transformer.sampling.Sampling` of --sampling-*, None without sampling; CliError (exit 2) on a bad one."""
+    extra = [name for name, value in (("--sampling-topp", args.sampling_topp), ("--seed", args.seed),
+             ("--sampling-temperature", args.sampling_temperature)) if value is not None]  # fmt: skip
+    if args.sampling_topk == 1:
+        if extra:
+            verb = "applies" if len(extra) == 1 else "apply"
+            raise cli.CliError(
+                f"{', '.join(extra)} {verb} to sampling: give --sampling-topk K (0: the whole vocabulary)",
+                exit_code=2,
+            )
+        return None
+    unsupported = [name for name, given in (("--beam", args.beam not in (None, 1)), ("--nbest", args.nbest != 1),
+                   ("--score", args.score is not None), ("--plot-attention", bool(args.plot_attention)),
+                   ("--engine ctranslate2", args.engine != "tensorflow")) if given]  # fmt: skip
+    if unsupported:
+        raise cli.CliError(
+            f"--sampling-topk draws one translation per line: not with {', '.join(unsupported)}", 2
+        )
+    from common.sampling import Sampling
+
+    try:
+        return Sampling(
+            topk=args.sampling_topk,
+            topp=1.0 if args.sampling_topp is None else args.sampling_topp,
+            temperature=1.0 if args.sampling_temperature is None else args.sampling_temperature,
+            seed=args.seed or 0,
+        )
+    except ValueError as err:
+        message = str(err).replace("sampling seed", "seed").replace("sampling ", "sampling-", 1)
+        raise cli.CliError(f"--{message}", exit_code=2) from None
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -104,6 +167,7 @@ def _check(args: argparse.Namespace) -> None:
             raise cli.CliError(f"--plot-attention: {err}", exit_code=2) from err
     if args.plot_attention and args.engine != "tensorflow":
         raise cli.CliError("--plot-attention needs --engine tensorflow", exit_code=2)
+    args.sampling = _sampling(args)
     if args.score is not None:
         _check_score(args)
     cli.check_ensemble(args)
@@ -171,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.alpha is not None:  # both engines read the length penalty from their eval_config
         translator.eval_config = dataclasses.replace(translator.eval_config, alpha=args.alpha)
     beam = translator.eval_config.beam_size if args.beam is None else args.beam
+    beam = 1 if args.sampling is not None else beam
     if args.nbest > beam:
         raise cli.CliError(f"--nbest {args.nbest} exceeds the beam size {beam} (set --beam)", exit_code=2)
 
@@ -208,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         beam_size=beam,
         use_cache=not args.no_cache,
         nbest=args.nbest,
+        **({"sampling": args.sampling} if args.sampling is not None else {}),  # the TensorFlow engine's
     )
     with logging_redirect_tqdm(), LineWriter(args.output) as writer:
         bar = tqdm(total=total, unit="line", desc="translating", disable=not args.input, file=sys.stderr)

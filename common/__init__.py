@@ -1,5 +1,6 @@
 """Leaf modules shared by every package (`transformer`, `data`, `nmt`); they import none of them.
 
 - `common.special_ids`: the special token ids (PAD, UNK, BOS, EOS).
+- `common.sampling`: sampling settings for decoding (top-k, top-p, temperature, seed), checked.
 - `common.config_tree`: YAML config files with inheritance, `--set` overrides and strict typed dataclass building.
 """

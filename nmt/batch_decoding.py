@@ -21,6 +21,7 @@ import numpy as np
 import tensorflow as tf
 
 from transformer.decoding import beam_search, greedy_search
+from transformer.sampling import Sampling, picker
 from transformer.step_fns import cached_decoding, full_step_fn
 from transformer.vocab import BOS_ID, EOS_ID
 
@@ -100,6 +101,8 @@ def decode_batch(
     use_cache: bool = True,
     search: str = "auto",
     static_shapes: bool = False,
+    sampling: Sampling | None = None,
+    row_ids=None,
 ):
     """Decodes one padded batch.
 
@@ -116,6 +119,9 @@ def decode_batch(
         decoded until the whole batch is done; without the cache this re-runs the decoder over the whole output
         buffer each step instead of over the prefix. False (with the cache): the self K/V grow with the prefix
         and finished sentences are dropped from the batch (`COMPACT`); same results.
+      sampling: draw each token (`transformer.sampling.Sampling`) instead of greedy or beam search; `row_ids`
+        (B,) int32 key each sentence's random numbers (default: its row), so that a sentence's sample does not
+        depend on its batch.
 
     Returns:
       (ids (B, K, max_length) int32 without BOS, PAD after EOS; scores (B, K) float32), K = 1 for greedy search
@@ -138,6 +144,11 @@ def decode_batch(
     state = {"inner": inner, "limit": tf.cast(limits, tf.int32)}
     step_fn = limit_lengths(step_fn)
     common = dict(max_length=max_length, eos_id=EOS_ID, bos_id=BOS_ID, **options)
+    if sampling is not None:
+        if beam_size != 1 or search == "beam":
+            raise ValueError(f"sampling draws one token at a time: beam_size must be 1, got {beam_size}")
+        rows = tf.range(batch_size) if row_ids is None else row_ids
+        common["pick"] = picker(sampling, rows)
     if search == "greedy" or (search == "auto" and beam_size == 1):
         ids, scores = greedy_search(step_fn, state, batch_size=batch_size, **common)
         return ids[:, tf.newaxis, :], scores[:, tf.newaxis]
@@ -176,21 +187,30 @@ class DecodingFunctions:
         self._lock = threading.Lock()
 
     def get(
-        self, model, beam_size: int, use_cache: bool, alpha: float, max_length: int | None, xla: bool
+        self,
+        model,
+        beam_size: int,
+        use_cache: bool,
+        alpha: float,
+        max_length: int | None,
+        xla: bool,
+        sampling: Sampling | None = None,
     ) -> Callable:
         """`decode_batch` of one search setting as a tf.function: `f(source, limits)` for the output buffer
         `max_length` under XLA (one per length edge); without XLA `f(source, limits, max_length)` (`max_length`
-        None here) for every buffer size."""
-        key = (beam_size, use_cache, alpha, max_length, xla)
+        None here) for every buffer size. With `sampling`, a last argument `row_ids` (B,) int32."""
+        key = (beam_size, use_cache, alpha, max_length, sampling, xla)
         with self._lock:
             if key not in self.functions:
                 self.functions[key] = self._build(weakref.ref(model), *key)
             return self.functions[key]
 
-    def _build(self, model_ref, beam_size, use_cache, alpha, max_length, xla) -> Callable:
+    def _build(self, model_ref, beam_size, use_cache, alpha, max_length, sampling, xla) -> Callable:
         # model_ref: a weak reference, so that the cache does not keep the model (its key) alive
 
-        def decode(source, limits, buffer=max_length):
+        def decode(source, limits, *rest):
+            buffer = max_length if xla else rest[0]
+            row_ids = rest[-1] if sampling is not None else None
             self.num_traces += 1
             log.debug(
                 "tracing the decoder: source %s, beam %d, max_length %s",
@@ -207,6 +227,8 @@ class DecodingFunctions:
                 alpha=alpha,
                 use_cache=use_cache,
                 static_shapes=xla,
+                sampling=sampling,
+                row_ids=row_ids,
             )
 
         # autograph=False: the searches build their own tf.while_loop; converting the model's Python code only
@@ -217,7 +239,7 @@ class DecodingFunctions:
             tf.TensorSpec([None, None], tf.int32),
             tf.TensorSpec([None], tf.int32),
             tf.TensorSpec([], tf.int32),
-        ]
+        ] + ([tf.TensorSpec([None], tf.int32)] if sampling is not None else [])
         return tf.function(decode, input_signature=spec, autograph=False)  # dynamic shapes: one trace
 
 

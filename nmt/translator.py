@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
+from common.sampling import Sampling
 from nmt.batch_decoding import decode_batch, decoding_functions, limit_lengths, output_limits, source_ids
 from nmt.validation import validation_loss
 from transformer.vocab import BOS_ID, EOS_ID, PAD_ID
@@ -194,6 +195,8 @@ class Translator:
         nbest: int = 1,
         progress: bool = False,
         on_truncated: Callable[[int, int], None] | None = None,
+        sampling: Sampling | None = None,
+        first_line: int = 0,
     ) -> list:
         """Translates `lines` (in order). Blank lines give "" (nbest > 1: []) without reaching the model.
 
@@ -204,7 +207,14 @@ class Translator:
             (needs N <= beam_size; scores are the length-normalised log-probabilities of the beam search).
           progress: a tqdm progress bar over batches on stderr.
           on_truncated: called as `on_truncated(index, num_subwords)` for each line longer than the model allows.
+          sampling: draw each token (`transformer.sampling.Sampling`: top-k, top-p, temperature, seed) instead of
+            searching; needs beam_size 1. Line `i` draws its random numbers by `first_line + i`, so its sample does
+            not depend on the batching, the streams, XLA or the other lines.
         """
+        if sampling is not None:
+            beam_size = 1 if beam_size is None else beam_size
+            if beam_size != 1:
+                raise ValueError(f"sampling draws one token at a time: beam_size must be 1, got {beam_size}")
         beam_size = self.eval_config.beam_size if beam_size is None else beam_size
         lines = list(lines)
         results: list = ["" if nbest == 1 else [] for _ in lines]
@@ -217,7 +227,10 @@ class Translator:
         streams = min(self.num_streams(), len(batches))
 
         def decode(batch):
-            return self._translate_batch([sources[i] for i in batch], beam_size, use_cache, nbest, xla)
+            rows = [first_line + i for i in batch]
+            return self._translate_batch(
+                [sources[i] for i in batch], beam_size, use_cache, nbest, xla, sampling, rows
+            )
 
         pool = ThreadPoolExecutor(streams, thread_name_prefix="decode") if streams > 1 else _Inline()
         try:
@@ -290,15 +303,23 @@ class Translator:
                 def callback(index, length, _start=start):
                     on_truncated(_start + index, length)
 
-            yield from self.translate(chunk, on_truncated=callback, **kwargs)
+            yield from self.translate(chunk, on_truncated=callback, first_line=start, **kwargs)
             start += len(chunk)
 
     # ------------------------------------------------------------------------------------------------------------
     def _translate_batch(
-        self, sources: list[list[int]], beam_size: int, use_cache: bool, nbest: int, xla: bool
+        self,
+        sources: list[list[int]],
+        beam_size: int,
+        use_cache: bool,
+        nbest: int,
+        xla: bool,
+        sampling: Sampling | None = None,
+        rows: list[int] | None = None,
     ) -> list:
         count = len(sources)
-        ids, scores = self._decode(sources, beam_size, use_cache, xla)  # (count, K, max_length), (count, K)
+        # (count, K, max_length), (count, K)
+        ids, scores = self._decode(sources, beam_size, use_cache, xla, sampling, rows)
         texts = self.tokenizer.detokenize_target(tf.reshape(ids[:, :nbest], [count * nbest, -1])).numpy()
         texts = [text.decode("utf-8", errors="replace") for text in texts]
         if nbest == 1:
@@ -307,9 +328,16 @@ class Translator:
         return [list(zip(texts[i * nbest : (i + 1) * nbest], scores[i])) for i in range(count)]
 
     def _decode(
-        self, sources: list[list[int]], beam_size: int, use_cache: bool, xla: bool
+        self,
+        sources: list[list[int]],
+        beam_size: int,
+        use_cache: bool,
+        xla: bool,
+        sampling: Sampling | None = None,
+        rows: list[int] | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Source pieces (truncated, without EOS) -> (ids (N, K, max_length), scores (N, K)) as NumPy arrays."""
+        """Source pieces (truncated, without EOS) -> (ids (N, K, max_length), scores (N, K)) as NumPy arrays;
+        `rows`: each sentence's number for `sampling`'s random numbers."""
         cfg = self.eval_config
         count = len(sources)
         # XLA compiles one program per shape: pad the batch too. Without XLA the batch dimension is dynamic.
@@ -326,9 +354,13 @@ class Translator:
             source[row, len(ids)] = EOS_ID
             limits[row] = output_limits(len(ids), cfg.max_length_a, cfg.max_length_b, max_length)
         function = self._decoders.get(
-            self.model, beam_size, use_cache, float(cfg.alpha), max_length if xla else None, xla
+            self.model, beam_size, use_cache, float(cfg.alpha), max_length if xla else None, xla, sampling
         )
         inputs = (source, limits) if xla else (source, limits, np.int32(max_length))
+        if sampling is not None:
+            row_ids = np.zeros((padded_batch,), dtype=np.int32)  # filler rows: any number
+            row_ids[:count] = range(count) if rows is None else [row & 0x7FFFFFFF for row in rows]
+            inputs += (row_ids,)
         ids, scores = function(*(tf.constant(x) for x in inputs))
         return ids.numpy()[:count], scores.numpy()[:count]
 

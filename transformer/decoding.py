@@ -58,8 +58,9 @@ def greedy_search(
     memory=None,
     compact=None,
     static_shapes=True,
+    pick=None,
 ):
-    """Pick the most likely token at every step until EOS (or ``max_steps``).
+    """Pick the most likely token at every step until EOS (or ``max_steps``), or the token ``pick`` draws.
 
     Args:
         step_fn: ``(ids (B, max_length), index, cache) -> (logits (B, V), new_cache)``, see the module docstring.
@@ -74,6 +75,9 @@ def greedy_search(
         compact: None, or drop finished rows after a step where at least this fraction of the running rows
             finished (needs ``memory`` for per-sentence state and ``static_shapes=False``).
         static_shapes: False lets the cache change shape between steps (and the batch shrink, with ``compact``).
+        pick: None (the most likely token), or ``pick(log_probs (M, V), step, rows (M,)) -> tokens (M,) int32``
+            with ``rows`` each row's index in the batch of ``B`` (they stay the same when ``compact`` drops rows),
+            e.g. `transformer.sampling.picker`.
 
     Returns:
         ``(ids, scores)``: ids int32 ``(B, max_length)`` without BOS, ``PAD`` after the first EOS (and after the last
@@ -97,7 +101,11 @@ def greedy_search(
         t, finished = s["t"], s["finished"]
         logits, cache = call(s["seq"][:, :max_length], t, s["cache"], s["memory"])
         log_probs = tf.nn.log_softmax(tf.cast(logits, tf.float32), axis=-1)  # (M, V)
-        token = tf.argmax(log_probs, axis=-1, output_type=tf.int32)  # (M,)
+        if pick is None:
+            token = tf.argmax(log_probs, axis=-1, output_type=tf.int32)  # (M,)
+        else:
+            rows = s["original"] if compact is not None else tf.range(tf.shape(log_probs)[0])
+            token = pick(log_probs, t, rows)
         token_log_prob = tf.gather(log_probs, token, axis=1, batch_dims=1)  # (M,)
         token = tf.where(finished, PAD_ID, token)
         new = dict(s, t=t + 1, cache=cache)

@@ -4,8 +4,9 @@ The rules (README, Layout):
 - the product (common/, transformer/, data/, nmt/ and the train/evaluate/translate/export entry points) never
   imports `benchmarks` nor the `bench.py` / `ablate.py` faces: the benchmarks measure the product from outside;
 - `common/` imports nothing of ours but itself;
-- `transformer/` knows no files or configs: of ours it imports only itself and `common.special_ids` (not nmt/,
-  data/, nor the config tree), and no file or config library (yaml, json, pathlib, ...) nor the `open` builtin;
+- `transformer/` knows no files or configs: of ours it imports only itself, `common.special_ids` and
+  `common.sampling` (not nmt/, data/, nor the config tree), and no file or config library (yaml, json, pathlib,
+  ...) nor the `open` builtin;
 - `data/` imports nothing from nmt/ or transformer/ (it may use `common`).
 Imports inside functions, under `TYPE_CHECKING`, relative imports and `importlib.import_module("...")` /
 `__import__("...")` with a literal name all count.
@@ -23,7 +24,7 @@ PACKAGES = ("common", "transformer", "data", "nmt")
 # What each part of the product may import of ours (dotted-name prefixes); anything else of ours is a violation.
 ALLOWED = {
     "common": ("common",),
-    "transformer": ("transformer", "common.special_ids"),
+    "transformer": ("transformer", "common.special_ids", "common.sampling"),
     "data": ("data", "common"),
     "nmt": ("nmt", "data", "transformer", "common"),
     "entry point": ("nmt", "data", "transformer", "common"),

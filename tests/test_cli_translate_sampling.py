@@ -1,0 +1,64 @@
+"""translate.py --sampling-topk/--sampling-topp/--sampling-temperature/--seed, run as subprocesses."""
+
+import pytest
+
+from tests.run_fixture import salads, shared_tiny_run_dir
+from tests.test_cli_translate import cli
+
+
+@pytest.fixture(scope="session")
+def tiny_run_dir(tmp_path_factory, request):
+    return shared_tiny_run_dir(tmp_path_factory, getattr(request.config, "cache", None))
+
+
+def test_sampled_translations_are_the_apis_and_reproducible(tiny_run_dir, tmp_path):
+    """The CLI, reading chunks of 3 lines, writes what `Translator.translate` samples for the whole list in this
+    process (line i keyed by i in both); the same seed again gives the same file, another seed another."""
+    from common.sampling import Sampling
+    from nmt.translator import Translator
+
+    lines = salads(12, seed=3)
+    source = tmp_path / "salads.txt"
+    source.write_text("\n".join(lines) + "\n")
+    sampling = Sampling(topk=5, topp=0.9, temperature=1.5, seed=11)
+    expected = Translator.from_run_dir(tiny_run_dir, xla=False).translate(lines, sampling=sampling)
+
+    def run(seed, name):
+        output = tmp_path / name
+        done = cli(
+            "translate.py", "--model-dir", tiny_run_dir, "--input", source, "--output", output, "--xla", "off",
+            "--chunk-size", 3, "--sampling-topk", 5, "--sampling-topp", 0.9, "--sampling-temperature", 1.5,
+            "--seed", seed,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr.decode()[-2000:]
+        return output.read_text().splitlines()
+
+    first = run(11, "a.txt")
+    assert first == expected and len(first) == len(lines)
+    assert run(11, "b.txt") == first
+    assert run(12, "c.txt") != first
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--seed", "3"], "--seed applies to sampling: give --sampling-topk K"),
+        (["--sampling-topp", "0.9"], "--sampling-topp applies to sampling"),
+        (["--sampling-topk", "4", "--beam", "4"], "not with --beam"),
+        (["--sampling-topk", "4", "--nbest", "2"], "not with --nbest"),
+        (["--sampling-topk", "0", "--score", "x.txt"], "not with --score"),
+        (["--sampling-topk", "-3"], "--sampling-topk must be 0 (the whole vocabulary) or at least 2, got -3"),
+        (["--sampling-topk", "0", "--sampling-topp", "0"], "--sampling-topp must be in (0, 1], got 0.0"),
+        (
+            ["--sampling-topk", "0", "--sampling-temperature", "nan"],
+            "--sampling-temperature must be a positive",
+        ),
+        (["--sampling-topk", "0", "--seed", "-1"], "--seed must be in [0, 2^32), got -1"),
+    ],
+)
+def test_bad_sampling_settings_exit_2(args, message, tiny_run_dir, tmp_path):
+    done = cli("translate.py", "--model-dir", tiny_run_dir, "--output", tmp_path / "out", *args)
+    assert done.returncode == 2, done.stderr.decode()[-2000:]
+    last = done.stderr.decode().strip().splitlines()[-1]
+    assert last.startswith("error: ") and message in last
+    assert list(tmp_path.iterdir()) == []

@@ -1,0 +1,196 @@
+"""Sampling (transformer/sampling.py): the filtered distribution against NumPy, the draws' frequencies against it,
+and decoding with it: the same sample whatever the batch, cache, compaction or XLA, scored as the model scores it."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from nmt.batch_decoding import decode_batch
+from tests.transformer.model_configs import tiny_config
+from transformer.model import build_model
+from transformer.sampling import Sampling, filtered_probabilities, mix, sample, uniform
+from transformer.vocab import BOS_ID, EOS_ID, PAD_ID
+
+
+def numpy_distribution(log_probs, topk, topp, temperature):
+    """The distribution to draw from, over the whole vocabulary, computed the textbook way."""
+    scaled = log_probs / temperature
+    out = np.zeros_like(scaled)
+    for row, values in enumerate(scaled):
+        order = np.argsort(-values, kind="stable")
+        keep = order[:topk] if topk else order
+        probs = np.exp(values[keep] - values[keep].max())
+        probs /= probs.sum()
+        if topp < 1.0:
+            before = np.cumsum(probs) - probs
+            probs = np.where(before < topp, probs, 0.0)
+            probs /= probs.sum()
+        out[row, keep] = probs
+    return out
+
+
+def vocabulary_probabilities(log_probs, sampling):
+    probs, token_ids = filtered_probabilities(tf.constant(log_probs), sampling)
+    probs = probs.numpy()
+    if token_ids is None:
+        return probs
+    out = np.zeros_like(log_probs)
+    np.put_along_axis(out, token_ids.numpy(), probs, axis=1)
+    return out
+
+
+@pytest.mark.parametrize(
+    "topk, topp, temperature", [(0, 1.0, 1.0), (5, 1.0, 1.0), (0, 0.7, 1.0), (8, 0.5, 0.6), (0, 1.0, 2.5)]
+)
+def test_filtered_distribution_matches_numpy(topk, topp, temperature):
+    rng = np.random.default_rng(0)
+    logits = rng.normal(scale=2.0, size=(6, 40)).astype(np.float32)
+    log_probs = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
+    sampling = Sampling(topk=topk, topp=topp, temperature=temperature)
+    got = vocabulary_probabilities(log_probs, sampling)
+    expected = numpy_distribution(log_probs.astype(np.float64), topk, topp, temperature)
+    np.testing.assert_allclose(got, expected, atol=1e-6)
+    assert ((got > 0).sum(axis=1) <= (topk or 40)).all()
+
+
+@pytest.mark.parametrize("topk, topp, temperature", [(0, 1.0, 1.0), (4, 1.0, 0.8), (0, 0.8, 1.3)])
+def test_draws_follow_the_filtered_distribution(topk, topp, temperature):
+    """40,000 draws of one distribution, one per key: frequencies within 0.01 (four standard errors) of NumPy's
+    probabilities, and nothing drawn outside the kept tokens."""
+    rng = np.random.default_rng(1)
+    logits = rng.normal(scale=1.5, size=(1, 12)).astype(np.float32)
+    log_probs = logits - np.log(np.exp(logits).sum())
+    sampling = Sampling(topk=topk, topp=topp, temperature=temperature)
+    draws = 40_000
+    u = uniform(mix(tf.range(1, draws + 1, dtype=tf.int64)), tf.constant(3))
+    tokens = sample(tf.constant(np.repeat(log_probs, draws, axis=0)), u, sampling).numpy()
+    frequencies = np.bincount(tokens, minlength=12) / draws
+    expected = numpy_distribution(log_probs.astype(np.float64), topk, topp, temperature)[0]
+    np.testing.assert_allclose(frequencies, expected, atol=0.01)
+    assert frequencies[expected == 0].sum() == 0
+
+
+def test_uniform_numbers_are_uniform_and_reproducible():
+    keys = mix(tf.range(1, 50_001, dtype=tf.int64))
+    u = uniform(keys, tf.constant(0)).numpy()
+    assert u.min() >= 0.0 and u.max() < 1.0
+    counts = np.bincount((u * 10).astype(int), minlength=10)
+    assert np.abs(counts - 5_000).max() < 300  # binomial sd ~67 per bin
+    np.testing.assert_array_equal(u, uniform(keys, tf.constant(0)).numpy())
+    other_step = uniform(keys, tf.constant(1)).numpy()
+    assert abs(np.corrcoef(u, other_step)[0, 1]) < 0.02 and (u != other_step).mean() > 0.99
+
+
+def test_a_forced_token_is_always_drawn():
+    """Once a sentence reaches its length limit, every other token's logit is -1e9: the draw is EOS."""
+    log_probs = np.full((3, 10), -1.0e9, np.float32)
+    log_probs[:, EOS_ID] = 0.0
+    for sampling in (Sampling(), Sampling(topk=5), Sampling(topp=0.3, temperature=0.5)):
+        u = tf.constant([0.0, 0.5, 1.0 - 2**-24])
+        assert sample(tf.constant(log_probs), u, sampling).numpy().tolist() == [EOS_ID] * 3
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        (dict(topk=1), "topk must be 0"),
+        (dict(topk=-2), "topk must be 0"),
+        (dict(topp=0.0), "topp must be in"),
+        (dict(topp=1.5), "topp must be in"),
+        (dict(temperature=0.0), "temperature must be a positive"),
+        (dict(temperature=float("nan")), "temperature must be a positive"),
+        (dict(seed=-1), "seed must be in"),
+    ],
+)
+def test_sampling_settings_are_checked(settings, message):
+    with pytest.raises(ValueError, match=message):
+        Sampling(**settings)
+
+
+def tiny_model():
+    return build_model(tiny_config(d_model=16, num_heads=2, d_ff=32, max_length=16), 32, 32)
+
+
+SOURCE = [[5, 9, 12, 7, EOS_ID], [6, 8, EOS_ID, 0, 0], [4, EOS_ID, 0, 0, 0], [9, 9, EOS_ID, 0, 0]]
+
+
+def sampled(
+    model, source, limits, sampling, row_ids, *, static_shapes=False, use_cache=True, jit_compile=False
+):
+    def function(s, lim, rows):
+        return decode_batch(
+            model,
+            s,
+            lim,
+            max_length=10,
+            use_cache=use_cache,
+            static_shapes=static_shapes,
+            sampling=sampling,
+            row_ids=rows,
+        )
+
+    ids, scores = tf.function(function, autograph=False, jit_compile=jit_compile)(
+        tf.constant(source), tf.constant(limits, tf.int32), tf.constant(row_ids, tf.int32)
+    )
+    return ids.numpy()[:, 0], scores.numpy()[:, 0]
+
+
+def test_a_sentence_samples_the_same_whatever_the_decoding():
+    """The growing cache with finished sentences dropped, fixed buffers, XLA, no cache, and each sentence decoded
+    alone (its row id kept) give the same ids; another seed or row id gives another sample."""
+    model = tiny_model()
+    limits = [6, 3, 0, 8]
+    rows = [10, 11, 12, 13]
+    sampling = Sampling(topk=0, temperature=1.5, seed=3)
+    ids, scores = sampled(model, SOURCE, limits, sampling, rows)
+    lengths = (ids != PAD_ID).sum(axis=1)
+    assert (lengths <= np.array(limits) + 1).all() and lengths[2] == 1
+    for kwargs, atol in (
+        (dict(static_shapes=True), 1e-5),
+        (dict(static_shapes=True, jit_compile=True), 1e-4),
+        (dict(use_cache=False), 1e-5),
+    ):
+        other_ids, other_scores = sampled(model, SOURCE, limits, sampling, rows, **kwargs)
+        np.testing.assert_array_equal(ids, other_ids)
+        np.testing.assert_allclose(scores, other_scores, atol=atol)
+    for i in range(len(SOURCE)):  # alone in its batch, with its row id
+        alone_ids, _ = sampled(model, SOURCE[i : i + 1], limits[i : i + 1], sampling, rows[i : i + 1])
+        np.testing.assert_array_equal(alone_ids[0], ids[i])
+    reseeded, _ = sampled(model, SOURCE, limits, Sampling(temperature=1.5, seed=4), rows)
+    renumbered, _ = sampled(model, SOURCE, limits, sampling, [20, 21, 22, 23])
+    assert (reseeded != ids).any() and (renumbered != ids).any()
+
+
+def test_sampled_scores_are_the_models_log_probabilities():
+    """Scores are the untempered, uncut log-probabilities of the drawn tokens (PAD and BOS forbidden, as the step
+    adapters do), from a full forward pass in float64."""
+    model = tiny_model()
+    limits = [6, 3, 0, 8]
+    sampling = Sampling(topk=6, topp=0.9, temperature=0.7, seed=1)
+    ids, scores = sampled(model, SOURCE, limits, sampling, [0, 1, 2, 3])
+    for row, (tokens, score) in enumerate(zip(ids, scores)):
+        length = int((tokens != PAD_ID).sum())
+        target_in = np.concatenate([[BOS_ID], tokens[: length - 1]])[np.newaxis].astype(np.int32)
+        inputs = {"source": tf.constant([SOURCE[row]]), "target_in": tf.constant(target_in)}
+        logits = model(inputs).numpy()[0].astype(np.float64)
+        logits[:, [PAD_ID, BOS_ID]] = -np.inf
+        top = logits.max(axis=1, keepdims=True)
+        log_probs = logits - top - np.log(np.exp(logits - top).sum(axis=1, keepdims=True))
+        expected = log_probs[np.arange(length), tokens[:length]]
+        if (
+            length == limits[row] + 1 and tokens[length - 1] == EOS_ID
+        ):  # EOS forced at the limit: probability 1
+            expected[-1] = 0.0
+        assert score == pytest.approx(expected.sum(), abs=1e-4)
+
+
+def test_sampling_needs_a_beam_of_one():
+    with pytest.raises(ValueError, match="beam_size must be 1"):
+        decode_batch(
+            tiny_model(),
+            tf.constant(SOURCE),
+            tf.constant([2, 2, 2, 2]),
+            max_length=4,
+            beam_size=2,
+            sampling=Sampling(),
+        )

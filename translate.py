@@ -25,8 +25,9 @@ longer than the position table gets `nan`, with a warning; files of different le
 model loads (exit 2), or, from a pipe, once one ends (exit 1). Search and decoding options do not apply (exit 2).
 --sampling-topk K draws each token from the K most likely (0: the whole vocabulary; then --sampling-topp P, the
 nucleus, and --sampling-temperature T) instead of searching, as back-translation at scale does (Edunov et al.,
-2018); line i of the input draws its random numbers from (--seed, i), so the output depends on neither batching,
-streams, XLA nor chunks. Not with a beam, --nbest, --score, --plot-attention or --engine ctranslate2 (exit 2).
+2018); line i of the input draws its random numbers from (--seed, i), so they depend on neither batching, streams,
+XLA nor chunks (the draws, up to the rounding of the model's probabilities: transformer/sampling.py). Not with a
+beam, --alpha, --nbest, --score, --plot-attention or --engine ctranslate2 (exit 2).
 --engine ctranslate2 decodes with a CTranslate2 export (export.py --format ctranslate2) under the same contract;
 the tokenizer and the eval settings come from --model-dir (see nmt/ctranslate2_engine.py for how its beam search
 differs); --weights is refused there (the export holds the weights it was made from: export.py --weights).
@@ -124,6 +125,7 @@ def _sampling(args: argparse.Namespace):
             )
         return None
     unsupported = [name for name, given in (("--beam", args.beam not in (None, 1)), ("--nbest", args.nbest != 1),
+                   ("--alpha", args.alpha is not None),
                    ("--score", args.score is not None), ("--plot-attention", bool(args.plot_attention)),
                    ("--engine ctranslate2", args.engine != "tensorflow")) if given]  # fmt: skip
     if unsupported:

@@ -270,9 +270,10 @@ def ensemble_rows(
     """`translate.py --ensemble`'s cost: the model `members` times over as one `transformer.ensemble.Ensemble`, per
     beam, cached, without XLA, on the sentences of the cached rows.
 
-    Members that are the same model cost what distinct ones of its size cost (each encodes the source and keeps its
-    own cache; the mean is taken at every step), and the mean of equal distributions is that distribution, so the
-    translations are the single model's but for rounding. Each row gives `tokens_per_sec_ratio` and
+    Members that are the same model do the work of distinct ones of its size (each encodes the source and keeps its
+    own cache; the mean is taken at every step), with one set of weights in the CPU caches (distinct models can be
+    slower), and the mean of equal distributions is that distribution, so the translations are the single model's
+    but for rounding. Each row gives `tokens_per_sec_ratio` and
     `seconds_ratio` against the single model's row of the same search (same run), and `same_hypotheses`, the
     fraction of translations equal to that row's: a check that the ensemble decodes the model as it is.
     """
@@ -284,6 +285,7 @@ def ensemble_rows(
         log.info(
             "decode bench: no ensemble rows (they compare with the cached rows without XLA, and none ran)"
         )
+        return []
     translator = Translator(
         Ensemble([model] * members),
         tokenizer,

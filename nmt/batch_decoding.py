@@ -11,6 +11,7 @@ even when several decoding threads ask at the same time.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import threading
@@ -103,6 +104,7 @@ def decode_batch(
     static_shapes: bool = False,
     sampling: Sampling | None = None,
     row_ids=None,
+    seed=None,
 ):
     """Decodes one padded batch.
 
@@ -120,8 +122,8 @@ def decode_batch(
         buffer each step instead of over the prefix. False (with the cache): the self K/V grow with the prefix
         and finished sentences are dropped from the batch (`COMPACT`); same results.
       sampling: draw each token (`transformer.sampling.Sampling`) instead of greedy or beam search; `row_ids`
-        (B,) int32 key each sentence's random numbers (default: its row), so that a sentence's sample does not
-        depend on its batch.
+        (B,) int key each sentence's random numbers (default: its row), so that they do not depend on its batch;
+        `seed`: a scalar int tensor replacing `sampling.seed` (one trace for every seed).
 
     Returns:
       (ids (B, K, max_length) int32 without BOS, PAD after EOS; scores (B, K) float32), K = 1 for greedy search
@@ -148,7 +150,7 @@ def decode_batch(
         if beam_size != 1 or search == "beam":
             raise ValueError(f"sampling draws one token at a time: beam_size must be 1, got {beam_size}")
         rows = tf.range(batch_size) if row_ids is None else row_ids
-        common["pick"] = picker(sampling, rows)
+        common["pick"] = picker(sampling, rows, seed)
     if search == "greedy" or (search == "auto" and beam_size == 1):
         ids, scores = greedy_search(step_fn, state, batch_size=batch_size, **common)
         return ids[:, tf.newaxis, :], scores[:, tf.newaxis]
@@ -198,7 +200,10 @@ class DecodingFunctions:
     ) -> Callable:
         """`decode_batch` of one search setting as a tf.function: `f(source, limits)` for the output buffer
         `max_length` under XLA (one per length edge); without XLA `f(source, limits, max_length)` (`max_length`
-        None here) for every buffer size. With `sampling`, a last argument `row_ids` (B,) int32."""
+        None here) for every buffer size. With `sampling`, two more arguments: `row_ids` (B,) int64 and the seed, a
+        scalar int64 (one function for every seed)."""
+        if sampling is not None:
+            sampling = dataclasses.replace(sampling, seed=0)
         key = (beam_size, use_cache, alpha, max_length, sampling, xla)
         with self._lock:
             if key not in self.functions:
@@ -210,7 +215,7 @@ class DecodingFunctions:
 
         def decode(source, limits, *rest):
             buffer = max_length if xla else rest[0]
-            row_ids = rest[-1] if sampling is not None else None
+            row_ids, seed = rest[-2:] if sampling is not None else (None, None)
             self.num_traces += 1
             log.debug(
                 "tracing the decoder: source %s, beam %d, max_length %s",
@@ -229,6 +234,7 @@ class DecodingFunctions:
                 static_shapes=xla,
                 sampling=sampling,
                 row_ids=row_ids,
+                seed=seed,
             )
 
         # autograph=False: the searches build their own tf.while_loop; converting the model's Python code only
@@ -239,7 +245,7 @@ class DecodingFunctions:
             tf.TensorSpec([None, None], tf.int32),
             tf.TensorSpec([None], tf.int32),
             tf.TensorSpec([], tf.int32),
-        ] + ([tf.TensorSpec([None], tf.int32)] if sampling is not None else [])
+        ] + ([tf.TensorSpec([None], tf.int64), tf.TensorSpec([], tf.int64)] if sampling is not None else [])
         return tf.function(decode, input_signature=spec, autograph=False)  # dynamic shapes: one trace
 
 

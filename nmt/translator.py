@@ -208,8 +208,9 @@ class Translator:
           progress: a tqdm progress bar over batches on stderr.
           on_truncated: called as `on_truncated(index, num_subwords)` for each line longer than the model allows.
           sampling: draw each token (`transformer.sampling.Sampling`: top-k, top-p, temperature, seed) instead of
-            searching; needs beam_size 1. Line `i` draws its random numbers by `first_line + i`, so its sample does
-            not depend on the batching, the streams, XLA or the other lines.
+            searching; needs beam_size 1. Line `i` draws its random numbers by `first_line + i` (modulo 2^32), so
+            they do not depend on the batching, the streams, XLA or the other lines (the draws, up to the rounding
+            of the probabilities: `transformer.sampling`).
         """
         if sampling is not None:
             beam_size = 1 if beam_size is None else beam_size
@@ -358,9 +359,9 @@ class Translator:
         )
         inputs = (source, limits) if xla else (source, limits, np.int32(max_length))
         if sampling is not None:
-            row_ids = np.zeros((padded_batch,), dtype=np.int32)  # filler rows: any number
-            row_ids[:count] = range(count) if rows is None else [row & 0x7FFFFFFF for row in rows]
-            inputs += (row_ids,)
+            row_ids = np.zeros((padded_batch,), dtype=np.int64)  # filler rows: any number
+            row_ids[:count] = range(count) if rows is None else rows
+            inputs += (row_ids, np.int64(sampling.seed))
         ids, scores = function(*(tf.constant(x) for x in inputs))
         return ids.numpy()[:count], scores.numpy()[:count]
 

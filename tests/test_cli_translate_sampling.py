@@ -46,6 +46,7 @@ def test_sampled_translations_are_the_apis_and_reproducible(tiny_run_dir, tmp_pa
         (["--sampling-topp", "0.9"], "--sampling-topp applies to sampling"),
         (["--sampling-topk", "4", "--beam", "4"], "not with --beam"),
         (["--sampling-topk", "4", "--nbest", "2"], "not with --nbest"),
+        (["--sampling-topk", "4", "--alpha", "1.0"], "not with --alpha"),
         (["--sampling-topk", "0", "--score", "x.txt"], "not with --score"),
         (["--sampling-topk", "-3"], "--sampling-topk must be 0 (the whole vocabulary) or at least 2, got -3"),
         (["--sampling-topk", "0", "--sampling-topp", "0"], "--sampling-topp must be in (0, 1], got 0.0"),
@@ -62,3 +63,22 @@ def test_bad_sampling_settings_exit_2(args, message, tiny_run_dir, tmp_path):
     last = done.stderr.decode().strip().splitlines()[-1]
     assert last.startswith("error: ") and message in last
     assert list(tmp_path.iterdir()) == []
+
+
+def test_sampling_settings_are_refused_before_tensorflow_is_imported(tiny_run_dir):
+    import subprocess
+    import sys
+
+    from tests.test_cli_translate import ROOT
+
+    code = (
+        "import sys, translate\n"
+        "from nmt import cli\n"
+        f"args = translate.parse_args(['--model-dir', {str(tiny_run_dir)!r}, '--sampling-topk', '-3'])\n"
+        "try:\n"
+        "    translate._check(args)\n"
+        "except cli.CliError as err:\n"
+        "    print(err.exit_code, 'tensorflow' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.stdout.split() == ["2", "False"], done.stderr[-2000:]

@@ -10,9 +10,12 @@ next token is drawn from ``softmax(log_probs / temperature)`` restricted to the 
 whole vocabulary), then to the smallest set of those whose probability reaches ``topp`` (1.0: no cut), renormalised.
 
 The draw is inverse-CDF sampling with one uniform number per sentence and step, made by an integer hash of
-``(seed, row id, step)``: a sentence's sample does not depend on which sentences share its batch, on the batch
-order, on dropping finished sentences, on the cache or on XLA, and the same seed gives the same samples. Scores stay
-the model's: the sum of the chosen tokens' log-probabilities before temperature and cuts, as `--score` computes them.
+``(seed, row id, step)``: a sentence's random numbers do not depend on which sentences share its batch, on the batch
+order, on dropping finished sentences, on the cache or on XLA, and the same seed gives the same samples. The draws
+are then the same up to the floating-point rounding of the model's probabilities, which those change in the last
+bits: a number that falls within that rounding of a boundary between two tokens can (rarely) draw the other one.
+Scores stay the model's: the sum of the chosen tokens' log-probabilities before temperature and cuts, as `--score`
+computes them.
 """
 
 from __future__ import annotations
@@ -27,12 +30,17 @@ _MASK = 0xFFFFFFFF
 # The multiplier of a well-mixing 32-bit integer hash (H. Mueller); under 2^27, so int64 products never overflow
 _MULTIPLIER = 0x45D9F3B
 _GOLDEN = 0x9E3779B9
+# Log-probabilities at or below: tokens the step function forbids or forces out (their logits are -1e9)
+_IMPOSSIBLE = -1.0e8
+_COLDEST = 1.0e-6  # the lowest temperature used
 
 
-def picker(sampling: Sampling, row_ids):
+def picker(sampling: Sampling, row_ids, seed=None):
     """``pick(log_probs (M, V), step, rows (M,)) -> tokens (M,) int32`` for `transformer.decoding.greedy_search`:
-    ``rows`` index `row_ids` (B,), whose values key each sentence's random numbers."""
-    seed_key = mix(tf.constant(sampling.seed, tf.int64) + 1)
+    ``rows`` index `row_ids` (B,) int, whose values (taken modulo 2^32) key each sentence's random numbers, with
+    `seed` (a scalar int tensor; default `sampling.seed`), so that a new seed needs no new trace."""
+    seed = tf.constant(sampling.seed, tf.int64) if seed is None else tf.cast(seed, tf.int64)
+    seed_key = mix(tf.bitwise.bitwise_xor(seed & _MASK, _GOLDEN))
     row_keys = mix(tf.bitwise.bitwise_xor(tf.cast(row_ids, tf.int64) & _MASK, seed_key))
 
     def pick(log_probs, step, rows):
@@ -60,7 +68,13 @@ def filtered_probabilities(log_probs, sampling: Sampling):
     """``(probs (M, K), token_ids (M, K) or None)``: the renormalised distribution to draw from over K candidates,
     the top-k ones sorted by probability (``token_ids`` maps them back; None when K is the whole vocabulary, in
     vocabulary order). Tokens cut by top-p have probability 0."""
-    scaled = tf.cast(log_probs, tf.float32) / sampling.temperature
+    log_probs = tf.cast(log_probs, tf.float32)
+    # A temperature under 1e-6 draws as 1e-6 does: the most likely token (greedy search), where dividing by a
+    # denormal that the CPU flushes to 0 would give NaN.
+    temperature = max(sampling.temperature, _COLDEST)
+    scaled = (log_probs - tf.reduce_max(log_probs, axis=-1, keepdims=True)) / temperature
+    # Forbidden and forced-out tokens (log-probability about -1e9) stay impossible at any temperature.
+    scaled = tf.where(log_probs > _IMPOSSIBLE, scaled, float("-inf"))
     token_ids = None
     if sampling.topk or sampling.topp < 1.0:  # the cuts need the candidates sorted
         k = sampling.topk or tf.shape(scaled)[-1]

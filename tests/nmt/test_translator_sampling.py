@@ -42,8 +42,10 @@ def test_a_lines_sample_depends_on_the_seed_and_its_number_only(translator):
     )
     assert xla.translate(text, sampling=sampling) == together
     greedy = translator.translate(text, beam_size=1)
+    traces = translator.num_traces
     other_seed = translator.translate(text, sampling=Sampling(temperature=3.0, seed=6))
     assert other_seed != together and together != greedy
+    assert translator.num_traces == traces  # the seed is an argument of the traced function
     assert translator.translate(text, sampling=sampling) == together  # reproducible
 
 

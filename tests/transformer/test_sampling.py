@@ -1,6 +1,8 @@
 """Sampling (transformer/sampling.py): the filtered distribution against NumPy, the draws' frequencies against it,
 and decoding with it: the same sample whatever the batch, cache, compaction or XLA, scored as the model scores it."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -8,7 +10,7 @@ import tensorflow as tf
 from nmt.batch_decoding import decode_batch
 from tests.transformer.model_configs import tiny_config
 from transformer.model import build_model
-from transformer.sampling import Sampling, filtered_probabilities, mix, sample, uniform
+from transformer.sampling import Sampling, filtered_probabilities, mix, picker, sample, uniform
 from transformer.vocab import BOS_ID, EOS_ID, PAD_ID
 
 
@@ -81,13 +83,33 @@ def test_uniform_numbers_are_uniform_and_reproducible():
     assert abs(np.corrcoef(u, other_step)[0, 1]) < 0.02 and (u != other_step).mean() > 0.99
 
 
-def test_a_forced_token_is_always_drawn():
-    """Once a sentence reaches its length limit, every other token's logit is -1e9: the draw is EOS."""
-    log_probs = np.full((3, 10), -1.0e9, np.float32)
-    log_probs[:, EOS_ID] = 0.0
-    for sampling in (Sampling(), Sampling(topk=5), Sampling(topp=0.3, temperature=0.5)):
-        u = tf.constant([0.0, 0.5, 1.0 - 2**-24])
-        assert sample(tf.constant(log_probs), u, sampling).numpy().tolist() == [EOS_ID] * 3
+@pytest.mark.parametrize("temperature", [1e-40, 0.5, 1.0, 1e8])
+def test_forced_and_forbidden_tokens_hold_at_any_temperature(temperature):
+    """Once a sentence reaches its length limit, every other token's log-probability is about -1e9: the draw is EOS.
+    PAD and BOS (forbidden, about -1e9) are never drawn; a temperature near 0 draws the most likely token."""
+    u = tf.constant([0.0, 0.5, 1.0 - 2**-24])
+    forced = np.full((3, 10), -1.0e9, np.float32)
+    forced[:, EOS_ID] = 0.0
+    free = np.tile(np.log(np.linspace(1, 2, 10) / np.linspace(1, 2, 10).sum()), (3, 1)).astype(np.float32)
+    free[:, [PAD_ID, BOS_ID]] = -1.0e9
+    for topk, topp in ((0, 1.0), (5, 1.0), (0, 0.3)):
+        sampling = Sampling(topk=topk, topp=topp, temperature=temperature)
+        assert sample(tf.constant(forced), u, sampling).numpy().tolist() == [EOS_ID] * 3
+        drawn = sample(tf.constant(free), u, sampling).numpy()
+        assert not set(drawn.tolist()) & {PAD_ID, BOS_ID}
+        if temperature < 1e-30:
+            assert drawn.tolist() == [9] * 3  # the most likely
+
+
+def test_every_seed_has_its_own_numbers():
+    """Seeds at the ends of the range, and seeds whose +1 would have collided in the hash, differ."""
+    model_log_probs = tf.zeros((64, 50))
+    rows = tf.range(64)
+    draws = {
+        seed: picker(Sampling(seed=seed), rows)(model_log_probs, tf.constant(2), rows).numpy().tobytes()
+        for seed in (0, 1, 65536, 2**32 - 1)
+    }
+    assert len(set(draws.values())) == len(draws)
 
 
 @pytest.mark.parametrize(
@@ -135,13 +157,16 @@ def sampled(
     return ids.numpy()[:, 0], scores.numpy()[:, 0]
 
 
-def test_a_sentence_samples_the_same_whatever_the_decoding():
+@pytest.mark.parametrize(
+    "sampling",
+    [Sampling(topk=0, temperature=1.5, seed=3), Sampling(topk=5, topp=0.9, temperature=2.0, seed=3)],
+)
+def test_a_sentence_samples_the_same_whatever_the_decoding(sampling):
     """The growing cache with finished sentences dropped, fixed buffers, XLA, no cache, and each sentence decoded
     alone (its row id kept) give the same ids; another seed or row id gives another sample."""
     model = tiny_model()
     limits = [6, 3, 0, 8]
     rows = [10, 11, 12, 13]
-    sampling = Sampling(topk=0, temperature=1.5, seed=3)
     ids, scores = sampled(model, SOURCE, limits, sampling, rows)
     lengths = (ids != PAD_ID).sum(axis=1)
     assert (lengths <= np.array(limits) + 1).all() and lengths[2] == 1
@@ -156,7 +181,7 @@ def test_a_sentence_samples_the_same_whatever_the_decoding():
     for i in range(len(SOURCE)):  # alone in its batch, with its row id
         alone_ids, _ = sampled(model, SOURCE[i : i + 1], limits[i : i + 1], sampling, rows[i : i + 1])
         np.testing.assert_array_equal(alone_ids[0], ids[i])
-    reseeded, _ = sampled(model, SOURCE, limits, Sampling(temperature=1.5, seed=4), rows)
+    reseeded, _ = sampled(model, SOURCE, limits, dataclasses.replace(sampling, seed=4), rows)
     renumbered, _ = sampled(model, SOURCE, limits, sampling, [20, 21, 22, 23])
     assert (reseeded != ids).any() and (renumbered != ids).any()
 

@@ -10,8 +10,9 @@ Records: {"bench": "train"} per precision x XLA (and per --train-batch-tokens x 
 batch-shape sweep) (our TrainStep vs a stock-Keras reference of the same size, tokens/s, ratio, MFU, the matmul-only
 lower bound and overhead ratio), {"bench": "train_ema"} (the cost of `train.ema_decay` per step: our step with and
 without the EMA, the main job's precision), {"bench": "decode"} per search x cache x XLA, {"bench": "decode_ensemble"}
-per search (the cost of `--ensemble`: the model twice over against it alone), then {"bench": "decode"} per search in
-CTranslate2 (float32, int8, patiences) and TensorFlow int8, with BLEU, speed-ups and paired bootstraps, and
+per search (the cost of `--ensemble`: the model twice over against it alone), {"bench": "decode_sampling"} (top-k 10
+against greedy search), then {"bench": "decode"} per search in CTranslate2 (float32, int8, patiences) and
+TensorFlow int8, with BLEU, speed-ups and paired bootstraps, and
 {"bench": "decode_targets"} (benchmarks/decode_engines.py), {"bench": "attention"} per variant x length,
 {"bench": "input"}, {"bench": "input_scale"} per synthetic corpus size (preparation pairs/s, cache size, first
 batch cold/warm, peak RSS), {"bench": "refusal"} (train.py refusing a run directory in use), and last

@@ -22,6 +22,7 @@ CTranslate2 and TensorFlow int8 rows, compared with these).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from pathlib import Path
@@ -126,11 +127,12 @@ def percentile(values: list[float], q: float) -> float | None:
     return float(np.percentile(values, q)) if values else None
 
 
-def _time_setting(translator, lines: list[str], beam: int, use_cache: bool) -> dict:
+def _time_setting(translator, lines: list[str], beam: int, use_cache: bool, sampling=None) -> dict:
     """Warm up, then translate `lines` once: seconds, compile seconds, traces, tokens, peak MB, hypotheses."""
+    options = {} if sampling is None else {"sampling": sampling}
 
     def translate(batch):
-        return translator.translate(batch, beam_size=beam, use_cache=use_cache)
+        return translator.translate(batch, beam_size=beam, use_cache=use_cache, **options)
 
     groups = warmup_groups(translator, lines, beam)
     warmup, _ = timed(lambda: [translate(group) for group in groups])
@@ -160,9 +162,11 @@ def measure_tensorflow(
     use_cache: bool = True,
     latency_sentences: int = 50,
     compute_type: str = "float32",
+    sampling=None,
 ) -> tuple[dict, list[str]]:
-    """(record, hypotheses) of one TensorFlow setting; `bleu` when `references` (one per line) are given."""
-    timing = _time_setting(translator, lines, beam, use_cache)
+    """(record, hypotheses) of one TensorFlow setting; `bleu` when `references` (one per line) are given;
+    `sampling` (`common.sampling.Sampling`, beam 1): draws instead of greedy search (no latency rows)."""
+    timing = _time_setting(translator, lines, beam, use_cache, sampling)
     seconds, tokens = timing["seconds"], timing["tokens"]
     latencies = _latencies(translator, lines[:latency_sentences], beam) if use_cache else []
     language = translator.config.data.target if translator.config is not None else ""
@@ -177,6 +181,7 @@ def measure_tensorflow(
         "beam_size": beam,
         "alpha": translator.eval_config.alpha if beam > 1 else None,
         "patience": None,
+        "sampling": None if sampling is None else dataclasses.asdict(sampling),
         "cache": use_cache,
         "xla": xla,
         "sentences": len(lines),
@@ -215,6 +220,7 @@ def bench_decode(
     xla_settings=(False, True),
     latency_sentences: int = 50,
     ensemble: int = 2,
+    sampling: bool = True,
 ) -> list[dict]:
     """Emits one `{"bench": "decode", ...}` record per (search, cache, XLA) setting, then the ensemble rows; returns
     them.
@@ -224,6 +230,7 @@ def bench_decode(
       no_cache_sentences: test sentences for the no-cache settings (0 = as many as the cached ones).
       latency_sentences: sentences translated one by one for the latency percentiles (cached settings; 0 = none).
       ensemble: members of the ensemble rows (`ensemble_rows`; 0 = none).
+      sampling: the sampling row (`sampling_rows`).
     """
     from nmt.translator import Translator
 
@@ -261,7 +268,34 @@ def bench_decode(
         records += ensemble_rows(
             model, tokenizer, config, lines, references, cached, emit, ensemble, described
         )
+    if sampling:
+        records += sampling_rows(model, tokenizer, config, lines, references, cached, emit, described)
     return records
+
+
+def sampling_rows(model, tokenizer, config, lines, references, cached, emit, described) -> list[dict]:
+    """`translate.py --sampling-topk 10`'s cost (top-k 10, as Edunov et al. 2018 back-translate), cached, without
+    XLA, against greedy search of the same sentences in the same run (`tokens_per_sec_ratio`, `seconds_ratio`);
+    its BLEU is a sample's, below greedy search's. No row without a greedy one."""
+    from common.sampling import Sampling
+    from nmt.translator import Translator
+
+    greedy = [r for r, _ in cached if not r["xla"] and r["beam_size"] == 1]
+    if not greedy:
+        return []
+    translator = Translator(
+        model, tokenizer, config.eval, max_source_length=config.model.max_length, xla=False
+    )
+    translator.config = config
+    sampling = Sampling(topk=10, seed=config.train.seed)
+    record, _ = measure_tensorflow(translator, lines, references, 1, latency_sentences=0, sampling=sampling)
+    record.update(
+        bench="decode_sampling",
+        row=f"{record['row']} sampling top-k 10",
+        tokens_per_sec_ratio=_ratio(record["tokens_per_sec"], greedy[0]["tokens_per_sec"]),
+        seconds_ratio=_ratio(greedy[0]["sentences_per_sec"], record["sentences_per_sec"]),
+    )
+    return [emit({**record, **described})]
 
 
 def ensemble_rows(
@@ -301,9 +335,14 @@ def ensemble_rows(
             bench="decode_ensemble",
             row=f"{record['row']} ensemble of {members}",
             ensemble=members,
-            tokens_per_sec_ratio=rounded(record["tokens_per_sec"] / single["tokens_per_sec"], 3),
-            seconds_ratio=rounded(record["seconds"] / single["seconds"], 3),
+            tokens_per_sec_ratio=_ratio(record["tokens_per_sec"], single["tokens_per_sec"]),
+            seconds_ratio=_ratio(single["sentences_per_sec"], record["sentences_per_sec"]),  # same sentences
             same_hypotheses=round(sum(a == b for a, b in zip(hypotheses, single_hypotheses)) / len(lines), 4),
         )
         records.append(emit({**record, **described}))
     return records
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    """a / b to 3 digits; None when either is missing or b is 0."""
+    return rounded(a / b, 3) if a is not None and b else None

@@ -150,6 +150,15 @@ def test_quick_benchmarks_emit_json_lines_with_the_required_fields(tiny):
         ensemble["tokens_per_sec"] / single["tokens_per_sec"], rel=0.01
     )
     assert ensemble["same_hypotheses"] >= 5 / 6  # the mean of equal distributions is the distribution
+    (sampled,) = [r for r in lines if r["bench"] == "decode_sampling"]  # top-k 10 against greedy search
+    assert (
+        sampled["sampling"]["topk"] == 10
+        and sampled["sentences"] == 6
+        and sampled["traces_in_timed_run"] == 0
+    )
+    assert sampled["seconds_ratio"] == pytest.approx(
+        single["sentences_per_sec"] / sampled["sentences_per_sec"], rel=0.01
+    )
 
     attention = {(r["variant"], r["length"]): r for r in by_bench["attention"]}
     assert set(attention) == {(v, n) for v in ("full", "chunked", "local") for n in (64, 128)}

@@ -41,7 +41,7 @@ def test_decode_engine_rows_name_their_settings_and_hold_the_engines_translation
     common = dict(
         run_dir=trained_tiny_run, sentences=8, beams=(1, 2), xla_settings=(False,), latency_sentences=3
     )
-    records = bench_decode(context, emit, caches=(True,), ensemble=0, **common)
+    records = bench_decode(context, emit, caches=(True,), ensemble=0, sampling=False, **common)
     records += bench_decode_engines(
         context,
         emit,

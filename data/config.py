@@ -7,11 +7,14 @@ sections belong to other packages and are only carried along.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from common.config_tree import ConfigError, build, check_fields, choices, load_tree, value_range
 from common.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+
+log = logging.getLogger(__name__)
 
 # The smallest vocabulary SentencePiece can train: the special pieces (<pad>, <unk>, <s>, </s>), the word-boundary
 # piece "▁" and at least one character. A real corpus needs more (every character it holds): SentencePiece says so.
@@ -106,8 +109,17 @@ def validate_data_config(cfg: DataConfig) -> None:
 def load_data_config(
     name: str | Path, overrides: list[str] | tuple[str, ...] = ()
 ) -> tuple[DataConfig, dict]:
-    """(the validated `data:` section, the whole tree) of a config file with `--set` overrides applied."""
+    """(the validated `data:` section, the whole tree) of a config file with `--set` overrides applied.
+
+    Overrides of other sections are applied to the tree but not checked here (their schemas belong to other
+    packages): a warning says so, since a typo there would pass silently until train.py reads them."""
     tree = load_tree(name, overrides)
+    others = sorted({text.split("=", 1)[0] for text in overrides if not text.strip().startswith("data.")})
+    if others:
+        log.warning(
+            "--set %s: not checked here, the data tools read only the data: section (train.py checks them)",
+            ", ".join(others),
+        )
     cfg = build(DataConfig, tree.get("data", {}), "data.")
     validate_data_config(cfg)
     return cfg, tree

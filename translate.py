@@ -89,7 +89,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=1,
         metavar="K",
         help="sample each token from the K most likely instead of searching (0: the whole vocabulary; "
-        "default 1: no sampling); needs a beam of 1",
+        "default 1: no sampling); one draw per line, no beam",
     )
     parser.add_argument(
         "--sampling-topp",

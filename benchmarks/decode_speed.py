@@ -222,8 +222,8 @@ def bench_decode(
     ensemble: int = 2,
     sampling: bool = True,
 ) -> list[dict]:
-    """Emits one `{"bench": "decode", ...}` record per (search, cache, XLA) setting, then the ensemble rows; returns
-    them.
+    """Emits one `{"bench": "decode", ...}` record per (search, cache, XLA) setting, then the ensemble and sampling
+    rows; returns them.
 
     Args:
       sentences: test sentences for the cached settings (0 = all).
@@ -307,9 +307,8 @@ def ensemble_rows(
     Members that are the same model do the work of distinct ones of its size (each encodes the source and keeps its
     own cache; the mean is taken at every step), with one set of weights in the CPU caches (distinct models can be
     slower), and the mean of equal distributions is that distribution, so the translations are the single model's
-    but for rounding. Each row gives `tokens_per_sec_ratio` and
-    `seconds_ratio` against the single model's row of the same search (same run), and `same_hypotheses`, the
-    fraction of translations equal to that row's: a check that the ensemble decodes the model as it is.
+    but for rounding. Each row gives `tokens_per_sec_ratio` and `seconds_ratio` against the single model's row of
+    the same search (same run), and `same_hypotheses`, the fraction of translations equal to that row's.
     """
     from nmt.translator import Translator
     from transformer.ensemble import Ensemble

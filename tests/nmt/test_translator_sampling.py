@@ -1,6 +1,8 @@
 """Translator with sampling: a line's sample depends on the seed and its line number only (not the batching, the
 streams, XLA, the chunks of a stream or the other lines), and a beam is refused."""
 
+import dataclasses
+
 import pytest
 
 from data.tokenizer import Tokenizer
@@ -52,3 +54,22 @@ def test_a_lines_sample_depends_on_the_seed_and_its_number_only(translator):
 def test_sampling_refuses_a_beam(translator):
     with pytest.raises(ValueError, match="beam_size must be 1"):
         translator.translate(["a"], beam_size=4, sampling=Sampling())
+
+
+def test_an_ensemble_of_the_model_with_itself_samples_as_the_model(translator):
+    """The ensemble's mean of two equal distributions is the distribution: the same draws (a number would have to
+    fall within the mean's rounding, about 1e-7, of a boundary between two tokens to draw otherwise)."""
+    from transformer.ensemble import Ensemble
+
+    sampling = Sampling(topk=5, temperature=2.0, seed=9)
+    text = lines()
+    ensemble = Translator(
+        Ensemble([translator.model, translator.model]),
+        translator.tokenizer,
+        translator.eval_config,
+        max_source_length=translator.max_source_length,
+        xla=False,
+    )
+    alone = translator.translate(text, sampling=sampling)
+    assert ensemble.translate(text, sampling=sampling) == alone
+    assert alone != translator.translate(text, sampling=dataclasses.replace(sampling, seed=10))

@@ -232,7 +232,6 @@ def bench_decode(
       ensemble: members of the ensemble rows (`ensemble_rows`; 0 = none).
       sampling: the sampling row (`sampling_rows`).
     """
-    from nmt.translator import Translator
 
     model, tokenizer, config, weights = load_translator(context, run_dir)
     lines, references = test_set(config, sentences)
@@ -244,10 +243,7 @@ def bench_decode(
     kept = context.results.setdefault("decode", [])
     cached = []  # (record, hypotheses) of this call's cached rows
     for xla in xla_settings:
-        translator = Translator(
-            model, tokenizer, config.eval, max_source_length=config.model.max_length, xla=xla
-        )
-        translator.config = config
+        translator = _translator(model, tokenizer, config, xla)
         for beam in beams:
             for use_cache in caches:
                 subset = lines if use_cache or not no_cache_sentences else lines[:no_cache_sentences]
@@ -278,15 +274,11 @@ def sampling_rows(model, tokenizer, config, lines, references, cached, emit, des
     XLA, against greedy search of the same sentences in the same run (`tokens_per_sec_ratio`, `seconds_ratio`);
     its BLEU is a sample's, below greedy search's. No row without a greedy one."""
     from common.sampling import Sampling
-    from nmt.translator import Translator
 
     greedy = [r for r, _ in cached if not r["xla"] and r["beam_size"] == 1]
     if not greedy:
         return []
-    translator = Translator(
-        model, tokenizer, config.eval, max_source_length=config.model.max_length, xla=False
-    )
-    translator.config = config
+    translator = _translator(model, tokenizer, config)
     sampling = Sampling(topk=10, seed=config.train.seed)
     record, _ = measure_tensorflow(translator, lines, references, 1, latency_sentences=0, sampling=sampling)
     record.update(
@@ -310,7 +302,6 @@ def ensemble_rows(
     but for rounding. Each row gives `tokens_per_sec_ratio` and `seconds_ratio` against the single model's row of
     the same search (same run), and `same_hypotheses`, the fraction of translations equal to that row's.
     """
-    from nmt.translator import Translator
     from transformer.ensemble import Ensemble
 
     singles = {r["beam_size"]: (r, h) for r, h in cached if not r["xla"]}
@@ -319,14 +310,7 @@ def ensemble_rows(
             "decode bench: no ensemble rows (they compare with the cached rows without XLA, and none ran)"
         )
         return []
-    translator = Translator(
-        Ensemble([model] * members),
-        tokenizer,
-        config.eval,
-        max_source_length=config.model.max_length,
-        xla=False,
-    )
-    translator.config = config
+    translator = _translator(Ensemble([model] * members), tokenizer, config)
     records = []
     for beam, (single, single_hypotheses) in singles.items():
         record, hypotheses = measure_tensorflow(translator, lines, references, beam, latency_sentences=0)
@@ -340,6 +324,15 @@ def ensemble_rows(
         )
         records.append(emit({**record, **described}))
     return records
+
+
+def _translator(model, tokenizer, config, xla: bool = False):
+    """A `Translator` around `model` with the config's eval settings, `config` attached (for BLEU's language)."""
+    from nmt.translator import Translator
+
+    translator = Translator(model, tokenizer, config.eval, max_source_length=config.model.max_length, xla=xla)
+    translator.config = config
+    return translator
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:

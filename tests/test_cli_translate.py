@@ -38,14 +38,14 @@ def listing(path: Path) -> list[str]:
     return sorted(str(p.relative_to(path)) for p in path.rglob("*"))
 
 
-@pytest.mark.parametrize("script", ["translate.py", "evaluate.py", "export.py"])
+@pytest.mark.parametrize("script", ["translate.py", "evaluate.py", "export.py", "distill.py"])
 def test_help(script):
     done = cli(script, "--help")
     assert done.returncode == 0
     assert b"--model-dir" in done.stdout
 
 
-@pytest.mark.parametrize("script", ["translate.py", "evaluate.py", "export.py"])
+@pytest.mark.parametrize("script", ["translate.py", "evaluate.py", "export.py", "distill.py"])
 def test_missing_model_dir_is_one_clear_error(script, tmp_path):
     done = cli(script, "--model-dir", tmp_path / "nope", "--output", tmp_path / "out")
     assert done.returncode != 0

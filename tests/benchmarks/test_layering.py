@@ -19,7 +19,7 @@ import textwrap
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-ENTRY_POINTS = ("train.py", "evaluate.py", "translate.py", "export.py")
+ENTRY_POINTS = ("train.py", "evaluate.py", "translate.py", "distill.py", "export.py")
 PACKAGES = ("common", "transformer", "data", "nmt")
 # What each part of the product may import of ours (dotted-name prefixes); anything else of ours is a violation.
 ALLOWED = {

@@ -1,0 +1,162 @@
+"""Distil a teacher into a training corpus: its translations of the training sources, as a folder corpus.
+
+    python distill.py --model-dir runs/teacher --output distilled/
+    python distill.py --model-dir runs/a --ensemble runs/b --output distilled/ --beam 4 --alpha 1.4
+    python train.py --config configs/base.yaml --model-dir runs/student \\
+        --set data.dataset=folder data.folder=distilled/       # the command distill.py prints at the end
+
+Sequence-level knowledge distillation (Kim and Rush, 2016): a student trained on a teacher's (or an ensemble's)
+beam-search translations of the training sources reaches the teacher's quality with one model (on Multi30k, a
+base-size student of a two-run ensemble: docs/distill-2026-12-05-zen4/). The corpus is the one the teacher trained
+on (its run directory's `data:` section; `--set data.KEY=VALUE` changes it, e.g. a larger or other training split).
+The output folder holds `<source>.train.txt` with `<target>.train.txt` (the translations), and the corpus's real
+validation and test pairs as `<lang>.validation.txt` and `<lang>.test.txt` (see nmt/distill.py).
+
+Resumable: run the same command again after a stop (SIGINT, SIGTERM, a crash) and it goes on from the last chunk of
+--chunk-size lines, to the same file an uninterrupted run writes; a finished folder is left as it is. The folder
+cannot be trained on until every line is translated. A folder made with other settings, or a non-empty folder that
+is not a distillation's, is refused and left untouched. Exit codes: 0 ok, 1 run-directory, corpus or folder problem,
+2 usage error, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shlex
+
+from nmt import cli
+
+log = logging.getLogger("nmt")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description="Translate a corpus's training sources with a teacher run (or an ensemble): a folder corpus "
+        "for a student (sequence-level knowledge distillation). Resumable.",
+        epilog="Then: train.py --config CONFIG --set data.dataset=folder data.folder=OUTPUT (printed at the end).",
+    )
+    parser.add_argument("--model-dir", required=True, help="the teacher: a run directory written by train.py")
+    parser.add_argument(
+        "--output", required=True, help="the folder corpus to write (new, empty, or to resume)"
+    )
+    parser.add_argument(
+        "--beam", type=int, default=None, help="beam size (1 = greedy); default: eval.beam_size"
+    )
+    parser.add_argument(
+        "--alpha", type=float, default=None, help="beam length-penalty exponent; default: eval.alpha"
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        nargs="+",
+        default=[],
+        metavar="data.KEY=VALUE",
+        help="change the teacher's corpus settings (data: section only), e.g. data.train_split=train[:50%%]",
+    )
+    parser.add_argument(
+        "--batch-size", type=int, default=None, help="sentences per batch; default eval.batch_size"
+    )
+    parser.add_argument(
+        "--chunk-size", type=int, default=1000, help="lines translated between two saves of the progress"
+    )
+    cli.add_weights_argument(parser)
+    cli.add_xla_argument(parser)
+    cli.add_streams_argument(parser)
+    cli.add_ensemble_argument(parser)
+    parser.add_argument("--verbose", action="store_true", help="debug logging")
+    parser.set_defaults(engine="tensorflow")  # for the shared --ensemble checks
+    return parser.parse_args(argv)
+
+
+def _check(args: argparse.Namespace) -> None:
+    cli.check_search(args.beam, args.alpha)
+    if args.batch_size is not None and args.batch_size < 1:
+        raise cli.CliError(f"--batch-size must be at least 1, got {args.batch_size}", exit_code=2)
+    if args.chunk_size < 1:
+        raise cli.CliError(f"--chunk-size must be at least 1, got {args.chunk_size}", exit_code=2)
+    others = [text for text in args.overrides if not text.strip().startswith("data.")]
+    if others:
+        raise cli.CliError(
+            f"--set {' '.join(others)}: only data.* settings choose the corpus here (the teacher's model and "
+            "search settings are its own; --beam and --alpha change the search)",
+            exit_code=2,
+        )
+    cli.check_streams(args.streams)
+    cli.check_model_dir(args.model_dir)
+    cli.check_ensemble(args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    cli.setup_logging(args.verbose)
+    _check(args)
+    from data.config import load_data_config
+    from nmt.run_dir import RunDir
+
+    data, _ = load_data_config(RunDir(args.model_dir).path / "config.yaml", args.overrides)
+    cli.quiet_tensorflow()
+    cli.decoding_kernels()
+
+    import dataclasses
+
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
+    from nmt.distill import DistillError, distill, settings_of
+    from nmt.translator import Translator
+
+    translator = Translator.from_run_dir(
+        args.model_dir,
+        weights=args.weights,
+        xla=cli.xla_setting(args.xla),
+        batch_size=args.batch_size,
+        streams=args.streams,
+        ensemble=tuple(args.ensemble),
+    )
+    if args.alpha is not None:
+        translator.eval_config = dataclasses.replace(translator.eval_config, alpha=args.alpha)
+    beam = translator.eval_config.beam_size if args.beam is None else args.beam
+    settings = settings_of(
+        data, teachers=[args.model_dir, *args.ensemble], weights=translator.weights, beam_size=beam,
+        alpha=translator.eval_config.alpha, chunk_size=args.chunk_size,
+    )  # fmt: skip
+    warnings = cli.LineWarnings(source=f"{data.source}.train.txt")
+    keep = translator.max_source_length - 1
+
+    def truncated(index: int, length: int) -> None:
+        warnings(
+            index + 1,
+            "truncated",
+            f"{length} subwords, longer than the model allows: translated the first {keep}",
+        )
+
+    try:
+        with logging_redirect_tqdm():
+            summary = distill(
+                translator, data, args.output, settings=settings, beam_size=beam, progress=True,
+                on_truncated=truncated,
+            )  # fmt: skip
+    except DistillError as err:
+        raise cli.CliError(str(err), exit_code=1) from err
+    warnings.summary()
+    log.info(
+        "%s: %d training pairs (%d translated now, %d before), real pairs: %s",
+        summary.output, summary.lines, summary.translated, summary.resumed_from,
+        ", ".join(f"{split} {count}" for split, count in summary.references.items()) or "none",
+    )  # fmt: skip
+    student = ["data.dataset=folder", f"data.folder={summary.output.resolve()}", f"data.source={data.source}",
+               f"data.target={data.target}"]  # fmt: skip
+    for key, name in (("train_split", "train"), ("validation_split", "validation"), ("test_split", "test")):
+        if getattr(data, key) != name and (name == "train" or name in summary.references):
+            student.append(f"data.{key}={name}")
+    log.info(
+        "train a student: python train.py --config CONFIG --model-dir DIR --set %s",
+        " ".join(shlex.quote(text) for text in student),
+    )
+    print(summary.output)
+    return 0
+
+
+if __name__ == "__main__":
+    cli.stop_on_sigterm()  # SIGTERM stops like SIGINT: exit 130, the progress kept for a resume
+    cli.run(main)

@@ -1,0 +1,242 @@
+"""Sequence-level knowledge distillation (Kim and Rush, 2016): a folder corpus whose training targets are a
+teacher's translations, for a student to train on with `data.dataset: folder`.
+
+    translator = Translator.from_run_dir("runs/teacher", ensemble=["runs/other"])
+    summary = distill(translator, data_cfg, "distilled/", beam_size=4, teachers=[...], chunk_size=1000)
+
+The folder gets, for the corpus's source and target languages (`en`, `de` below):
+- `en.train.txt`: the training sources, as the corpus holds them (one line each: line breaks inside a sentence
+  become spaces, surrounding whitespace is dropped, invalid UTF-8 is replaced);
+- `de.train.txt`: the teacher's translation of each (beam search; a blank source gives a blank line);
+- `en.validation.txt`, `de.validation.txt`, `en.test.txt`, `de.test.txt`: the corpus's real pairs of its
+  validation and test splits (those it has), so the student is validated and tested on real references.
+
+Resumable and never half-written. The settings (teachers, weights, search, chunk size, the corpus's identity) and
+the progress are kept in the folder's `.distill.json` (a hidden file: the folder reader skips it). Translations are
+appended to the hidden `.de.train.txt.partial` one chunk at a time, each chunk synced before the manifest records
+it, and renamed to `de.train.txt` once every line is there: until then the folder cannot be trained on (the reader
+names the missing file). A stopped run resumes at the last recorded chunk (bytes past it, from a chunk cut short,
+are dropped); chunks are the same lines as in an uninterrupted run, so the result is the same file. A folder made
+with other settings, or any non-empty folder that is not a distillation's, is refused (`DistillError`), untouched.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from data.config import DataConfig
+from data.stream import split_exists, split_identity, stream_pairs
+from nmt.run_dir import write_atomic
+from nmt.text_io import chunked, decode_line, one_line, read_lines
+
+log = logging.getLogger(__name__)
+
+MANIFEST = ".distill.json"
+FORMAT = 1
+SPLITS = ("train", "validation", "test")  # the folder's split names (the student's defaults)
+
+
+class DistillError(RuntimeError):
+    """The output folder cannot be used: another distillation's, not a distillation's, or damaged."""
+
+
+@dataclass(frozen=True)
+class Summary:
+    output: Path
+    lines: int  # training pairs
+    translated: int  # lines translated by this call (0: the folder was complete already)
+    resumed_from: int  # lines already translated when this call started
+    references: dict[str, int]  # validation/test split -> pairs copied
+
+
+def settings_of(data: DataConfig, *, teachers: Sequence[str], weights: str, beam_size: int, alpha: float,
+                chunk_size: int) -> dict:  # fmt: skip
+    """What the folder's text depends on: a resumed run must have the same."""
+    identities = {name: split_identity(data, split) for name, split in _corpus_splits(data).items()}
+    return {
+        "format": FORMAT,
+        "teachers": [os.fspath(Path(path).resolve()) for path in teachers],
+        "weights": weights,
+        "beam_size": beam_size,
+        "alpha": alpha,
+        "chunk_size": chunk_size,
+        "source": data.source,
+        "target": data.target,
+        "corpus": identities,
+    }
+
+
+def _corpus_splits(data: DataConfig) -> dict[str, str]:
+    """Folder split name -> the corpus's split name, for the splits the corpus has (train must exist)."""
+    splits = {"train": data.train_split}
+    for name, split in (("validation", data.validation_split), ("test", data.test_split)):
+        if split and split_exists(data, split):
+            splits[name] = split
+    return splits
+
+
+def distill(
+    translator,
+    data: DataConfig,
+    output: str | os.PathLike,
+    *,
+    settings: dict,
+    beam_size: int,
+    progress: bool = False,
+    on_chunk: Callable[[int], None] | None = None,
+    on_truncated: Callable[[int, int], None] | None = None,
+) -> Summary:
+    """Writes (or completes) the distilled folder corpus `output` (module docstring); `settings` from `settings_of`.
+
+    `on_chunk(lines_done)` runs after each chunk is recorded; `on_truncated(index, subwords)` for a training source
+    longer than the model allows (translated truncated)."""
+    output = Path(output)
+    manifest = _open(output, settings)
+    if manifest.get("complete"):
+        log.info("%s is complete already (%d pairs): nothing to do", output, manifest["lines"])
+        return Summary(output, manifest["lines"], 0, manifest["lines"], manifest["references"])
+    if "lines" not in manifest:  # first call: the sources and the real pairs, each file through a rename
+        splits = _corpus_splits(data)
+        counts = {name: _copy_split(data, split, output, name) for name, split in splits.items()}
+        manifest.update(lines=counts.pop("train"), references=counts, translated=0, bytes=0)
+        _save(output, manifest)
+    target = data.target
+    partial = output / f".{target}.train.txt.partial"
+    done, offset = manifest["translated"], manifest["bytes"]
+    resumed = done
+    if done:
+        log.info("resuming %s: %d of %d lines translated already", output, done, manifest["lines"])
+    final = output / f"{target}.train.txt"
+    if (
+        done == manifest["lines"] and final.exists() and not partial.exists()
+    ):  # stopped between rename and save
+        manifest.update(complete=True)
+        _save(output, manifest)
+        return Summary(output, done, 0, done, manifest["references"])
+    size = partial.stat().st_size if partial.exists() else 0
+    if size < offset:
+        raise DistillError(
+            f"{partial} holds {size} bytes, {offset} were recorded in {MANIFEST}: the progress is damaged; delete "
+            "the folder and distil again"
+        )
+    started, seconds = time.monotonic(), manifest.get("seconds", 0.0)
+    with open(partial, "ab") as handle:
+        handle.truncate(offset)  # a chunk cut short after the last record is dropped
+        handle.seek(offset)
+        with open(output / f"{data.source}.train.txt", "rb") as sources:
+            lines = read_lines(sources)
+            for _ in itertools.islice(lines, done):  # the lines translated already
+                pass
+            bar = _bar(progress, manifest["lines"], done)
+            for chunk in chunked(lines, settings["chunk_size"]):
+                truncated = None if on_truncated is None else functools.partial(_shifted, on_truncated, done)
+                translations = translator.translate(
+                    chunk, beam_size=beam_size, on_truncated=truncated, first_line=done
+                )
+                handle.write(b"".join(one_line(text).encode("utf-8") + b"\n" for text in translations))
+                handle.flush()
+                os.fsync(handle.fileno())
+                done += len(chunk)
+                manifest.update(
+                    translated=done,
+                    bytes=handle.tell(),
+                    seconds=round(seconds + time.monotonic() - started, 1),
+                )
+                _save(output, manifest)
+                bar.update(len(chunk))
+                if on_chunk is not None:
+                    on_chunk(done)
+            bar.close()
+    if done != manifest["lines"]:
+        raise DistillError(
+            f"{output / f'{data.source}.train.txt'} has {done} lines, {manifest['lines']} were written: the folder "
+            "was changed by hand; delete it and distil again"
+        )
+    os.replace(partial, final)
+    manifest.update(complete=True)
+    _save(output, manifest)
+    return Summary(output, done, done - resumed, resumed, manifest["references"])
+
+
+def _open(output: Path, settings: dict) -> dict:
+    """The folder's manifest: a new one for a missing or empty folder; `DistillError` for another folder."""
+    path = output / MANIFEST
+    if output.exists() and not output.is_dir():
+        raise DistillError(f"{output} is a file, not a folder")
+    if not path.exists():
+        if output.is_dir() and any(output.iterdir()):
+            raise DistillError(
+                f"{output} is not empty and holds no {MANIFEST}: not a distillation's folder, left as it is "
+                "(give a new or empty folder)"
+            )
+        output.mkdir(parents=True, exist_ok=True)
+        manifest = {"settings": settings}
+        _save(output, manifest)
+        return manifest
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+        recorded = manifest["settings"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise DistillError(f"{path} cannot be read ({err}): delete the folder and distil again") from err
+    changed = [key for key in sorted(set(recorded) | set(settings)) if recorded.get(key) != settings.get(key)]
+    if changed:
+        details = "; ".join(
+            f"{key}: {recorded.get(key)!r} there, {settings.get(key)!r} now" for key in changed
+        )
+        raise DistillError(
+            f"{output} was distilled with other settings ({details}): give another folder, or the same settings "
+            "to resume it"
+        )
+    return manifest
+
+
+def _save(output: Path, manifest: dict) -> None:
+    write_atomic(output / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+
+
+def _copy_split(data: DataConfig, split: str, output: Path, name: str) -> int:
+    """The corpus's `split` as `<source>.<name>.txt` and `<target>.<name>.txt` (one line per sentence); pairs.
+
+    For train, the sources only: the targets are the teacher's."""
+    languages = (data.source,) if name == "train" else (data.source, data.target)
+    paths = [output / f"{language}.{name}.txt" for language in languages]
+    temporary = [path.with_name(f".{path.name}.tmp") for path in paths]
+    handles = [open(path, "wb") for path in temporary]  # noqa: SIM115 - closed below
+    count = 0
+    try:
+        for pair in stream_pairs(data, split):
+            for handle, chunk in zip(handles, pair):
+                handle.write(b"".join(_line(raw) for raw in chunk))
+            count += len(pair[0])
+        for handle in handles:
+            handle.flush()
+            os.fsync(handle.fileno())
+    finally:
+        for handle in handles:
+            handle.close()
+    for tmp, path in zip(temporary, paths):
+        os.replace(tmp, path)
+    log.info("%s: %d pairs of split %r", output, count, split)
+    return count
+
+
+def _shifted(callback: Callable[[int, int], None], start: int, index: int, length: int) -> None:
+    callback(start + index, length)  # an index in the chunk -> in the split
+
+
+def _line(raw: bytes) -> bytes:
+    return one_line(decode_line(raw)).encode("utf-8") + b"\n"
+
+
+def _bar(enabled: bool, total: int, done: int):
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=done, unit="line", desc="distilling", disable=not enabled)

@@ -1,0 +1,125 @@
+"""nmt.distill: the folder corpus of a teacher's translations, checked against `Translator.translate`; resume."""
+
+import json
+
+import pytest
+
+from data import folder
+from data.config import DataConfig
+from nmt.distill import MANIFEST, DistillError, distill, settings_of
+from tests.run_fixture import salads, shared_tiny_run_dir, write_corpus
+
+
+@pytest.fixture(scope="session")
+def tiny_run_dir(tmp_path_factory, request):
+    return shared_tiny_run_dir(tmp_path_factory, getattr(request.config, "cache", None))
+
+
+@pytest.fixture(scope="module")
+def translator(tiny_run_dir):
+    from nmt.translator import Translator
+
+    return Translator.from_run_dir(tiny_run_dir, xla=False, batch_size=4)
+
+
+SOURCES = salads(23, seed=5) + ["", "  the cat\u2028sees a dog  "]  # a blank line; a break inside a line
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    pairs = [(s, f"target {i}") for i, s in enumerate(SOURCES)]
+    real = [("the cat sees a dog.", "die katze sieht einen hund."), ("a hat.", "einen hut.")]
+    return write_corpus(tmp_path / "corpus", corpus={"train": pairs, "validation": real, "test": real[:1]})
+
+
+def data_config(corpus):
+    return DataConfig(dataset="folder", folder=str(corpus), source="en", target="de")
+
+
+def run(translator, corpus, output, chunk_size=4, beam=2, **kwargs):
+    data = data_config(corpus)
+    settings = settings_of(
+        data, teachers=["teacher"], weights=translator.weights, beam_size=beam,
+        alpha=translator.eval_config.alpha, chunk_size=chunk_size,
+    )  # fmt: skip
+    return distill(translator, data, output, settings=settings, beam_size=beam, **kwargs)
+
+
+def test_the_folder_holds_the_sources_the_translations_and_the_real_pairs(translator, corpus, tmp_path):
+    output = tmp_path / "kd"
+    summary = run(translator, corpus, output)
+    sources = [" ".join(s.split("\u2028")).strip() for s in SOURCES]  # one line each, no surrounding spaces
+    assert (output / "en.train.txt").read_text().splitlines() == sources
+    expected = translator.translate(sources, beam_size=2)  # all lines at once: the chunks change nothing
+    assert (output / "de.train.txt").read_text().splitlines() == expected
+    assert expected[23] == "" and len(set(expected)) > 10  # the blank line; real translations, not one string
+    for split in ("validation", "test"):
+        for language in ("en", "de"):
+            name = f"{language}.{split}.txt"
+            assert (output / name).read_text() == (corpus / name).read_text()
+    assert (summary.lines, summary.translated, summary.resumed_from) == (25, 25, 0)
+    assert summary.references == {"validation": 2, "test": 1}
+    student = DataConfig(dataset="folder", folder=str(output), source="en", target="de")
+    assert folder.sizes(student) == {"train": 25, "validation": 2, "test": 1}
+    assert sorted(p.name for p in output.iterdir() if p.name.startswith(".")) == [MANIFEST]
+
+
+def test_a_stopped_run_resumes_to_the_uninterrupted_file(translator, corpus, tmp_path):
+    whole = tmp_path / "whole"
+    run(translator, corpus, whole)
+    stopped = tmp_path / "stopped"
+
+    def stop(done):
+        if done == 12:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run(translator, corpus, stopped, on_chunk=stop)
+    assert not (stopped / "de.train.txt").exists()  # not a trainable folder until complete
+    with pytest.raises(Exception, match="de.train.txt: no such file"):
+        folder.split_files(
+            DataConfig(dataset="folder", folder=str(stopped), source="en", target="de"), "train"
+        )
+    partial = stopped / ".de.train.txt.partial"
+    with open(partial, "ab") as handle:
+        handle.write(b"half a chunk, cut short\nand mo")  # written after the last record, e.g. by a crash
+    summary = run(translator, corpus, stopped)
+    assert (summary.translated, summary.resumed_from) == (13, 12)
+    assert (stopped / "de.train.txt").read_bytes() == (whole / "de.train.txt").read_bytes()
+    assert not partial.exists()
+    again = run(translator, corpus, stopped)  # complete: nothing translated
+    assert (again.translated, again.resumed_from) == (0, 25)
+    assert json.loads((stopped / MANIFEST).read_text())["complete"] is True
+
+
+def test_other_settings_or_a_foreign_folder_are_refused_untouched(translator, corpus, tmp_path):
+    output = tmp_path / "kd"
+    run(translator, corpus, output)
+    before = {p.name: p.read_bytes() for p in output.iterdir()}
+    with pytest.raises(DistillError, match="beam_size: 2 there, 3 now"):
+        run(translator, corpus, output, beam=3)
+    with pytest.raises(DistillError, match="chunk_size: 4 there, 5 now"):
+        run(translator, corpus, output, chunk_size=5)
+    assert {p.name: p.read_bytes() for p in output.iterdir()} == before
+    (corpus / "en.train.txt").write_text("".join(s + "\n" for s in reversed(SOURCES)))  # the corpus changed
+    with pytest.raises(DistillError, match="corpus: "):
+        run(translator, corpus, output)
+    with pytest.raises(DistillError, match="not empty and holds no .distill.json"):
+        run(translator, corpus, corpus)
+    assert (corpus / "de.train.txt").read_text().splitlines()[0] == "target 0"
+
+
+def test_damaged_progress_is_an_error_not_a_zero_filled_file(translator, corpus, tmp_path):
+    output = tmp_path / "kd"
+
+    def stop(done):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run(translator, corpus, output, on_chunk=stop)
+    (output / ".de.train.txt.partial").write_bytes(b"x\n")  # shorter than the recorded chunk
+    with pytest.raises(DistillError, match="the progress is damaged"):
+        run(translator, corpus, output)
+    (output / MANIFEST).write_text("{")
+    with pytest.raises(DistillError, match="cannot be read"):
+        run(translator, corpus, output)

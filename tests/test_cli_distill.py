@@ -1,0 +1,78 @@
+"""distill.py, run as subprocesses: the folder against `Translator.translate`, a finished folder left as it is,
+usage errors before TensorFlow, other settings refused."""
+
+import json
+
+import pytest
+
+from tests.run_fixture import salads, shared_tiny_run_dir, write_corpus
+from tests.test_cli_translate import cli
+
+
+@pytest.fixture(scope="session")
+def tiny_run_dir(tmp_path_factory, request):
+    return shared_tiny_run_dir(tmp_path_factory, getattr(request.config, "cache", None))
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    real = [("the cat sees a dog.", "die katze sieht einen hund.")]
+    train = [(s, "x") for s in salads(9, seed=8)]
+    return write_corpus(tmp_path / "corpus", corpus={"train": train, "validation": real, "test": real})
+
+
+def test_distill_writes_the_teachers_translations_and_prints_the_student_command(
+    tiny_run_dir, corpus, tmp_path
+):
+    from nmt.translator import Translator
+
+    output = tmp_path / "kd"
+    args = ("distill.py", "--model-dir", tiny_run_dir, "--output", output, "--xla", "off", "--chunk-size", 4,
+            "--beam", 3, "--alpha", 0.5, "--set", f"data.folder={corpus}")  # fmt: skip
+    done = cli(*args)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    assert done.stdout.decode().strip() == str(output)
+    sources = (corpus / "en.train.txt").read_text().splitlines()
+    teacher = Translator.from_run_dir(tiny_run_dir, xla=False)
+    teacher.eval_config.alpha = 0.5
+    assert (output / "de.train.txt").read_text().splitlines() == teacher.translate(sources, beam_size=3)
+    assert (output / "de.test.txt").read_text() == (corpus / "de.test.txt").read_text()
+    settings = json.loads((output / ".distill.json").read_text())["settings"]
+    assert (settings["beam_size"], settings["alpha"], settings["chunk_size"]) == (3, 0.5, 4)
+    assert (
+        f"--set data.dataset=folder data.folder={output} data.source=en data.target=de"
+        in done.stderr.decode()
+    )
+
+    stamp = (output / "de.train.txt").stat().st_mtime_ns
+    again = cli(*args)  # finished: nothing to do, nothing rewritten
+    assert again.returncode == 0 and "complete already" in again.stderr.decode()
+    assert (output / "de.train.txt").stat().st_mtime_ns == stamp
+    other = cli(*args, "--beam", 2)  # the last --beam counts
+    assert other.returncode == 1
+    assert "distilled with other settings (beam_size: 3 there, 2 now)" in other.stderr.decode()
+    assert (output / "de.train.txt").stat().st_mtime_ns == stamp
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--set", "model.d_model=8"], "--set model.d_model=8: only data.* settings choose the corpus here"),
+        (["--chunk-size", "0"], "--chunk-size must be at least 1, got 0"),
+        (["--beam", "0"], "--beam must be at least 1"),
+        (["--set", "data.vocab_size=x"], "invalid config: data.vocab_size"),
+    ],
+)
+def test_usage_errors_exit_2_and_write_nothing(args, message, tiny_run_dir, tmp_path):
+    done = cli("distill.py", "--model-dir", tiny_run_dir, "--output", tmp_path / "kd", *args)
+    assert done.returncode == 2
+    assert message in done.stderr.decode()
+    assert not (tmp_path / "kd").exists()
+
+
+def test_a_folder_that_is_not_a_distillations_is_left_untouched(tiny_run_dir, corpus):
+    before = {p.name: p.read_bytes() for p in corpus.iterdir()}
+    done = cli("distill.py", "--model-dir", tiny_run_dir, "--output", corpus, "--xla", "off")
+    assert done.returncode == 1
+    assert "not empty and holds no .distill.json" in done.stderr.decode()
+    assert {p.name: p.read_bytes() for p in corpus.iterdir()} == before

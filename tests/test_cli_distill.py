@@ -76,3 +76,50 @@ def test_a_folder_that_is_not_a_distillations_is_left_untouched(tiny_run_dir, co
     assert done.returncode == 1
     assert "not empty and holds no .distill.json" in done.stderr.decode()
     assert {p.name: p.read_bytes() for p in corpus.iterdir()} == before
+
+
+def test_sigint_stops_and_the_same_command_resumes_to_the_uninterrupted_folder(tiny_run_dir, tmp_path):
+    """A real SIGINT once some chunks are recorded: exit 130, no training targets yet; the same command again
+    resumes and writes the bytes of an uninterrupted run."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.test_cli_translate import ROOT, RUN_DEADLINE
+
+    corpus = write_corpus(tmp_path / "corpus", corpus={"train": [(s, "x") for s in salads(1500, seed=9)]})
+
+    def command(output):
+        return ["distill.py", "--model-dir", tiny_run_dir, "--output", output, "--xla", "off", "--chunk-size",
+                10, "--set", f"data.folder={corpus}"]  # fmt: skip
+
+    whole = cli(*command(tmp_path / "whole"))
+    assert whole.returncode == 0, whole.stderr.decode()[-2000:]
+    output = tmp_path / "kd"
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
+    with open(tmp_path / "stderr.txt", "wb") as stderr:
+        process = subprocess.Popen(
+            [sys.executable, *map(str, command(output))], stderr=stderr, cwd=ROOT, env=env
+        )
+
+    def recorded() -> int:
+        try:
+            return json.loads((output / ".distill.json").read_text()).get("translated", 0)
+        except (OSError, ValueError):
+            return 0
+
+    deadline = time.monotonic() + RUN_DEADLINE  # a hang guard, not a timing
+    while recorded() < 30 and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    process.send_signal(signal.SIGINT)
+    code = process.wait(timeout=RUN_DEADLINE)
+    assert code == 130, (tmp_path / "stderr.txt").read_text()[-2000:]
+    stopped_at = recorded()
+    assert 30 <= stopped_at < 1500 and not (output / "de.train.txt").exists()
+    resumed = cli(*command(output))
+    assert resumed.returncode == 0, resumed.stderr.decode()[-2000:]
+    assert f"resuming {output}: {stopped_at} of 1500 lines translated already" in resumed.stderr.decode()
+    assert (output / "de.train.txt").read_bytes() == (tmp_path / "whole" / "de.train.txt").read_bytes()
+    assert (output / "en.train.txt").read_bytes() == (tmp_path / "whole" / "en.train.txt").read_bytes()

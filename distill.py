@@ -58,7 +58,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--batch-size", type=int, default=None, help="sentences per batch; default eval.batch_size"
     )
     parser.add_argument(
-        "--chunk-size", type=int, default=1000, help="lines translated between two saves of the progress"
+        "--chunk-size",
+        type=int,
+        default=1000,
+        help="lines translated between two saves of the progress (a resumed folder keeps its own)",
     )
     cli.add_weights_argument(parser)
     cli.add_xla_argument(parser)
@@ -85,40 +88,66 @@ def _check(args: argparse.Namespace) -> None:
     cli.check_streams(args.streams)
     cli.check_model_dir(args.model_dir)
     cli.check_ensemble(args)
+    from pathlib import Path
+
+    from nmt.distill import DistillError, check_output
+
+    try:
+        check_output(Path(args.output))
+    except DistillError as err:
+        raise cli.CliError(str(err), exit_code=1) from err
+
+
+def _corpus(args: argparse.Namespace):
+    """The teacher's corpus settings with --set applied; its languages may not change (exit 2)."""
+    from data.config import load_data_config
+    from nmt.run_dir import RunDir
+
+    config = RunDir(args.model_dir).path / "config.yaml"
+    teacher, _ = load_data_config(config)
+    data, _ = load_data_config(config, args.overrides)
+    for key in ("source", "target"):
+        if getattr(data, key) != getattr(teacher, key):
+            raise cli.CliError(
+                f"--set data.{key}={getattr(data, key)}: the teacher translates {teacher.source} into "
+                f"{teacher.target}; a corpus of other languages needs another teacher",
+                exit_code=2,
+            )
+    return data
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     cli.setup_logging(args.verbose)
     _check(args)
-    from data.config import load_data_config
-    from nmt.run_dir import RunDir
-
-    data, _ = load_data_config(RunDir(args.model_dir).path / "config.yaml", args.overrides)
+    data = _corpus(args)
     cli.quiet_tensorflow()
     cli.decoding_kernels()
 
     import dataclasses
+    from pathlib import Path
 
     from tqdm.contrib.logging import logging_redirect_tqdm
 
     from nmt.distill import DistillError, distill, settings_of
     from nmt.translator import Translator
 
-    translator = Translator.from_run_dir(
-        args.model_dir,
-        weights=args.weights,
-        xla=cli.xla_setting(args.xla),
-        batch_size=args.batch_size,
-        streams=args.streams,
-        ensemble=tuple(args.ensemble),
+    translator = (
+        Translator.from_run_dir(  # absolute paths: the weights recorded do not depend on the spelling
+            Path(args.model_dir).resolve(),
+            weights=args.weights,
+            xla=cli.xla_setting(args.xla),
+            batch_size=args.batch_size,
+            streams=args.streams,
+            ensemble=tuple(Path(path).resolve() for path in args.ensemble),
+        )
     )
     if args.alpha is not None:
         translator.eval_config = dataclasses.replace(translator.eval_config, alpha=args.alpha)
     beam = translator.eval_config.beam_size if args.beam is None else args.beam
     settings = settings_of(
         data, teachers=[args.model_dir, *args.ensemble], weights=translator.weights, beam_size=beam,
-        alpha=translator.eval_config.alpha, chunk_size=args.chunk_size,
+        alpha=translator.eval_config.alpha,
     )  # fmt: skip
     warnings = cli.LineWarnings(source=f"{data.source}.train.txt")
     keep = translator.max_source_length - 1
@@ -133,8 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with logging_redirect_tqdm():
             summary = distill(
-                translator, data, args.output, settings=settings, beam_size=beam, progress=True,
-                on_truncated=truncated,
+                translator, data, args.output, settings=settings, beam_size=beam, chunk_size=args.chunk_size,
+                progress=True, on_truncated=truncated,
             )  # fmt: skip
     except DistillError as err:
         raise cli.CliError(str(err), exit_code=1) from err
@@ -146,9 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     student = ["data.dataset=folder", f"data.folder={summary.output.resolve()}", f"data.source={data.source}",
                f"data.target={data.target}"]  # fmt: skip
-    for key, name in (("train_split", "train"), ("validation_split", "validation"), ("test_split", "test")):
-        if getattr(data, key) != name and (name == "train" or name in summary.references):
-            student.append(f"data.{key}={name}")
+    for name in ("train", *summary.references):  # whatever the student's config names its splits
+        student.append(f"data.{name}_split={name}")
     log.info(
         "train a student: python train.py --config CONFIG --model-dir DIR --set %s",
         " ".join(shlex.quote(text) for text in student),

@@ -57,17 +57,21 @@ class Summary:
     references: dict[str, int]  # validation/test split -> pairs copied
 
 
-def settings_of(data: DataConfig, *, teachers: Sequence[str], weights: str, beam_size: int, alpha: float,
-                chunk_size: int) -> dict:  # fmt: skip
-    """What the folder's text depends on: a resumed run must have the same."""
+def settings_of(
+    data: DataConfig, *, teachers: Sequence[str], weights: str, beam_size: int, alpha: float
+) -> dict:
+    """What the folder's text depends on: a resumed run must have the same. `weights`: the teachers' checkpoints
+    as loaded (give absolute run directories, so that another spelling of a path is the same teacher).
+
+    Not here: how lines are batched (--batch-size, --xla, --streams: the same translations) and the chunk size (a
+    resumed run keeps the recorded one, so its chunks are the uninterrupted run's)."""
     identities = {name: split_identity(data, split) for name, split in _corpus_splits(data).items()}
     return {
         "format": FORMAT,
         "teachers": [os.fspath(Path(path).resolve()) for path in teachers],
         "weights": weights,
         "beam_size": beam_size,
-        "alpha": alpha,
-        "chunk_size": chunk_size,
+        "alpha": alpha if beam_size > 1 else None,  # greedy search has no length penalty
         "source": data.source,
         "target": data.target,
         "corpus": identities,
@@ -90,16 +94,27 @@ def distill(
     *,
     settings: dict,
     beam_size: int,
+    chunk_size: int = 1000,
     progress: bool = False,
     on_chunk: Callable[[int], None] | None = None,
     on_truncated: Callable[[int, int], None] | None = None,
 ) -> Summary:
     """Writes (or completes) the distilled folder corpus `output` (module docstring); `settings` from `settings_of`.
 
-    `on_chunk(lines_done)` runs after each chunk is recorded; `on_truncated(index, subwords)` for a training source
-    longer than the model allows (translated truncated)."""
+    `chunk_size`: lines per recorded chunk, for a new folder (a resumed one keeps its own). `on_chunk(lines_done)`
+    runs after each chunk is recorded; `on_truncated(index, subwords)` for a training source longer than the model
+    allows (translated truncated). One process at a time per folder (a lock; `DistillError` for a second one)."""
     output = Path(output)
-    manifest = _open(output, settings)
+    check_output(output)
+    output.mkdir(parents=True, exist_ok=True)
+    with _Lock(output):
+        return _distill(
+            translator, data, output, settings, beam_size, chunk_size, progress, on_chunk, on_truncated
+        )
+
+
+def _distill(translator, data, output, settings, beam_size, chunk_size, progress, on_chunk, on_truncated):
+    manifest = _open(output, settings, chunk_size)
     if manifest.get("complete"):
         log.info("%s is complete already (%d pairs): nothing to do", output, manifest["lines"])
         return Summary(output, manifest["lines"], 0, manifest["lines"], manifest["references"])
@@ -107,7 +122,9 @@ def distill(
         splits = _corpus_splits(data)
         counts = {name: _copy_split(data, split, output, name) for name, split in splits.items()}
         manifest.update(lines=counts.pop("train"), references=counts, translated=0, bytes=0)
-        _save(output, manifest)
+        _save(output, manifest)  # from here on, the settings are the folder's
+    if manifest["chunk_size"] != chunk_size:
+        log.info("%s: chunks of %d lines, as recorded (not %d)", output, manifest["chunk_size"], chunk_size)
     target = data.target
     partial = output / f".{target}.train.txt.partial"
     done, offset = manifest["translated"], manifest["bytes"]
@@ -116,8 +133,12 @@ def distill(
         log.info("resuming %s: %d of %d lines translated already", output, done, manifest["lines"])
     final = output / f"{target}.train.txt"
     if (
-        done == manifest["lines"] and final.exists() and not partial.exists()
-    ):  # stopped between rename and save
+        done == manifest["lines"]
+        and not partial.exists()
+        and final.exists()
+        and final.stat().st_size == offset
+    ):
+        # stopped between the rename and the manifest's save
         manifest.update(complete=True)
         _save(output, manifest)
         return Summary(output, done, 0, done, manifest["references"])
@@ -136,7 +157,7 @@ def distill(
             for _ in itertools.islice(lines, done):  # the lines translated already
                 pass
             bar = _bar(progress, manifest["lines"], done)
-            for chunk in chunked(lines, settings["chunk_size"]):
+            for chunk in chunked(lines, manifest["chunk_size"]):
                 truncated = None if on_truncated is None else functools.partial(_shifted, on_truncated, done)
                 translations = translator.translate(
                     chunk, beam_size=beam_size, on_truncated=truncated, first_line=done
@@ -166,36 +187,73 @@ def distill(
     return Summary(output, done, done - resumed, resumed, manifest["references"])
 
 
-def _open(output: Path, settings: dict) -> dict:
-    """The folder's manifest: a new one for a missing or empty folder; `DistillError` for another folder."""
-    path = output / MANIFEST
+LOCK = ".distill.lock"
+
+
+def check_output(output: Path) -> None:
+    """`DistillError` unless `output` can be a distillation's folder: new, empty, or one with a manifest (no
+    TensorFlow needed: the CLI checks it first)."""
     if output.exists() and not output.is_dir():
         raise DistillError(f"{output} is a file, not a folder")
-    if not path.exists():
-        if output.is_dir() and any(output.iterdir()):
-            raise DistillError(
-                f"{output} is not empty and holds no {MANIFEST}: not a distillation's folder, left as it is "
-                "(give a new or empty folder)"
-            )
-        output.mkdir(parents=True, exist_ok=True)
-        manifest = {"settings": settings}
-        _save(output, manifest)
-        return manifest
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-        recorded = manifest["settings"]
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        raise DistillError(f"{path} cannot be read ({err}): delete the folder and distil again") from err
-    changed = [key for key in sorted(set(recorded) | set(settings)) if recorded.get(key) != settings.get(key)]
-    if changed:
-        details = "; ".join(
-            f"{key}: {recorded.get(key)!r} there, {settings.get(key)!r} now" for key in changed
-        )
+    if output.is_dir() and not (output / MANIFEST).exists() and any(p.name != LOCK for p in output.iterdir()):
         raise DistillError(
-            f"{output} was distilled with other settings ({details}): give another folder, or the same settings "
-            "to resume it"
+            f"{output} is not empty and holds no {MANIFEST}: not a distillation's folder, left as it is "
+            "(give a new or empty folder)"
         )
+
+
+def _open(output: Path, settings: dict, chunk_size: int) -> dict:
+    """The folder's manifest; a new one while nothing is recorded but the settings (they may still change: e.g. a
+    corpus fixed after its copy failed); `DistillError` for a folder of other settings or a damaged manifest."""
+    path = output / MANIFEST
+    if path.exists():
+        try:
+            manifest = json.loads(path.read_text(encoding="utf-8"))
+            recorded = manifest["settings"]
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise DistillError(f"{path} cannot be read ({err}): delete the folder and distil again") from err
+        changed = [k for k in sorted(set(recorded) | set(settings)) if recorded.get(k) != settings.get(k)]
+        if changed and "lines" in manifest:
+            details = "; ".join(_difference(key, recorded.get(key), settings.get(key)) for key in changed)
+            raise DistillError(
+                f"{output} was distilled with other settings ({details}): give another folder, or the same "
+                "settings to resume it"
+            )
+        if not changed:
+            return manifest
+    manifest = {"settings": settings, "chunk_size": chunk_size}
+    _save(output, manifest)
     return manifest
+
+
+def _difference(key: str, there, now) -> str:
+    if key == "corpus" and isinstance(there, dict) and isinstance(now, dict):
+        splits = sorted(s for s in set(there) | set(now) if there.get(s) != now.get(s))
+        return f"corpus: split(s) {', '.join(splits)} changed since (their files, sizes or versions)"
+    return f"{key}: {there!r} there, {now!r} now"
+
+
+class _Lock:
+    """An exclusive, non-blocking lock on the folder (released when the process ends, even by SIGKILL)."""
+
+    def __init__(self, output: Path):
+        self.path = output / LOCK
+
+    def __enter__(self):
+        import fcntl
+
+        self.handle = open(self.path, "a")  # noqa: SIM115 - closed at exit
+        try:
+            fcntl.flock(self.handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as err:
+            self.handle.close()
+            raise DistillError(
+                f"another distill.py is writing {self.path.parent}: wait for it or stop it"
+            ) from err
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.handle.close()  # closing releases the lock
 
 
 def _save(output: Path, manifest: dict) -> None:
@@ -219,9 +277,13 @@ def _copy_split(data: DataConfig, split: str, output: Path, name: str) -> int:
         for handle in handles:
             handle.flush()
             os.fsync(handle.fileno())
-    finally:
-        for handle in handles:
+    except BaseException:
+        for handle, tmp in zip(handles, temporary):
             handle.close()
+            tmp.unlink(missing_ok=True)
+        raise
+    for handle in handles:
+        handle.close()
     for tmp, path in zip(temporary, paths):
         os.replace(tmp, path)
     log.info("%s: %d pairs of split %r", output, count, split)

@@ -2,11 +2,13 @@
 usage errors before TensorFlow, other settings refused."""
 
 import json
+import subprocess
+import sys
 
 import pytest
 
 from tests.run_fixture import salads, shared_tiny_run_dir, write_corpus
-from tests.test_cli_translate import cli
+from tests.test_cli_translate import ROOT, cli
 
 
 @pytest.fixture(scope="session")
@@ -38,10 +40,11 @@ def test_distill_writes_the_teachers_translations_and_prints_the_student_command
     assert (output / "de.train.txt").read_text().splitlines() == teacher.translate(sources, beam_size=3)
     assert (output / "de.test.txt").read_text() == (corpus / "de.test.txt").read_text()
     settings = json.loads((output / ".distill.json").read_text())["settings"]
-    assert (settings["beam_size"], settings["alpha"], settings["chunk_size"]) == (3, 0.5, 4)
-    assert (
-        f"--set data.dataset=folder data.folder={output} data.source=en data.target=de"
-        in done.stderr.decode()
+    assert (settings["beam_size"], settings["alpha"]) == (3, 0.5)
+    assert settings["teachers"] == [str(tiny_run_dir.resolve())]
+    student = f"data.folder={output.resolve()} data.source=en data.target=de data.train_split=train"
+    assert f"--set data.dataset=folder {student} data.validation_split=validation data.test_split=test" in (
+        done.stderr.decode()
     )
 
     stamp = (output / "de.train.txt").stat().st_mtime_ns
@@ -61,11 +64,19 @@ def test_distill_writes_the_teachers_translations_and_prints_the_student_command
         (["--chunk-size", "0"], "--chunk-size must be at least 1, got 0"),
         (["--beam", "0"], "--beam must be at least 1"),
         (["--set", "data.vocab_size=x"], "invalid config: data.vocab_size"),
+        (["--set", "data.source=de", "data.target=en"], "the teacher translates en into de"),
     ],
 )
-def test_usage_errors_exit_2_and_write_nothing(args, message, tiny_run_dir, tmp_path):
-    done = cli("distill.py", "--model-dir", tiny_run_dir, "--output", tmp_path / "kd", *args)
-    assert done.returncode == 2
+def test_usage_errors_exit_2_before_tensorflow_and_write_nothing(args, message, tiny_run_dir, tmp_path):
+    argv = ["--model-dir", str(tiny_run_dir), "--output", str(tmp_path / "kd"), *args]
+    code = (
+        "import sys, distill\n"
+        "from nmt import cli\n"
+        f"try:\n    cli.run(lambda: distill.main({argv!r}))\n"
+        "finally:\n    assert 'tensorflow' not in sys.modules, 'tensorflow imported'\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, cwd=ROOT, timeout=300)
+    assert done.returncode == 2, done.stderr.decode()[-2000:]
     assert message in done.stderr.decode()
     assert not (tmp_path / "kd").exists()
 
@@ -83,11 +94,9 @@ def test_sigint_stops_and_the_same_command_resumes_to_the_uninterrupted_folder(t
     resumes and writes the bytes of an uninterrupted run."""
     import os
     import signal
-    import subprocess
-    import sys
     import time
 
-    from tests.test_cli_translate import ROOT, RUN_DEADLINE
+    from tests.test_cli_translate import RUN_DEADLINE
 
     corpus = write_corpus(tmp_path / "corpus", corpus={"train": [(s, "x") for s in salads(1500, seed=9)]})
 

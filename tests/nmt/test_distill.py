@@ -6,7 +6,7 @@ import pytest
 
 from data import folder
 from data.config import DataConfig
-from nmt.distill import MANIFEST, DistillError, distill, settings_of
+from nmt.distill import LOCK, MANIFEST, DistillError, distill, settings_of
 from tests.run_fixture import salads, shared_tiny_run_dir, write_corpus
 
 
@@ -39,10 +39,15 @@ def data_config(corpus):
 def run(translator, corpus, output, chunk_size=4, beam=2, **kwargs):
     data = data_config(corpus)
     settings = settings_of(
-        data, teachers=["teacher"], weights=translator.weights, beam_size=beam,
-        alpha=translator.eval_config.alpha, chunk_size=chunk_size,
-    )  # fmt: skip
-    return distill(translator, data, output, settings=settings, beam_size=beam, **kwargs)
+        data,
+        teachers=["teacher"],
+        weights=translator.weights,
+        beam_size=beam,
+        alpha=translator.eval_config.alpha,
+    )
+    return distill(
+        translator, data, output, settings=settings, beam_size=beam, chunk_size=chunk_size, **kwargs
+    )
 
 
 def test_the_folder_holds_the_sources_the_translations_and_the_real_pairs(translator, corpus, tmp_path):
@@ -61,7 +66,7 @@ def test_the_folder_holds_the_sources_the_translations_and_the_real_pairs(transl
     assert summary.references == {"validation": 2, "test": 1}
     student = DataConfig(dataset="folder", folder=str(output), source="en", target="de")
     assert folder.sizes(student) == {"train": 25, "validation": 2, "test": 1}
-    assert sorted(p.name for p in output.iterdir() if p.name.startswith(".")) == [MANIFEST]
+    assert sorted(p.name for p in output.iterdir() if p.name.startswith(".")) == sorted([MANIFEST, LOCK])
 
 
 def test_a_stopped_run_resumes_to_the_uninterrupted_file(translator, corpus, tmp_path):
@@ -83,7 +88,7 @@ def test_a_stopped_run_resumes_to_the_uninterrupted_file(translator, corpus, tmp
     partial = stopped / ".de.train.txt.partial"
     with open(partial, "ab") as handle:
         handle.write(b"half a chunk, cut short\nand mo")  # written after the last record, e.g. by a crash
-    summary = run(translator, corpus, stopped)
+    summary = run(translator, corpus, stopped, chunk_size=5)  # the recorded chunks of 4 lines are kept
     assert (summary.translated, summary.resumed_from) == (13, 12)
     assert (stopped / "de.train.txt").read_bytes() == (whole / "de.train.txt").read_bytes()
     assert not partial.exists()
@@ -98,15 +103,14 @@ def test_other_settings_or_a_foreign_folder_are_refused_untouched(translator, co
     before = {p.name: p.read_bytes() for p in output.iterdir()}
     with pytest.raises(DistillError, match="beam_size: 2 there, 3 now"):
         run(translator, corpus, output, beam=3)
-    with pytest.raises(DistillError, match="chunk_size: 4 there, 5 now"):
-        run(translator, corpus, output, chunk_size=5)
     assert {p.name: p.read_bytes() for p in output.iterdir()} == before
-    (corpus / "en.train.txt").write_text("".join(s + "\n" for s in reversed(SOURCES)))  # the corpus changed
-    with pytest.raises(DistillError, match="corpus: "):
+    (corpus / "en.train.txt").write_text("".join(s + "\n" for s in reversed(SOURCES)) + "one more\n")
+    (corpus / "de.train.txt").write_text("".join(f"t{i}\n" for i in range(len(SOURCES) + 1)))
+    with pytest.raises(DistillError, match=r"corpus: split\(s\) train changed since"):
         run(translator, corpus, output)
     with pytest.raises(DistillError, match="not empty and holds no .distill.json"):
         run(translator, corpus, corpus)
-    assert (corpus / "de.train.txt").read_text().splitlines()[0] == "target 0"
+    assert (corpus / "de.train.txt").read_text().splitlines()[0] == "t0"
 
 
 def test_damaged_progress_is_an_error_not_a_zero_filled_file(translator, corpus, tmp_path):
@@ -122,4 +126,46 @@ def test_damaged_progress_is_an_error_not_a_zero_filled_file(translator, corpus,
         run(translator, corpus, output)
     (output / MANIFEST).write_text("{")
     with pytest.raises(DistillError, match="cannot be read"):
+        run(translator, corpus, output)
+
+
+def test_one_process_per_folder(translator, corpus, tmp_path):
+    import fcntl
+
+    output = tmp_path / "kd"
+    output.mkdir()
+    with open(output / LOCK, "a") as held:  # another process's distill.py, as far as flock is concerned
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(DistillError, match="another distill.py is writing"):
+            run(translator, corpus, output)
+    assert [p.name for p in output.iterdir()] == [LOCK]
+    assert run(translator, corpus, output).translated == 25  # the lock file alone is an empty folder
+
+
+def test_a_corpus_fixed_after_a_failed_copy_is_taken(translator, corpus, tmp_path):
+    """Nothing recorded but the settings: new settings replace them, and the failed copy left no files."""
+    from data.errors import DataError
+
+    output = tmp_path / "kd"
+    good = (corpus / "de.validation.txt").read_text()
+    (corpus / "de.validation.txt").write_text(good.splitlines(keepends=True)[0])  # one line short
+    with pytest.raises(DataError, match="line-aligned"):
+        run(translator, corpus, output)
+    assert sorted(p.name for p in output.iterdir()) == sorted([MANIFEST, LOCK, "en.train.txt"])
+    (corpus / "de.validation.txt").write_text(good)
+    assert run(translator, corpus, output).references == {"validation": 2, "test": 1}
+
+
+def test_stopped_between_the_rename_and_the_manifest(translator, corpus, tmp_path):
+    output = tmp_path / "kd"
+    run(translator, corpus, output)
+    manifest = json.loads((output / MANIFEST).read_text())
+    (output / MANIFEST).write_text(json.dumps({**manifest, "complete": False}))
+    again = run(translator, corpus, output)
+    assert (again.translated, again.resumed_from) == (0, 25)
+    assert json.loads((output / MANIFEST).read_text())["complete"] is True
+    (output / MANIFEST).write_text(json.dumps({**manifest, "complete": False}))
+    with open(output / "de.train.txt", "ab") as handle:
+        handle.write(b"a line from elsewhere\n")  # not the recorded file: not taken as complete
+    with pytest.raises(DistillError, match="the progress is damaged"):
         run(translator, corpus, output)

@@ -119,3 +119,40 @@ def test_xla_decoding_of_an_ensemble_gives_the_same_ids():
         )()
         np.testing.assert_array_equal(compiled[0].numpy(), eager[0].numpy())
         np.testing.assert_allclose(compiled[1].numpy(), eager[1].numpy(), atol=1e-5)
+
+
+def unlike_members():
+    """Two models of one vocabulary and nothing else in common: width, heads, depth, Pre-/Post-LN, attention kind,
+    untied output projection, position table."""
+    shapes = [
+        dict(d_model=16, num_heads=2, d_ff=32, num_layers=2, norm="pre", max_length=16),
+        dict(d_model=24, num_heads=3, d_ff=40, num_layers=1, norm="post", attention="local", window=2,
+             tie_output=False, max_length=20),
+    ]  # fmt: skip
+    models = []
+    for seed, shape in enumerate(shapes):
+        keras.utils.set_random_seed(200 + seed)
+        models.append(build_model(tiny_config(**shape), VOCAB, VOCAB))
+    return models
+
+
+@pytest.mark.parametrize(
+    "options",
+    [dict(use_cache=True), dict(use_cache=True, static_shapes=True), dict(use_cache=False)],
+    ids=["growing-cache", "static-cache", "no-cache"],
+)
+def test_members_of_other_architectures_decode_the_averaged_distribution(options):
+    models = unlike_members()
+    steps = 6
+    limits = tf.fill([SOURCE.shape[0]], steps)
+    ids, _ = decode_batch(Ensemble(models), SOURCE, limits, max_length=steps + 1, beam_size=1, **options)
+    for row, source_row in enumerate(SOURCE.numpy().tolist()):
+        got = [t for t in ids[row, 0].numpy().tolist() if t != PAD_ID]
+        expected = numpy_greedy(models, source_row, steps)
+        assert got[: len(expected)] == expected, (row, got, expected)
+    beam = decode_batch(
+        Ensemble(models), SOURCE, limits, max_length=steps + 1, beam_size=3, alpha=1.0, **options
+    )
+    full = decode_batch(Ensemble(models), SOURCE, limits, max_length=steps + 1, beam_size=3, alpha=1.0,
+                        use_cache=False)  # fmt: skip
+    np.testing.assert_array_equal(beam[0].numpy(), full[0].numpy())

@@ -1,12 +1,16 @@
 """Prepare once, stream always: train the tokenizer and tokenize the corpus into the cache.
 
     python -m data.prepare --config base.yaml [--set data.folder=DIR ...] [--no-progress]
+    python -m data.prepare --config ft.yaml --tokenizer runs/base/tokenizer   # a fine-tuning config (init_from)
 
 Trains SentencePiece once on a bounded random sample of the train split (data.tokenizer_max_sentences) and
 tokenizes the train, validation and test splits in one streaming pass each into `data.store` arrays under
 `data.cache_dir` (see `data.cache` for the keys). Memory stays bounded by one chunk of pairs whatever the corpus
 size; a progress bar shows pairs/s. Rerunning with a complete cache does nothing and says so. `train.py` calls the
-same functions when the cache is missing. Exit codes: 0 done, 1 data error, 2 config error.
+same functions when the cache is missing. `--tokenizer DIR` tokenizes with the SentencePiece model(s) in DIR
+instead (e.g. a run's tokenizer/): a config that fine-tunes another run (`train.init_from`) needs it, since its run
+tokenizes with the parent's tokenizer; without it such a config is refused (a tokenizer trained here would be of no
+use). Exit codes: 0 done, 1 data error, 2 config error.
 """
 
 from __future__ import annotations
@@ -185,6 +189,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m data.prepare", description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", required=True, help="YAML config (a bare name is looked up in configs/)")
     add_set_argument(parser)
+    parser.add_argument(
+        "--tokenizer",
+        metavar="DIR",
+        help="tokenize with the SentencePiece model(s) in DIR (e.g. RUN/tokenizer, for a train.init_from config) "
+        "instead of the one trained and cached for the config",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
@@ -194,9 +204,17 @@ def main(argv: list[str] | None = None) -> int:
     from data.config import load_data_config
 
     try:
-        cfg, _ = load_data_config(args.config, args.overrides)
+        cfg, tree = load_data_config(args.config, args.overrides)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
+        return 2
+    parent = (tree.get("train") or {}).get("init_from")
+    if parent and not args.tokenizer:
+        print(
+            f"error: this config fine-tunes train.init_from={parent}: its run tokenizes with that run's tokenizer, "
+            f"so give it: --tokenizer {Path(parent) / 'tokenizer'} (a tokenizer trained here would not be used)",
+            file=sys.stderr,
+        )
         return 2
     start, made = time.perf_counter(), set()
     if args.no_progress:  # TFDS's own bars too (building a TFDS dataset the first time)
@@ -204,7 +222,12 @@ def main(argv: list[str] | None = None) -> int:
 
         tfds.disable_progress_bar()
     try:
-        tokenizer, splits = prepare(cfg, progress=not args.no_progress, made=made)
+        given = None
+        if args.tokenizer:
+            from data.tokenizer import Tokenizer
+
+            given = Tokenizer.load(args.tokenizer)  # DataError naming DIR if it holds no tokenizer
+        tokenizer, splits = prepare(cfg, tokenizer=given, progress=not args.no_progress, made=made)
         vocab = {"source": tokenizer.source_vocab_size, "target": tokenizer.target_vocab_size}
         # what training will open: a damaged entry is named now, not passed as "nothing to do"
         for path in splits.values():

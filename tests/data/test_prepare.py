@@ -276,3 +276,46 @@ def test_resume_mid_epoch_on_a_split_read_from_file_equals_the_uninterrupted_ite
     for want, got in zip(expected, [next(fresh) for _ in range(m)], strict=True):
         for key in want:
             np.testing.assert_array_equal(want[key].numpy(), got[key].numpy())
+
+
+def test_a_fine_tuning_config_is_prepared_with_the_given_tokenizer(tmp_path, caplog):
+    """`train.init_from` in the config: refused without --tokenizer (exit 2, nothing trained); with it, the
+    splits are tokenized by that tokenizer, keyed by it, as the fine-tuning run will look them up."""
+    from data.prepare import prepare_split
+    from data.tokenizer import Tokenizer
+
+    parent, _ = prepare(folder_cfg(tmp_path), progress=False)
+    parent.save(tmp_path / "parent" / "tokenizer")
+    cfg = folder_cfg(
+        tmp_path, vocab_size=64
+    )  # not the parent's size: the config's own tokenizer would differ
+    config = tmp_path / "ft.yaml"
+    data = {k: v for k, v in dataclasses.asdict(cfg).items() if v is not None}
+    config.write_text(json.dumps({"data": data, "train": {"init_from": str(tmp_path / "parent")}}))
+    caplog.set_level("INFO")
+    before = sorted(p.name for p in Path(cfg.cache_dir).iterdir())
+    assert main(["--config", str(config), "--no-progress"]) == 2
+    assert sorted(p.name for p in Path(cfg.cache_dir).iterdir()) == before
+    assert main(["--config", str(config), "--no-progress", "--tokenizer", str(tmp_path / "nowhere")]) == 1
+    caplog.clear()
+    given = str(tmp_path / "parent" / "tokenizer")
+    assert main(["--config", str(config), "--no-progress", "--tokenizer", given]) == 0
+    assert "training the SentencePiece" not in caplog.text
+    made = set()
+    train = prepare_split(cfg, Tokenizer.load(given), "train", progress=False, made=made)
+    assert made == set()  # prepared by main, found under the given tokenizer's key
+    assert PreparedSplit.open(train).pieces("source") == reference(parent, sentences("en", TRAIN, 0))
+
+
+def test_prepare_refuses_a_fine_tuning_config_without_a_tokenizer_by_name(tmp_path):
+    cfg = folder_cfg(tmp_path)
+    config = tmp_path / "ft.yaml"
+    data = {k: v for k, v in dataclasses.asdict(cfg).items() if v is not None}
+    config.write_text(json.dumps({"data": data, "train": {"init_from": "runs/base"}}))
+    done = subprocess.run(
+        [sys.executable, "-m", "data.prepare", "--config", str(config), "--no-progress"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "fine-tunes train.init_from=runs/base" in done.stderr
+    assert "--tokenizer runs/base/tokenizer" in done.stderr

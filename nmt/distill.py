@@ -1,8 +1,10 @@
 """Sequence-level knowledge distillation (Kim and Rush, 2016): a folder corpus whose training targets are a
 teacher's translations, for a student to train on with `data.dataset: folder`.
 
-    translator = Translator.from_run_dir("runs/teacher", ensemble=["runs/other"])
-    summary = distill(translator, data_cfg, "distilled/", beam_size=4, teachers=[...], chunk_size=1000)
+    translator = Translator.from_run_dir(Path("runs/teacher").resolve(), ensemble=[Path("runs/other").resolve()])
+    settings = settings_of(data_cfg, teachers=["runs/teacher", "runs/other"], weights=translator.weights,
+                           beam_size=4, alpha=1.4)
+    summary = distill(translator, data_cfg, "distilled/", settings=settings, beam_size=4, chunk_size=1000)
 
 The folder gets, for the corpus's source and target languages (`en`, `de` below):
 - `en.train.txt`: the training sources, as the corpus holds them (one line each: line breaks inside a sentence
@@ -11,8 +13,9 @@ The folder gets, for the corpus's source and target languages (`en`, `de` below)
 - `en.validation.txt`, `de.validation.txt`, `en.test.txt`, `de.test.txt`: the corpus's real pairs of its
   validation and test splits (those it has), so the student is validated and tested on real references.
 
-Resumable and never half-written. The settings (teachers, weights, search, chunk size, the corpus's identity) and
-the progress are kept in the folder's `.distill.json` (a hidden file: the folder reader skips it). Translations are
+Resumable and never half-written. The settings (teachers, weights, search, the corpus's identity), the chunk size
+and the progress are kept in the folder's `.distill.json` (a hidden file, which the folder reader skips, as it skips
+`.distill.lock`, the lock that keeps a second process out). Translations are
 appended to the hidden `.de.train.txt.partial` one chunk at a time, each chunk synced before the manifest records
 it, and renamed to `de.train.txt` once every line is there: until then the folder cannot be trained on (the reader
 names the missing file). A stopped run resumes at the last recorded chunk (bytes past it, from a chunk cut short,
@@ -41,7 +44,6 @@ log = logging.getLogger(__name__)
 
 MANIFEST = ".distill.json"
 FORMAT = 1
-SPLITS = ("train", "validation", "test")  # the folder's split names (the student's defaults)
 
 
 class DistillError(RuntimeError):

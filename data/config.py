@@ -123,3 +123,14 @@ def load_data_config(
     cfg = build(DataConfig, tree.get("data", {}), "data.")
     validate_data_config(cfg)
     return cfg, tree
+
+
+def refuse_fine_tuning_without_tokenizer(tree: dict, tokenizer_dir: str | None, flag: str) -> None:
+    """`ConfigError` for a config that fine-tunes another run (`train.init_from`) when no tokenizer is given: its
+    run tokenizes with that run's tokenizer, so one trained by the data tools for the config would not be used."""
+    parent = (tree.get("train") or {}).get("init_from")
+    if parent and not tokenizer_dir:
+        raise ConfigError(
+            f"this config fine-tunes train.init_from={parent}: its run tokenizes with that run's tokenizer, so give "
+            f"it: {flag} {Path(parent) / 'tokenizer'} (a tokenizer trained here would not be used)"
+        )

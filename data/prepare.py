@@ -1,13 +1,13 @@
 """Prepare once, stream always: train the tokenizer and tokenize the corpus into the cache.
 
     python -m data.prepare --config base.yaml [--set data.folder=DIR ...] [--no-progress]
-    python -m data.prepare --config ft.yaml --tokenizer runs/base/tokenizer   # a fine-tuning config (init_from)
+    python -m data.prepare --config ft.yaml --tokenizer-dir runs/base/tokenizer   # a fine-tuning config (init_from)
 
 Trains SentencePiece once on a bounded random sample of the train split (data.tokenizer_max_sentences) and
 tokenizes the train, validation and test splits in one streaming pass each into `data.store` arrays under
 `data.cache_dir` (see `data.cache` for the keys). Memory stays bounded by one chunk of pairs whatever the corpus
 size; a progress bar shows pairs/s. Rerunning with a complete cache does nothing and says so. `train.py` calls the
-same functions when the cache is missing. `--tokenizer DIR` tokenizes with the SentencePiece model(s) in DIR
+same functions when the cache is missing. `--tokenizer-dir DIR` tokenizes with the SentencePiece model(s) in DIR
 instead (e.g. a run's tokenizer/): a config that fine-tunes another run (`train.init_from`) needs it, since its run
 tokenizes with the parent's tokenizer; without it such a config is refused (a tokenizer trained here would be of no
 use). Exit codes: 0 done, 1 data error, 2 config error.
@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True, help="YAML config (a bare name is looked up in configs/)")
     add_set_argument(parser)
     parser.add_argument(
-        "--tokenizer",
+        "--tokenizer-dir",
         metavar="DIR",
         help="tokenize with the SentencePiece model(s) in DIR (e.g. RUN/tokenizer, for a train.init_from config) "
         "instead of the one trained and cached for the config",
@@ -201,20 +201,13 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("absl").setLevel(logging.WARNING)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     from common.config_tree import ConfigError
-    from data.config import load_data_config
+    from data.config import load_data_config, refuse_fine_tuning_without_tokenizer
 
     try:
         cfg, tree = load_data_config(args.config, args.overrides)
+        refuse_fine_tuning_without_tokenizer(tree, args.tokenizer_dir, "--tokenizer-dir")
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
-        return 2
-    parent = (tree.get("train") or {}).get("init_from")
-    if parent and not args.tokenizer:
-        print(
-            f"error: this config fine-tunes train.init_from={parent}: its run tokenizes with that run's tokenizer, "
-            f"so give it: --tokenizer {Path(parent) / 'tokenizer'} (a tokenizer trained here would not be used)",
-            file=sys.stderr,
-        )
         return 2
     start, made = time.perf_counter(), set()
     if args.no_progress:  # TFDS's own bars too (building a TFDS dataset the first time)
@@ -223,10 +216,10 @@ def main(argv: list[str] | None = None) -> int:
         tfds.disable_progress_bar()
     try:
         given = None
-        if args.tokenizer:
+        if args.tokenizer_dir:
             from data.tokenizer import Tokenizer
 
-            given = Tokenizer.load(args.tokenizer)  # DataError naming DIR if it holds no tokenizer
+            given = Tokenizer.load(args.tokenizer_dir)  # DataError naming DIR if it holds no tokenizer
         tokenizer, splits = prepare(cfg, tokenizer=given, progress=not args.no_progress, made=made)
         vocab = {"source": tokenizer.source_vocab_size, "target": tokenizer.target_vocab_size}
         # what training will open: a damaged entry is named now, not passed as "nothing to do"

@@ -149,10 +149,11 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     logging.getLogger("absl").setLevel(logging.WARNING)
     from common.config_tree import ConfigError
-    from data.config import load_data_config
+    from data.config import load_data_config, refuse_fine_tuning_without_tokenizer
 
     try:
         cfg, tree = load_data_config(args.config, args.overrides)
+        refuse_fine_tuning_without_tokenizer(tree, args.tokenizer_dir, "--tokenizer-dir")
         seed = _seed(tree)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)

@@ -279,7 +279,7 @@ def test_resume_mid_epoch_on_a_split_read_from_file_equals_the_uninterrupted_ite
 
 
 def test_a_fine_tuning_config_is_prepared_with_the_given_tokenizer(tmp_path, caplog):
-    """`train.init_from` in the config: refused without --tokenizer (exit 2, nothing trained); with it, the
+    """`train.init_from` in the config: refused without --tokenizer-dir (exit 2, nothing trained); with it, the
     splits are tokenized by that tokenizer, keyed by it, as the fine-tuning run will look them up."""
     from data.prepare import prepare_split
     from data.tokenizer import Tokenizer
@@ -296,10 +296,10 @@ def test_a_fine_tuning_config_is_prepared_with_the_given_tokenizer(tmp_path, cap
     before = sorted(p.name for p in Path(cfg.cache_dir).iterdir())
     assert main(["--config", str(config), "--no-progress"]) == 2
     assert sorted(p.name for p in Path(cfg.cache_dir).iterdir()) == before
-    assert main(["--config", str(config), "--no-progress", "--tokenizer", str(tmp_path / "nowhere")]) == 1
+    assert main(["--config", str(config), "--no-progress", "--tokenizer-dir", str(tmp_path / "nowhere")]) == 1
     caplog.clear()
     given = str(tmp_path / "parent" / "tokenizer")
-    assert main(["--config", str(config), "--no-progress", "--tokenizer", given]) == 0
+    assert main(["--config", str(config), "--no-progress", "--tokenizer-dir", given]) == 0
     assert "training the SentencePiece" not in caplog.text
     made = set()
     train = prepare_split(cfg, Tokenizer.load(given), "train", progress=False, made=made)
@@ -318,4 +318,4 @@ def test_prepare_refuses_a_fine_tuning_config_without_a_tokenizer_by_name(tmp_pa
     )  # fmt: skip
     assert done.returncode == 2
     assert "fine-tunes train.init_from=runs/base" in done.stderr
-    assert "--tokenizer runs/base/tokenizer" in done.stderr
+    assert "--tokenizer-dir runs/base/tokenizer" in done.stderr

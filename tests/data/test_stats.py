@@ -52,6 +52,11 @@ def test_config_error_exits_2(tmp_path, mirror, prepared_dir, capsys):
     captured = capsys.readouterr()
     assert captured.out == "" and "unknown config key data.vocab_sise" in captured.err
     assert main(["--config", str(tmp_path / "absent.yaml")]) == 2
+    assert (
+        main(["--config", config, "--set", "train.init_from=runs/base"]) == 2
+    )  # its tokenizer is the parent's
+    captured = capsys.readouterr()
+    assert captured.out == "" and "give it: --tokenizer-dir runs/base/tokenizer" in captured.err
 
 
 def test_data_error_exits_1(tmp_path, mirror, prepared_dir, capsys):

@@ -56,6 +56,17 @@ def numpy_greedy(models, source_row, steps):
     return prefix[1:]
 
 
+def assert_greedy_follows_numpy(models, options, steps=6):
+    """The ensemble's greedy search (`options` of decode_batch) against `numpy_greedy`; its ids."""
+    limits = tf.fill([SOURCE.shape[0]], steps)
+    ids, _ = decode_batch(Ensemble(models), SOURCE, limits, max_length=steps + 1, beam_size=1, **options)
+    for row, source_row in enumerate(SOURCE.numpy().tolist()):
+        got = [t for t in ids[row, 0].numpy().tolist() if t != PAD_ID]
+        expected = numpy_greedy(models, source_row, steps)
+        assert got[: len(expected)] == expected, (row, got, expected)
+    return ids
+
+
 @pytest.mark.parametrize(
     "options",
     [dict(use_cache=True), dict(use_cache=True, static_shapes=True), dict(use_cache=False)],
@@ -65,11 +76,7 @@ def test_greedy_decoding_follows_the_averaged_distribution(options):
     models = members(2)
     steps = 6
     limits = tf.fill([SOURCE.shape[0]], steps)
-    ids, _ = decode_batch(Ensemble(models), SOURCE, limits, max_length=steps + 1, beam_size=1, **options)
-    for row, source_row in enumerate(SOURCE.numpy().tolist()):
-        got = [t for t in ids[row, 0].numpy().tolist() if t != PAD_ID]
-        expected = numpy_greedy(models, source_row, steps)
-        assert got[: len(expected)] == expected, (row, got, expected)
+    ids = assert_greedy_follows_numpy(models, options, steps)
     single = [decode_batch(m, SOURCE, limits, max_length=steps + 1, beam_size=1)[0].numpy() for m in models]
     assert not all((ids.numpy() == s).all() for s in single), "the ensemble decodes like one of its members"
 
@@ -145,11 +152,7 @@ def test_members_of_other_architectures_decode_the_averaged_distribution(options
     models = unlike_members()
     steps = 6
     limits = tf.fill([SOURCE.shape[0]], steps)
-    ids, _ = decode_batch(Ensemble(models), SOURCE, limits, max_length=steps + 1, beam_size=1, **options)
-    for row, source_row in enumerate(SOURCE.numpy().tolist()):
-        got = [t for t in ids[row, 0].numpy().tolist() if t != PAD_ID]
-        expected = numpy_greedy(models, source_row, steps)
-        assert got[: len(expected)] == expected, (row, got, expected)
+    assert_greedy_follows_numpy(models, options, steps)
     beam = decode_batch(
         Ensemble(models), SOURCE, limits, max_length=steps + 1, beam_size=3, alpha=1.0, **options
     )

@@ -158,26 +158,27 @@ def _distill(translator, data, output, settings, beam_size, chunk_size, progress
             lines = read_lines(sources)
             for _ in itertools.islice(lines, done):  # the lines translated already
                 pass
-            bar = _bar(progress, manifest["lines"], done)
-            for chunk in chunked(lines, manifest["chunk_size"]):
-                truncated = None if on_truncated is None else functools.partial(_shifted, on_truncated, done)
-                translations = translator.translate(
-                    chunk, beam_size=beam_size, on_truncated=truncated, first_line=done
-                )
-                handle.write(b"".join(one_line(text).encode("utf-8") + b"\n" for text in translations))
-                handle.flush()
-                os.fsync(handle.fileno())
-                done += len(chunk)
-                manifest.update(
-                    translated=done,
-                    bytes=handle.tell(),
-                    seconds=round(seconds + time.monotonic() - started, 1),
-                )
-                _save(output, manifest)
-                bar.update(len(chunk))
-                if on_chunk is not None:
-                    on_chunk(done)
-            bar.close()
+            with _bar(progress, manifest["lines"], done) as bar:  # closed on a stop too: its line ends
+                for chunk in chunked(lines, manifest["chunk_size"]):
+                    truncated = (
+                        None if on_truncated is None else functools.partial(_shifted, on_truncated, done)
+                    )
+                    translations = translator.translate(
+                        chunk, beam_size=beam_size, on_truncated=truncated, first_line=done
+                    )
+                    handle.write(b"".join(one_line(text).encode("utf-8") + b"\n" for text in translations))
+                    handle.flush()
+                    os.fsync(handle.fileno())
+                    done += len(chunk)
+                    manifest.update(
+                        translated=done,
+                        bytes=handle.tell(),
+                        seconds=round(seconds + time.monotonic() - started, 1),
+                    )
+                    _save(output, manifest)
+                    bar.update(len(chunk))
+                    if on_chunk is not None:
+                        on_chunk(done)
     if done != manifest["lines"]:
         raise DistillError(
             f"{output / f'{data.source}.train.txt'} has {done} lines, {manifest['lines']} were written: the folder "

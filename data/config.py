@@ -126,11 +126,16 @@ def load_data_config(
 
 
 def refuse_fine_tuning_without_tokenizer(tree: dict, tokenizer_dir: str | None, flag: str) -> None:
-    """`ConfigError` for a config that fine-tunes another run (`train.init_from`) when no tokenizer is given: its
-    run tokenizes with that run's tokenizer, so one trained by the data tools for the config would not be used."""
-    parent = (tree.get("train") or {}).get("init_from")
-    if parent and not tokenizer_dir:
-        raise ConfigError(
-            f"this config fine-tunes train.init_from={parent}: its run tokenizes with that run's tokenizer, so give "
-            f"it: {flag} {Path(parent) / 'tokenizer'} (a tokenizer trained here would not be used)"
-        )
+    """`ConfigError` for a config that fine-tunes another run (`train.init_from`) unless `tokenizer_dir` holds a
+    tokenizer: its run tokenizes with that run's tokenizer, so one trained by the data tools would not be used."""
+    train = tree.get("train")
+    parent = train.get("init_from") if isinstance(train, dict) else None
+    if not parent:
+        return
+    if tokenizer_dir and Path(tokenizer_dir).is_dir() and any(Path(tokenizer_dir).glob("*.model")):
+        return
+    given = f"{flag} {tokenizer_dir} holds no SentencePiece model; " if tokenizer_dir else ""
+    raise ConfigError(
+        f"this config fine-tunes train.init_from={parent}: {given}its run tokenizes with that run's tokenizer, so "
+        f"give it: {flag} {Path(str(parent)) / 'tokenizer'} (a tokenizer trained here would not be used)"
+    )

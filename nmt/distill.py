@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from data.config import DataConfig
+from data.folder import FILE_NAME
 from data.stream import split_exists, split_identity, stream_pairs
 from nmt.run_dir import write_atomic
 from nmt.text_io import chunked, decode_line, one_line, read_lines
@@ -43,7 +44,7 @@ from nmt.text_io import chunked, decode_line, one_line, read_lines
 log = logging.getLogger(__name__)
 
 MANIFEST = ".distill.json"
-FORMAT = 1
+FORMAT = 2  # 2: the chunk size out of the settings, no alpha for greedy search
 
 
 class DistillError(RuntimeError):
@@ -65,8 +66,9 @@ def settings_of(
     """What the folder's text depends on: a resumed run must have the same. `weights`: the teachers' checkpoints
     as loaded (give absolute run directories, so that another spelling of a path is the same teacher).
 
-    Not here: how lines are batched (--batch-size, --xla, --streams: the same translations) and the chunk size (a
-    resumed run keeps the recorded one, so its chunks are the uninterrupted run's)."""
+    Not here: how lines are batched (--batch-size, --xla, --streams: the same translations, up to float rounding
+    in the padded batches) and the chunk size (a resumed run keeps the recorded one anyway, so that its batches are
+    the uninterrupted run's and even that rounding is the same)."""
     identities = {name: split_identity(data, split) for name, split in _corpus_splits(data).items()}
     return {
         "format": FORMAT,
@@ -198,7 +200,15 @@ def check_output(output: Path) -> None:
     TensorFlow needed: the CLI checks it first)."""
     if output.exists() and not output.is_dir():
         raise DistillError(f"{output} is a file, not a folder")
-    if output.is_dir() and not (output / MANIFEST).exists() and any(p.name != LOCK for p in output.iterdir()):
+    ours = (
+        LOCK,
+        f"{MANIFEST}.",
+    )  # the lock, and a manifest's temporary file left by a crash during its first write
+    if (
+        output.is_dir()
+        and not (output / MANIFEST).exists()
+        and any(not p.name.startswith(ours) for p in output.iterdir())
+    ):
         raise DistillError(
             f"{output} is not empty and holds no {MANIFEST}: not a distillation's folder, left as it is "
             "(give a new or empty folder)"
@@ -224,6 +234,11 @@ def _open(output: Path, settings: dict, chunk_size: int) -> dict:
             )
         if not changed:
             return manifest
+        for (
+            path
+        ) in output.iterdir():  # what the replaced settings' copy wrote (their languages, their splits)
+            if FILE_NAME.match(path.name) or path.name.endswith((".tmp", ".partial")):
+                path.unlink()
     manifest = {"settings": settings, "chunk_size": chunk_size}
     _save(output, manifest)
     return manifest

@@ -296,7 +296,7 @@ def test_a_fine_tuning_config_is_prepared_with_the_given_tokenizer(tmp_path, cap
     before = sorted(p.name for p in Path(cfg.cache_dir).iterdir())
     assert main(["--config", str(config), "--no-progress"]) == 2
     assert sorted(p.name for p in Path(cfg.cache_dir).iterdir()) == before
-    assert main(["--config", str(config), "--no-progress", "--tokenizer-dir", str(tmp_path / "nowhere")]) == 1
+    assert main(["--config", str(config), "--no-progress", "--tokenizer-dir", str(tmp_path / "nowhere")]) == 2
     caplog.clear()
     given = str(tmp_path / "parent" / "tokenizer")
     assert main(["--config", str(config), "--no-progress", "--tokenizer-dir", given]) == 0

@@ -57,6 +57,10 @@ def test_config_error_exits_2(tmp_path, mirror, prepared_dir, capsys):
     )  # its tokenizer is the parent's
     captured = capsys.readouterr()
     assert captured.out == "" and "give it: --tokenizer-dir runs/base/tokenizer" in captured.err
+    typo = str(tmp_path / "tokenzier")  # would be trained into: refused the same way, nothing made
+    assert main(["--config", config, "--set", "train.init_from=runs/base", "--tokenizer-dir", typo]) == 2
+    assert f"--tokenizer-dir {typo} holds no SentencePiece model" in capsys.readouterr().err
+    assert not (tmp_path / "tokenzier").exists()
 
 
 def test_data_error_exits_1(tmp_path, mirror, prepared_dir, capsys):

@@ -88,7 +88,11 @@ def test_a_stopped_run_resumes_to_the_uninterrupted_file(translator, corpus, tmp
     partial = stopped / ".de.train.txt.partial"
     with open(partial, "ab") as handle:
         handle.write(b"half a chunk, cut short\nand mo")  # written after the last record, e.g. by a crash
-    summary = run(translator, corpus, stopped, chunk_size=5)  # the recorded chunks of 4 lines are kept
+    chunks = []
+    summary = run(
+        translator, corpus, stopped, chunk_size=5, on_chunk=chunks.append
+    )  # the recorded 4 are kept
+    assert chunks == [16, 20, 24, 25]
     assert (summary.translated, summary.resumed_from) == (13, 12)
     assert (stopped / "de.train.txt").read_bytes() == (whole / "de.train.txt").read_bytes()
     assert not partial.exists()
@@ -153,7 +157,14 @@ def test_a_corpus_fixed_after_a_failed_copy_is_taken(translator, corpus, tmp_pat
         run(translator, corpus, output)
     assert sorted(p.name for p in output.iterdir()) == sorted([MANIFEST, LOCK, "en.train.txt"])
     (corpus / "de.validation.txt").write_text(good)
-    assert run(translator, corpus, output).references == {"validation": 2, "test": 1}
+    (
+        corpus / "de.test.txt"
+    ).unlink()  # the settings change too (no test split now): replaced, nothing stale kept
+    (corpus / "en.test.txt").unlink()
+    assert run(translator, corpus, output).references == {"validation": 2}
+    assert sorted(p.name for p in output.iterdir() if not p.name.startswith(".")) == [
+        "de.train.txt", "de.validation.txt", "en.train.txt", "en.validation.txt",
+    ]  # fmt: skip
 
 
 def test_stopped_between_the_rename_and_the_manifest(translator, corpus, tmp_path):

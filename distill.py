@@ -132,15 +132,14 @@ def main(argv: list[str] | None = None) -> int:
     from nmt.distill import DistillError, distill, settings_of
     from nmt.translator import Translator
 
-    translator = (
-        Translator.from_run_dir(  # absolute paths: the weights recorded do not depend on the spelling
-            Path(args.model_dir).resolve(),
-            weights=args.weights,
-            xla=cli.xla_setting(args.xla),
-            batch_size=args.batch_size,
-            streams=args.streams,
-            ensemble=tuple(Path(path).resolve() for path in args.ensemble),
-        )
+    # absolute paths: the weights recorded in the folder's settings do not depend on how a path was spelled
+    translator = Translator.from_run_dir(
+        Path(args.model_dir).resolve(),
+        weights=args.weights,
+        xla=cli.xla_setting(args.xla),
+        batch_size=args.batch_size,
+        streams=args.streams,
+        ensemble=tuple(Path(path).resolve() for path in args.ensemble),
     )
     if args.alpha is not None:
         translator.eval_config = dataclasses.replace(translator.eval_config, alpha=args.alpha)

@@ -44,6 +44,7 @@ from nmt.text_io import chunked, decode_line, one_line, read_lines
 log = logging.getLogger(__name__)
 
 MANIFEST = ".distill.json"
+LOCK = ".distill.lock"
 FORMAT = 2  # 2: the chunk size out of the settings, no alpha for greedy search
 
 
@@ -192,18 +193,13 @@ def _distill(translator, data, output, settings, beam_size, chunk_size, progress
     return Summary(output, done, done - resumed, resumed, manifest["references"])
 
 
-LOCK = ".distill.lock"
-
-
 def check_output(output: Path) -> None:
     """`DistillError` unless `output` can be a distillation's folder: new, empty, or one with a manifest (no
     TensorFlow needed: the CLI checks it first)."""
     if output.exists() and not output.is_dir():
         raise DistillError(f"{output} is a file, not a folder")
-    ours = (
-        LOCK,
-        f"{MANIFEST}.",
-    )  # the lock, and a manifest's temporary file left by a crash during its first write
+    # the lock, and a manifest's temporary file left by a crash during its first write
+    ours = (LOCK, f"{MANIFEST}.")
     if (
         output.is_dir()
         and not (output / MANIFEST).exists()
@@ -234,11 +230,10 @@ def _open(output: Path, settings: dict, chunk_size: int) -> dict:
             )
         if not changed:
             return manifest
-        for (
-            path
-        ) in output.iterdir():  # what the replaced settings' copy wrote (their languages, their splits)
-            if FILE_NAME.match(path.name) or path.name.endswith((".tmp", ".partial")):
-                path.unlink()
+        # what the replaced settings' copy wrote (their languages, their splits)
+        for stale in output.iterdir():
+            if FILE_NAME.match(stale.name) or stale.name.endswith((".tmp", ".partial")):
+                stale.unlink()
     manifest = {"settings": settings, "chunk_size": chunk_size}
     _save(output, manifest)
     return manifest

@@ -22,6 +22,7 @@ is not a distillation's, is refused and left untouched. Exit codes: 0 ok, 1 run-
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import shlex
 
@@ -116,11 +117,47 @@ def _corpus(args: argparse.Namespace):
     return data
 
 
+@contextlib.contextmanager
+def _held(output: str):
+    """The folder's lock, taken before TensorFlow and the teachers load, so that a second process is refused at
+    once. A folder that cannot be written but holds a manifest (e.g. a finished one on a read-only mount) goes on
+    without it: `distill` reads a finished folder without the lock, and names any other problem."""
+    from pathlib import Path
+
+    from nmt.distill import LOCK, MANIFEST, DistillError, hold
+
+    created = not Path(output).exists()
+    try:
+        lock = hold(output)  # the folder made, if new
+        lock.__enter__()
+    except DistillError as err:
+        raise cli.CliError(str(err), exit_code=1) from err
+    except OSError as err:
+        if not (Path(output) / MANIFEST).is_file():
+            raise cli.CliError(f"cannot write {output}: {err}", exit_code=1) from err
+        lock = None
+    try:
+        yield
+    finally:
+        if lock is not None:
+            # a run that failed before writing anything leaves no trace
+            if created and [p.name for p in Path(output).iterdir()] == [LOCK]:
+                with contextlib.suppress(OSError):
+                    (Path(output) / LOCK).unlink()
+                    Path(output).rmdir()
+            lock.__exit__(None, None, None)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     cli.setup_logging(args.verbose)
     _check(args)
     data = _corpus(args)
+    with _held(args.output):
+        return _distill(args, data)
+
+
+def _distill(args: argparse.Namespace, data) -> int:
     cli.quiet_tensorflow()
     cli.decoding_kernels()
 

@@ -110,12 +110,36 @@ def distill(
     runs after each chunk is recorded; `on_truncated(index, subwords)` for a training source longer than the model
     allows (translated truncated). One process at a time per folder (a lock; `DistillError` for a second one)."""
     output = Path(output)
-    check_output(output)
-    output.mkdir(parents=True, exist_ok=True)
-    with _Lock(output):
+    finished = _finished(output, settings)
+    if finished is not None:  # read without the lock: a finished folder may sit on a read-only mount
+        log.info("%s is complete already (%d pairs): nothing to do", output, finished["lines"])
+        return Summary(output, finished["lines"], 0, finished["lines"], finished["references"])
+    with hold(output):
         return _distill(
             translator, data, output, settings, beam_size, chunk_size, progress, on_chunk, on_truncated
         )
+
+
+def hold(output: str | os.PathLike):
+    """The folder's lock, as a context manager: `check_output`, the folder made, then an exclusive lock that one
+    process holds at a time (`DistillError` for a second; `OSError` if the folder cannot be written). Re-entrant
+    within a process: the CLI takes it before loading TensorFlow, and `distill` inside it finds it held."""
+    output = Path(output)
+    check_output(output)
+    output.mkdir(parents=True, exist_ok=True)
+    return _Lock(output)
+
+
+def _finished(output: Path, settings: dict) -> dict | None:
+    """The manifest of a complete folder of these settings, else None (the locked path then names any problem).
+    Safe without the lock: the manifest is replaced atomically, and a complete folder is never written again."""
+    try:
+        manifest = json.loads((output / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(manifest, dict) or manifest.get("settings") != settings or not manifest.get("complete"):
+        return None
+    return manifest
 
 
 def _distill(translator, data, output, settings, beam_size, chunk_size, progress, on_chunk, on_truncated):
@@ -246,15 +270,23 @@ def _difference(key: str, there, now) -> str:
     return f"{key}: {there!r} there, {now!r} now"
 
 
+_HELD: set[Path] = set()  # the folders whose lock this process holds
+
+
 class _Lock:
-    """An exclusive, non-blocking lock on the folder (released when the process ends, even by SIGKILL)."""
+    """An exclusive, non-blocking lock on the folder (released when the process ends, even by SIGKILL); entering
+    it again inside the same process is a no-op (flock would refuse a second open file of the same process)."""
 
     def __init__(self, output: Path):
         self.path = output / LOCK
+        self.key = output.resolve()
+        self.handle = None
 
     def __enter__(self):
         import fcntl
 
+        if self.key in _HELD:
+            return self
         self.handle = open(self.path, "a")  # noqa: SIM115 - closed at exit
         try:
             fcntl.flock(self.handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -263,10 +295,13 @@ class _Lock:
             raise DistillError(
                 f"another distill.py is writing {self.path.parent}: wait for it or stop it"
             ) from err
+        _HELD.add(self.key)
         return self
 
     def __exit__(self, *exc) -> None:
-        self.handle.close()  # closing releases the lock
+        if self.handle is not None:
+            _HELD.discard(self.key)
+            self.handle.close()  # closing releases the lock
 
 
 def _save(output: Path, manifest: dict) -> None:

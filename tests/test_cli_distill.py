@@ -68,16 +68,44 @@ def test_distill_writes_the_teachers_translations_and_prints_the_student_command
     ],
 )
 def test_usage_errors_exit_2_before_tensorflow_and_write_nothing(args, message, tiny_run_dir, tmp_path):
-    argv = ["--model-dir", str(tiny_run_dir), "--output", str(tmp_path / "kd"), *args]
+    done = without_tensorflow(["--model-dir", str(tiny_run_dir), "--output", str(tmp_path / "kd"), *args])
+    assert done.returncode == 2, done.stderr.decode()[-2000:]
+    assert message in done.stderr.decode()
+    assert not (tmp_path / "kd").exists()
+
+
+def without_tensorflow(argv):
+    """distill.main(argv) in a subprocess that fails if it imports TensorFlow."""
     code = (
         "import sys, distill\n"
         "from nmt import cli\n"
         f"try:\n    cli.run(lambda: distill.main({argv!r}))\n"
         "finally:\n    assert 'tensorflow' not in sys.modules, 'tensorflow imported'\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, cwd=ROOT, timeout=300)
-    assert done.returncode == 2, done.stderr.decode()[-2000:]
-    assert message in done.stderr.decode()
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, cwd=ROOT, timeout=300)
+
+
+def test_a_busy_folder_is_refused_before_tensorflow_and_a_failed_start_leaves_no_folder(
+    tiny_run_dir, tmp_path
+):
+    import fcntl
+
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    with open(busy / ".distill.lock", "a") as held:  # another distill.py, as far as flock is concerned
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        done = without_tensorflow(["--model-dir", str(tiny_run_dir), "--output", str(busy)])
+    assert done.returncode == 1, done.stderr.decode()[-2000:]
+    assert "another distill.py is writing" in done.stderr.decode()
+    assert [p.name for p in busy.iterdir()] == [".distill.lock"]
+
+    new = tmp_path / "new" / "kd"
+    failed = cli(
+        "distill.py", "--model-dir", tiny_run_dir, "--output", new, "--weights", "ema", "--xla", "off"
+    )
+    assert failed.returncode == 1, failed.stderr.decode()[-2000:]  # the run keeps no EMA: fails after loading
+    assert "ema" in failed.stderr.decode().lower()
+    assert not new.exists()  # the folder it made for its lock is gone again
     assert not (tmp_path / "kd").exists()
 
 

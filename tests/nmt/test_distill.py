@@ -6,7 +6,7 @@ import pytest
 
 from data import folder
 from data.config import DataConfig
-from nmt.distill import LOCK, MANIFEST, DistillError, distill, settings_of
+from nmt.distill import LOCK, MANIFEST, DistillError, distill, hold, settings_of
 from tests.run_fixture import salads, shared_tiny_run_dir, write_corpus
 
 
@@ -144,6 +144,40 @@ def test_one_process_per_folder(translator, corpus, tmp_path):
             run(translator, corpus, output)
     assert [p.name for p in output.iterdir()] == [LOCK]
     assert run(translator, corpus, output).translated == 25  # the lock file alone is an empty folder
+
+
+def test_the_lock_is_reentrant_and_a_finished_folder_is_read_without_it(
+    translator, corpus, tmp_path, monkeypatch
+):
+    import nmt.distill
+
+    output = tmp_path / "kd"
+    with hold(output):  # as distill.py holds it before loading TensorFlow
+        assert run(translator, corpus, output, chunk_size=10).translated == 25
+        with pytest.raises(DistillError, match="another distill.py is writing"):  # still held after the call
+            _flock(output)
+    _flock(output).close()  # released
+
+    def unwritable(self):  # a read-only mount: the lock file cannot be opened
+        raise PermissionError(30, "Read-only file system", str(self.path))
+
+    monkeypatch.setattr(nmt.distill._Lock, "__enter__", unwritable)
+    again = run(translator, corpus, output, chunk_size=10)  # finished: nothing to write, no lock needed
+    assert (again.lines, again.translated, again.resumed_from) == (25, 0, 25)
+    with pytest.raises(PermissionError):  # other settings need the lock first (and are then refused)
+        run(translator, corpus, output, beam=1)
+
+
+def _flock(output):
+    import fcntl
+
+    handle = open(output / LOCK, "a")  # noqa: SIM115 - the caller closes it
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as err:
+        handle.close()
+        raise DistillError("another distill.py is writing") from err
+    return handle
 
 
 def test_a_corpus_fixed_after_a_failed_copy_is_taken(translator, corpus, tmp_path):

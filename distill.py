@@ -120,31 +120,45 @@ def _corpus(args: argparse.Namespace):
 @contextlib.contextmanager
 def _held(output: str):
     """The folder's lock, taken before TensorFlow and the teachers load, so that a second process is refused at
-    once. A folder that cannot be written but holds a manifest (e.g. a finished one on a read-only mount) goes on
-    without it: `distill` reads a finished folder without the lock, and names any other problem."""
+    once. Not for a finished folder (it may sit on a read-only mount: `distill` reads it without the lock), nor for
+    a folder that cannot be written but holds a manifest (`distill` names the problem). A run that made the
+    folder and fails before writing anything in it removes it again (and the parents it made) while it holds the
+    lock."""
     from pathlib import Path
 
-    from nmt.distill import LOCK, MANIFEST, DistillError, hold
+    from nmt.distill import LOCK, MANIFEST, DistillError, finished_manifest, hold
 
-    created = not Path(output).exists()
+    folder = Path(output)
+    if finished_manifest(folder) is not None:
+        yield
+        return
+    made = []  # the folders a mkdir will make, the folder itself first
+    for path in (folder, *folder.parents):
+        if path.exists():
+            break
+        made.append(path)
+    lock = None
     try:
-        lock = hold(output)  # the folder made, if new
-        lock.__enter__()
-    except DistillError as err:
-        raise cli.CliError(str(err), exit_code=1) from err
-    except OSError as err:
-        if not (Path(output) / MANIFEST).is_file():
-            raise cli.CliError(f"cannot write {output}: {err}", exit_code=1) from err
-        lock = None
-    try:
+        try:
+            lock = hold(folder)
+            lock.__enter__()
+        except DistillError as err:
+            lock = None
+            raise cli.CliError(str(err), exit_code=1) from err
+        except OSError as err:
+            lock = None
+            if not (folder / MANIFEST).is_file():
+                raise cli.CliError(f"cannot write {output}: {err}", exit_code=1) from err
         yield
     finally:
+        with contextlib.suppress(OSError):  # never in place of the error that ends the run
+            # made by this run, which holds its lock and wrote nothing in it: no trace (a process waiting for the
+            # lock finds its file gone and opens the folder's again: nmt.distill._Lock)
+            if lock is not None and made and [p.name for p in folder.iterdir()] == [LOCK]:
+                (folder / LOCK).unlink(missing_ok=True)
+                for path in made:
+                    path.rmdir()  # only while empty
         if lock is not None:
-            # a run that failed before writing anything leaves no trace
-            if created and [p.name for p in Path(output).iterdir()] == [LOCK]:
-                with contextlib.suppress(OSError):
-                    (Path(output) / LOCK).unlink()
-                    Path(output).rmdir()
             lock.__exit__(None, None, None)
 
 

@@ -30,6 +30,7 @@ import itertools
 import json
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -110,8 +111,9 @@ def distill(
     runs after each chunk is recorded; `on_truncated(index, subwords)` for a training source longer than the model
     allows (translated truncated). One process at a time per folder (a lock; `DistillError` for a second one)."""
     output = Path(output)
-    finished = _finished(output, settings)
+    finished = finished_manifest(output)
     if finished is not None:  # read without the lock: a finished folder may sit on a read-only mount
+        _refuse_other_settings(output, finished["settings"], settings)
         log.info("%s is complete already (%d pairs): nothing to do", output, finished["lines"])
         return Summary(output, finished["lines"], 0, finished["lines"], finished["references"])
     with hold(output):
@@ -121,25 +123,33 @@ def distill(
 
 
 def hold(output: str | os.PathLike):
-    """The folder's lock, as a context manager: `check_output`, the folder made, then an exclusive lock that one
+    """The folder's lock, as a context manager: `check_output`, then the folder made and an exclusive lock that one
     process holds at a time (`DistillError` for a second; `OSError` if the folder cannot be written). Re-entrant
-    within a process: the CLI takes it before loading TensorFlow, and `distill` inside it finds it held."""
+    within a thread: the CLI takes it before loading TensorFlow, and `distill` inside it finds it held."""
     output = Path(output)
     check_output(output)
-    output.mkdir(parents=True, exist_ok=True)
     return _Lock(output)
 
 
-def _finished(output: Path, settings: dict) -> dict | None:
-    """The manifest of a complete folder of these settings, else None (the locked path then names any problem).
-    Safe without the lock: the manifest is replaced atomically, and a complete folder is never written again."""
+def finished_manifest(output: Path) -> dict | None:
+    """The manifest of a complete folder, else None. Safe without the lock: the manifest is replaced atomically,
+    and a complete folder is never written again."""
     try:
         manifest = json.loads((output / MANIFEST).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    if not isinstance(manifest, dict) or manifest.get("settings") != settings or not manifest.get("complete"):
-        return None
-    return manifest
+    complete = isinstance(manifest, dict) and manifest.get("complete") is True
+    return manifest if complete and isinstance(manifest.get("settings"), dict) else None
+
+
+def _refuse_other_settings(output: Path, recorded: dict, settings: dict) -> None:
+    changed = [k for k in sorted(set(recorded) | set(settings)) if recorded.get(k) != settings.get(k)]
+    if changed:
+        details = "; ".join(_difference(key, recorded.get(key), settings.get(key)) for key in changed)
+        raise DistillError(
+            f"{output} was distilled with other settings ({details}): give another folder, or the same "
+            "settings to resume it"
+        )
 
 
 def _distill(translator, data, output, settings, beam_size, chunk_size, progress, on_chunk, on_truncated):
@@ -245,14 +255,9 @@ def _open(output: Path, settings: dict, chunk_size: int) -> dict:
             recorded = manifest["settings"]
         except (OSError, ValueError, KeyError, TypeError) as err:
             raise DistillError(f"{path} cannot be read ({err}): delete the folder and distil again") from err
-        changed = [k for k in sorted(set(recorded) | set(settings)) if recorded.get(k) != settings.get(k)]
-        if changed and "lines" in manifest:
-            details = "; ".join(_difference(key, recorded.get(key), settings.get(key)) for key in changed)
-            raise DistillError(
-                f"{output} was distilled with other settings ({details}): give another folder, or the same "
-                "settings to resume it"
-            )
-        if not changed:
+        if "lines" in manifest:
+            _refuse_other_settings(output, recorded, settings)
+        if recorded == settings:
             return manifest
         # what the replaced settings' copy wrote (their languages, their splits)
         for stale in output.iterdir():
@@ -270,16 +275,19 @@ def _difference(key: str, there, now) -> str:
     return f"{key}: {there!r} there, {now!r} now"
 
 
-_HELD: set[Path] = set()  # the folders whose lock this process holds
+_HELD: set[tuple[int, Path]] = set()  # (thread, folder): the locks this process holds
 
 
 class _Lock:
     """An exclusive, non-blocking lock on the folder (released when the process ends, even by SIGKILL); entering
-    it again inside the same process is a no-op (flock would refuse a second open file of the same process)."""
+    it again in the same thread is a no-op (flock would refuse a second open file of the same process). The folder
+    is made first; a lock file removed or replaced while this process waited for it is opened again, so that two
+    processes never hold locks on two files of one folder (the CLI removes a folder it made for nothing)."""
 
     def __init__(self, output: Path):
+        self.output = output
         self.path = output / LOCK
-        self.key = output.resolve()
+        self.key = (threading.get_ident(), output.resolve())
         self.handle = None
 
     def __enter__(self):
@@ -287,21 +295,33 @@ class _Lock:
 
         if self.key in _HELD:
             return self
-        self.handle = open(self.path, "a")  # noqa: SIM115 - closed at exit
-        try:
-            fcntl.flock(self.handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as err:
-            self.handle.close()
-            raise DistillError(
-                f"another distill.py is writing {self.path.parent}: wait for it or stop it"
-            ) from err
-        _HELD.add(self.key)
-        return self
+        for _ in range(100):  # another process only removes its lock file once, when it gives the folder up
+            self.output.mkdir(parents=True, exist_ok=True)
+            handle = open(self.path, "a")  # noqa: SIM115 - closed at exit
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as err:
+                handle.close()
+                raise DistillError(
+                    f"another distill.py is writing {self.output}: wait for it or stop it"
+                ) from err
+            try:
+                current = os.stat(self.path)
+            except FileNotFoundError:
+                current = None
+            held = os.fstat(handle.fileno())
+            if current is not None and (current.st_dev, current.st_ino) == (held.st_dev, held.st_ino):
+                self.handle = handle
+                _HELD.add(self.key)
+                return self
+            handle.close()  # locked a file that is no longer the folder's: open the folder's again
+        raise DistillError(f"the lock file {self.path} keeps being replaced: is another program removing it?")
 
     def __exit__(self, *exc) -> None:
         if self.handle is not None:
             _HELD.discard(self.key)
             self.handle.close()  # closing releases the lock
+            self.handle = None
 
 
 def _save(output: Path, manifest: dict) -> None:

@@ -74,7 +74,8 @@ def _run_the_printed_student_command(stderr: str, output, tmp_path) -> None:
     config = tmp_path / "student.yaml"
     config.write_text(yaml.safe_dump(tree), encoding="utf-8")
     student = tmp_path / "student"
-    trained = cli(*shlex.split(printed.replace("CONFIG", str(config)).replace("DIR", str(student)))[1:])
+    argv = [{"CONFIG": str(config), "DIR": str(student)}.get(word, word) for word in shlex.split(printed)[1:]]
+    trained = cli(*argv)
     assert trained.returncode == 0, trained.stderr.decode()[-3000:]
     data = yaml.safe_load((student / "config.yaml").read_text())["data"]
     assert (data["dataset"], data["folder"]) == ("folder", str(output.resolve()))
@@ -107,7 +108,11 @@ def without_tensorflow(argv):
         f"try:\n    cli.run(lambda: distill.main({argv!r}))\n"
         "finally:\n    assert 'tensorflow' not in sys.modules, 'tensorflow imported'\n"
     )
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, cwd=ROOT, timeout=300)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, cwd=ROOT, timeout=300)
+    assert (
+        b"tensorflow imported" not in done.stderr
+    )  # the exit code alone would not say (sys.exit, then this)
+    return done
 
 
 def test_a_busy_folder_is_refused_before_tensorflow_and_a_failed_start_leaves_no_folder(

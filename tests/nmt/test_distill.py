@@ -149,6 +149,8 @@ def test_one_process_per_folder(translator, corpus, tmp_path):
 def test_the_lock_is_reentrant_and_a_finished_folder_is_read_without_it(
     translator, corpus, tmp_path, monkeypatch
 ):
+    import threading
+
     import nmt.distill
 
     output = tmp_path / "kd"
@@ -156,6 +158,19 @@ def test_the_lock_is_reentrant_and_a_finished_folder_is_read_without_it(
         assert run(translator, corpus, output, chunk_size=10).translated == 25
         with pytest.raises(DistillError, match="another distill.py is writing"):  # still held after the call
             _flock(output)
+        refused = []  # re-entrant in this thread only: another thread is a second writer
+
+        def other_thread():
+            try:
+                hold(output).__enter__()
+            except DistillError as err:
+                refused.append(err)
+
+        thread = threading.Thread(target=other_thread)
+        thread.start()
+        thread.join()
+        assert len(refused) == 1
+    assert not nmt.distill._HELD
     _flock(output).close()  # released
 
     def unwritable(self):  # a read-only mount: the lock file cannot be opened
@@ -164,8 +179,35 @@ def test_the_lock_is_reentrant_and_a_finished_folder_is_read_without_it(
     monkeypatch.setattr(nmt.distill._Lock, "__enter__", unwritable)
     again = run(translator, corpus, output, chunk_size=10)  # finished: nothing to write, no lock needed
     assert (again.lines, again.translated, again.resumed_from) == (25, 0, 25)
-    with pytest.raises(PermissionError):  # other settings need the lock first (and are then refused)
+    with pytest.raises(
+        DistillError, match=r"other settings \(alpha: .*; beam_size: 2 there, 1 now\)"
+    ):  # named, unlocked
         run(translator, corpus, output, beam=1)
+
+
+def test_a_lock_file_removed_while_waiting_for_it_is_opened_again(tmp_path, monkeypatch):
+    """Between this process's open and flock, the holder gave the folder up (distill.py removes a folder it made
+    for nothing, lock file included): the lock taken is on the folder's current lock file, not the removed one."""
+    import fcntl
+
+    output = tmp_path / "kd"
+    real, calls = fcntl.flock, []
+
+    def racing(handle, operation):
+        if not calls:
+            (output / LOCK).unlink()
+            output.rmdir()
+        calls.append(operation)
+        return real(handle, operation)
+
+    monkeypatch.setattr(fcntl, "flock", racing)
+    with hold(output):
+        assert len(calls) == 2 and (output / LOCK).exists()
+        monkeypatch.setattr(fcntl, "flock", real)
+        with pytest.raises(
+            DistillError, match="another distill.py is writing"
+        ):  # the file in the folder is held
+            _flock(output)
 
 
 def _flock(output):

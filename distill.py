@@ -13,10 +13,11 @@ The output folder holds `<source>.train.txt` with `<target>.train.txt` (the tran
 validation and test pairs as `<lang>.validation.txt` and `<lang>.test.txt` (see nmt/distill.py).
 
 Resumable: run the same command again after a stop (SIGINT, SIGTERM, a crash) and it goes on from the last chunk of
---chunk-size lines, to the same file an uninterrupted run writes; a finished folder is left as it is. The folder
-cannot be trained on until every line is translated. A folder made with other settings, or a non-empty folder that
-is not a distillation's, is refused and left untouched. Exit codes: 0 ok, 1 run-directory, corpus or folder problem,
-2 usage error, 130 interrupted.
+--chunk-size lines, to the same file an uninterrupted run writes; a finished folder is left as it is (and is only
+read: it may sit on a read-only mount). The folder cannot be trained on until every line is translated. A folder
+made with other settings, or a non-empty folder that is not a distillation's, is refused and left untouched; so is
+a folder another distill.py is writing (a lock, taken before the teachers load). Exit codes: 0 ok, 1 run-directory,
+corpus or folder problem, 2 usage error, 130 interrupted.
 """
 
 from __future__ import annotations

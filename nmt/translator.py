@@ -31,6 +31,7 @@ import bisect
 import logging
 import math
 import os
+import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -81,6 +82,11 @@ XLA_AUTO_MIN_LINES = 16000
 # greedy 6.14 / 6.15 s with one stream against 4.81 / 5.71 s with two, beam 4 17.0 / 18.1 s against 15.9 / 14.0 s;
 # identical translations. Not measured with more cores.
 MAX_AUTO_STREAMS = 2
+# The eager ops after a batch's decoding (detokenizing) run one stream at a time: two decoding threads running
+# TensorFlow's eager ops at once crashed the process (SIGSEGV in TF 2.21's eager op dispatch) in about one start
+# in four when both reached their first eager ops together (a tiny run's 40 lines, 2 vCPU Zen 4, 2026-12-06). The
+# decoding itself (a tf.function per batch) still runs in parallel; detokenizing is a small part of a batch.
+_EAGER_OPS = threading.Lock()
 
 
 def _edges(smallest: int, largest: int, factor: int) -> list[int]:
@@ -321,7 +327,8 @@ class Translator:
         count = len(sources)
         # (count, K, max_length), (count, K)
         ids, scores = self._decode(sources, beam_size, use_cache, xla, sampling, rows)
-        texts = self.tokenizer.detokenize_target(tf.reshape(ids[:, :nbest], [count * nbest, -1])).numpy()
+        with _EAGER_OPS:
+            texts = self.tokenizer.detokenize_target(tf.reshape(ids[:, :nbest], [count * nbest, -1])).numpy()
         texts = [text.decode("utf-8", errors="replace") for text in texts]
         if nbest == 1:
             return texts

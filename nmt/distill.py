@@ -297,7 +297,10 @@ class _Lock:
             return self
         for _ in range(100):  # another process only removes its lock file once, when it gives the folder up
             self.output.mkdir(parents=True, exist_ok=True)
-            handle = open(self.path, "a")  # noqa: SIM115 - closed at exit
+            try:
+                handle = open(self.path, "a")  # noqa: SIM115 - closed at exit
+            except FileNotFoundError:  # the folder was removed since the mkdir: make it again
+                continue
             try:
                 fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as err:

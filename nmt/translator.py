@@ -82,10 +82,8 @@ XLA_AUTO_MIN_LINES = 16000
 # greedy 6.14 / 6.15 s with one stream against 4.81 / 5.71 s with two, beam 4 17.0 / 18.1 s against 15.9 / 14.0 s;
 # identical translations. Not measured with more cores.
 MAX_AUTO_STREAMS = 2
-# The eager ops after a batch's decoding (detokenizing) run one stream at a time: two decoding threads running
-# TensorFlow's eager ops at once crashed the process (SIGSEGV in TF 2.21's eager op dispatch) in about one start
-# in four when both reached their first eager ops together (a tiny run's 40 lines, 2 vCPU Zen 4, 2026-12-06). The
-# decoding itself (a tf.function per batch) still runs in parallel; detokenizing is a small part of a batch.
+# Detokenizing (eager ops) runs one stream at a time: two streams' eager ops at once crashed translate.py (SIGSEGV,
+# ~1 start in 4 on a tiny run, 2 vCPU Zen 4, 2026-12-06). The decoding (a tf.function per batch) stays parallel.
 _EAGER_OPS = threading.Lock()
 
 

@@ -138,29 +138,25 @@ def _held(output: str):
         if path.exists():
             break
         made.append(path)
-    lock = None
-    try:
+    with contextlib.ExitStack() as held:
         try:
-            lock = hold(folder)
-            lock.__enter__()
+            held.enter_context(hold(folder))
         except DistillError as err:
-            lock = None
             raise cli.CliError(str(err), exit_code=1) from err
         except OSError as err:
-            lock = None
             if not (folder / MANIFEST).is_file():
                 raise cli.CliError(f"cannot write {output}: {err}", exit_code=1) from err
-        yield
-    finally:
-        with contextlib.suppress(OSError):  # never in place of the error that ends the run
-            # made by this run, which holds its lock and wrote nothing in it: no trace (a process waiting for the
-            # lock finds its file gone and opens the folder's again: nmt.distill._Lock)
-            if lock is not None and made and [p.name for p in folder.iterdir()] == [LOCK]:
-                (folder / LOCK).unlink(missing_ok=True)
-                for path in made:
-                    path.rmdir()  # only while empty
-        if lock is not None:
-            lock.__exit__(None, None, None)
+            made = []  # not locked: nothing to clean up
+        try:
+            yield
+        finally:
+            with contextlib.suppress(OSError):  # never in place of the error that ends the run
+                # made by this run, which holds its lock and wrote nothing in it: no trace (a process waiting for
+                # the lock finds its file gone and opens the folder's again: nmt.distill._Lock)
+                if made and [p.name for p in folder.iterdir()] == [LOCK]:
+                    (folder / LOCK).unlink(missing_ok=True)
+                    for path in made:
+                        path.rmdir()  # only while empty
 
 
 def main(argv: list[str] | None = None) -> int:

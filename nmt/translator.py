@@ -83,7 +83,7 @@ XLA_AUTO_MIN_LINES = 16000
 # identical translations. Not measured with more cores.
 MAX_AUTO_STREAMS = 2
 # Detokenizing (eager ops) runs one stream at a time: two streams' eager ops at once crashed translate.py (SIGSEGV,
-# ~1 start in 4 on a tiny run, 2 vCPU Zen 4, 2026-12-06). The decoding (a tf.function per batch) stays parallel.
+# 9 of 32 starts on a tiny run, 2 vCPU Zen 4, docs/streams-crash-2026-12-06). Decoding (tf.function) stays parallel.
 _EAGER_OPS = threading.Lock()
 
 

@@ -77,29 +77,21 @@ def test_order_restored_and_independent_of_batching(translator):
     assert translator.num_traces == fresh.num_traces == traces
 
 
-@pytest.mark.slow  # ~1 min: fresh processes, since the crash came at a process's first eager ops
+@pytest.mark.slow  # ~1.5 min: fresh processes, since the crash came at a process's first eager ops
 def test_two_streams_in_fresh_processes_do_not_crash(tiny_run_dir):
     """translate.py with two decoding streams, started 8 times: their eager TensorFlow ops at once crashed the
-    process (SIGSEGV) in about one start in four (nmt.translator._EAGER_OPS). Without the lock this test failed
+    process (SIGSEGV) in 9 of 32 starts (nmt.translator._EAGER_OPS). Without the lock this test failed
     (2026-12-06); in-process calls of `Translator.translate` did not show the crash, hence the CLI."""
     import subprocess
     import sys
 
+    from tests.test_cli_translate import ROOT
+
     lines = [source for source, _ in tiny_corpus()["validation"]]
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
-    command = [
-        sys.executable,
-        "translate.py",
-        "--model-dir",
-        str(tiny_run_dir),
-        "--beam",
-        "1",
-        "--streams",
-        "2",
-    ]
+    command = [sys.executable, "translate.py", "--model-dir", tiny_run_dir, "--beam", "1", "--streams", "2"]
     for _ in range(8):  # a hang guard only: each start takes seconds
-        done = subprocess.run(command, input="\n".join(lines) + "\n", text=True, cwd=root, env=env,
+        done = subprocess.run(command, input="\n".join(lines) + "\n", text=True, cwd=ROOT, env=env,
                               capture_output=True, timeout=600)  # fmt: skip
         assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
         assert len(done.stdout.splitlines()) == len(lines)

@@ -73,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.format != "ctranslate2" and args.quantization is not None:
         raise cli.CliError("--quantization goes with --format ctranslate2", exit_code=2)
     cli.check_model_dir(args.model_dir)
+    cli.check_output_dir(args.output)
     if args.format == "ctranslate2":
         cli.require_ctranslate2("--format ctranslate2")
     cli.quiet_tensorflow()
@@ -89,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     except FileExistsError as err:
         raise cli.CliError(str(err), exit_code=2) from err
+    except tf.errors.OpError as err:  # e.g. no permission there: TensorFlow's errors are not OSErrors
+        raise cli.CliError(f"could not write the SavedModel to {args.output}: {err.message}") from err
     serve = load_exported(output)  # check that it loads and runs on its own
     sample = serve(inputs=tf.constant(["", "Hello."]))["outputs"].numpy()
     log.info(

@@ -305,6 +305,18 @@ def check_output_file(path: str | None) -> None:
         raise CliError(f"output folder does not exist: {folder}", exit_code=2)
 
 
+def check_output_dir(path: str) -> None:
+    """Raises a usage CliError if a directory could not be made at `path` (a file there, or on its way)."""
+    path = os.path.abspath(path)
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise CliError(f"output exists and is not a directory: {path}", exit_code=2)
+    folder = path
+    while not os.path.exists(folder):
+        folder = os.path.dirname(folder)
+    if not os.path.isdir(folder):
+        raise CliError(f"cannot make the output directory {path}: {folder} is not a directory", exit_code=2)
+
+
 def check_model_dir(path: str):
     """The run directory behind `--model-dir`, checked before TensorFlow is even imported."""
     from nmt.run_dir import RunDir

@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from common.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
-from nmt.run_dir import publish_directory
+from nmt.publish import publish_directory, staging_directory
 
 log = logging.getLogger(__name__)
 
@@ -301,13 +301,15 @@ def export_ctranslate2(
       weights: the checkpoint the weights came from, recorded in `METADATA`.
 
     Returns:
-      `output_dir`, made absolute. It is written through a sibling temporary directory and renamed at the end; an existing export
-      there is replaced, any other existing non-empty path is refused (ExportError) and left untouched.
+      `output_dir`, made absolute. It is written through a staging directory and put in place at the end
+      (`nmt.publish`); an existing export there is replaced, any other existing non-empty path is refused
+      (ExportError) and left untouched.
     """
     if quantization not in QUANTIZATIONS:
         raise ExportError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}")
     ctranslate2 = import_ctranslate2()
-    output = Path(os.path.abspath(output_dir))  # "." has no name for the sibling temporary directory
+    output = Path(os.path.abspath(output_dir))  # "." has no name for a sibling staging directory
+    staging = staging_directory(output)  # first: it removes what a killed export left inside `output`
     if output.exists() and not (output.is_dir() and not any(output.iterdir())):
         try:
             read_export_metadata(output)
@@ -320,8 +322,6 @@ def export_ctranslate2(
         def _load(self):
             return spec
 
-    staging = output.with_name(f".{output.name}.partial-{os.getpid()}")
-    shutil.rmtree(staging, ignore_errors=True)
     try:
         _Converter().convert(str(staging), quantization=COMPUTE_TYPES[quantization])
         tokenizer.save(staging)  # spm.model (joint) or spm.source.model + spm.target.model

@@ -22,11 +22,14 @@ from pathlib import Path
 
 import tensorflow as tf
 
-from nmt.run_dir import publish_directory
+from nmt.publish import publish_directory, staging_directory
 from nmt.translator import decode_batch, output_limits
 from transformer.vocab import EOS_ID, PAD_ID
 
 log = logging.getLogger(__name__)
+
+# Python's whitespace (`str.isspace`: what `line.strip()` removes) as an RE2 class; tf.strings.strip knows ASCII only.
+BLANK = r"[\t-\r\x{1c}-\x{20}\x{85}\p{Z}]*"
 
 
 class TranslationModule(tf.Module):
@@ -71,21 +74,20 @@ class TranslationModule(tf.Module):
             alpha=self.alpha,
         )  # (B, K, max_length)
         texts = self.tokenizer.detokenize_target(ids[:, 0])  # (B,)
-        blank = tf.equal(tf.strings.length(tf.strings.strip(inputs)), 0)
+        blank = tf.strings.regex_full_match(inputs, BLANK)  # what Translator skips: `not line.strip()`
         return {"outputs": tf.where(blank, tf.constant("", tf.string), texts)}
 
 
 def export_saved_model(module: TranslationModule, output: str | Path) -> Path:
-    """Writes the SavedModel to `output` through a sibling temporary directory (replacing an older export).
+    """Writes the SavedModel to `output` through a staging directory (`nmt.publish`; an older export is replaced).
 
     Returns `output` made absolute (so "." or "dir/.." have a name to put the temporary directory next to).
     """
     output = Path(os.path.abspath(output))
+    staging = staging_directory(output)  # first: it removes what a killed export left inside `output`
     if output.exists() and not (output / "saved_model.pb").is_file():
         if not output.is_dir() or any(output.iterdir()):
             raise FileExistsError(f"{output} exists and is not a SavedModel: choose another --output")
-    staging = output.with_name(f".{output.name}.partial-{os.getpid()}")
-    shutil.rmtree(staging, ignore_errors=True)
     try:
         signature = module.serve.get_concrete_function()
         tf.saved_model.save(module, str(staging), signatures={"serving_default": signature})

@@ -178,25 +178,6 @@ def write_atomic(path: Path, text: str) -> None:
         raise
 
 
-def publish_directory(staging: Path, output: Path, last: str) -> None:
-    """Puts the complete directory `staging` at `output`: renamed there, or, when `output` is an existing
-    directory (an older export, checked by the caller, or an empty directory), moved into it entry by entry after
-    its old entries are removed, `last` (the file that marks it complete) last. The directory itself stays: a shell
-    standing in it (`export.py --output .`) is not left in a deleted directory."""
-    if not output.is_dir():
-        staging.rename(output)
-        return
-    for entry in output.iterdir():
-        if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry)
-        else:
-            entry.unlink()
-    entries = sorted(staging.iterdir(), key=lambda entry: entry.name == last)
-    for entry in entries:
-        entry.rename(output / entry.name)
-    staging.rmdir()
-
-
 def _umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)
@@ -297,8 +278,6 @@ def drop_checkpoints(directory: Path, keep) -> list[int]:
 
 def remove_partial_saves(directory: Path, pattern: str = "ckpt-*_temp*") -> None:
     """Removes the half-written saves (`ckpt-N_temp`, a save cut short) of a checkpoint directory."""
-    import shutil
-
     for partial in Path(directory).glob(pattern):
         shutil.rmtree(partial, ignore_errors=True)
 

@@ -314,6 +314,8 @@ def ct2_export(tiny_run_dir, tmp_path_factory):
             ["--output", "{tmp}/out", "--format", "ctranslate2", "--beam", "2"],
             "--beam goes with",
         ),
+        ("export.py", ["--output", "{run}/config.yaml"], "output exists and is not a directory"),
+        ("export.py", ["--output", "{run}/config.yaml/out", "--format", "ctranslate2"], "is not a directory"),
     ],
 )
 def test_engine_usage_errors_exit_2(script, args, message, tiny_run_dir, tmp_path):

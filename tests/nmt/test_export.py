@@ -22,7 +22,7 @@ def tiny_run_dir(tmp_path_factory, request):
 
 def test_exported_model_matches_the_run_dir(tiny_run_dir, tmp_path):
     pairs = (tiny_corpus()["validation"] + tiny_corpus()["test"])[:48]
-    lines = [s for s, _ in pairs] + ["", "The cat sees " * 30]
+    lines = [s for s, _ in pairs] + ["", "The cat sees " * 30, "\xa0", "\u3000 \u2003", "\x1c\x85"]
     output, module = export_run_dir(tiny_run_dir, tmp_path / "export", beam_size=2)
     assert (output / "saved_model.pb").is_file() and module.beam_size == 2
     assert any((output / "assets").glob("*.model"))  # the SentencePiece model travels with the SavedModel
@@ -59,6 +59,19 @@ def test_exported_model_matches_the_run_dir(tiny_run_dir, tmp_path):
     assert (
         exported[48] == ""
     )  # the long line 49: truncated alike on both sides (compared above, never judged)
+    assert exported[50:] == ["", "", ""]  # Unicode whitespace is blank, as Python's strip() says
+
+
+def test_blank_is_pythons_whitespace_on_every_code_point():
+    """The SavedModel's test for a blank line against `str.isspace` (what Translator's `line.strip()` removes)."""
+    from nmt.export import BLANK
+
+    chars = [chr(c) for c in range(0x10000) if not 0xD800 <= c < 0xE000]  # Python's 29 are all in the BMP
+    blank = tf.strings.regex_full_match(tf.constant(chars), BLANK).numpy()
+    assert [c for c, b in zip(chars, blank) if b != c.isspace()] == []
+    assert sum(blank) == 29  # all of Python 3.11's whitespace characters: the comparison had them all
+    lines = ["", " \t\xa0\u3000\n", "\u200b", "a ", "\x1c\x1d\x1e\x1f\x85\u2028"]
+    assert list(tf.strings.regex_full_match(lines, BLANK).numpy()) == [not line.strip() for line in lines]
 
 
 def test_export_refuses_to_overwrite_something_else(tiny_run_dir, tmp_path):

@@ -1,0 +1,130 @@
+"""nmt.publish: a directory written whole, an older one kept until the new one is in, leftovers of killed runs."""
+
+import errno
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from nmt.publish import publish_directory, staging_directory
+
+
+def write(directory: Path, files: dict[str, str]) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (directory / name).write_text(text)
+    (directory / "sub").mkdir(exist_ok=True)
+    (directory / "sub" / "x").write_text(files["MARKER"])
+
+
+def contents(directory: Path) -> dict[str, str]:
+    return {str(p.relative_to(directory)): p.read_text() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+OLD = {"MARKER": "old", "a.bin": "old a", "only_old": "1"}
+NEW = {"MARKER": "new", "a.bin": "new a", "only_new": "2"}
+
+
+def publish(output: Path, files: dict[str, str]) -> None:
+    staging = staging_directory(output)
+    try:
+        write(staging, files)
+        publish_directory(staging, output, last="MARKER")
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_a_new_directory_is_renamed_into_place(tmp_path):
+    output = tmp_path / "export"
+    staging = staging_directory(output)
+    assert staging.parent == tmp_path and not staging.exists()
+    publish(output, NEW)
+    assert contents(output) == contents_of(NEW) and sorted(p.name for p in tmp_path.iterdir()) == ["export"]
+
+
+def contents_of(files: dict[str, str]) -> dict[str, str]:
+    return {**files, "sub/x": files["MARKER"]}
+
+
+def test_an_existing_export_is_replaced_in_place_through_staging_inside_it(tmp_path):
+    """Inside it: on its filesystem (a mount point, a symlink elsewhere), so every move is a rename."""
+    output = tmp_path / "export"
+    write(output, OLD)
+    inode = output.stat().st_ino
+    assert staging_directory(output).parent == output
+    publish(output, NEW)
+    assert contents(output) == contents_of(NEW)
+    assert output.stat().st_ino == inode and sorted(p.name for p in tmp_path.iterdir()) == ["export"]
+
+
+@pytest.mark.parametrize("failing_move", [0, 2, 3])
+def test_a_failed_move_puts_the_old_export_back(tmp_path, monkeypatch, failing_move):
+    """EXDEV (a staging directory on another filesystem) or Ctrl-C in the middle of the moves: the older export is
+    whole again, nothing of the new one left in it."""
+    output = tmp_path / "export"
+    write(output, OLD)
+    rename = Path.rename
+    moves = []
+
+    def flaky(self, target):
+        if Path(self).parent.name.startswith(".partial-"):  # a move of a new entry into the export
+            moves.append(self.name)
+            if len(moves) > failing_move:
+                raise OSError(errno.EXDEV, "Invalid cross-device link")
+        return rename(self, target)
+
+    monkeypatch.setattr(Path, "rename", flaky)
+    with pytest.raises(OSError, match="cross-device"):
+        publish(output, NEW)
+    monkeypatch.undo()
+    assert contents(output) == contents_of(OLD)
+    assert sorted(p.name for p in output.iterdir()) == sorted([*OLD, "sub"])
+    assert (moves[-1] == "MARKER") == (failing_move == 3)  # the marker moves last
+
+
+def test_the_marker_leaves_first_and_arrives_last(tmp_path, monkeypatch):
+    output = tmp_path / "export"
+    write(output, OLD)
+    rename = Path.rename
+    moves = []
+
+    def record(self, target):
+        moves.append((Path(self).parent.name, Path(self).name))
+        return rename(self, target)
+
+    monkeypatch.setattr(Path, "rename", record)
+    publish(output, NEW)
+    assert moves[0] == ("export", "MARKER")  # the old export stops being complete before anything moves
+    assert moves[-1][1] == "MARKER" and moves[-1][0].startswith(".partial-")
+    assert len(moves) == 2 * 4  # four entries out, four in
+
+
+def test_leftovers_of_killed_exports_are_removed_live_ones_kept(tmp_path):
+    output = tmp_path / "export"
+    write(output, OLD)
+    gone, alive = dead_pid(), os.getppid()
+    leftovers = [
+        tmp_path / f".export.partial-{gone}",  # staging of an export to a new path, killed
+        output / f".partial-{gone}",  # staging inside an older export, killed
+        output / f".replaced-{gone}",  # an older export's entries set aside, killed before removing them
+    ]
+    kept = [
+        tmp_path / f".export.partial-{alive}",
+        output / f".partial-{alive}",
+        tmp_path / f".other.partial-{gone}",
+    ]
+    for path in leftovers + kept:
+        write(path, NEW)
+    staging_directory(output)
+    assert [p.exists() for p in leftovers] == [False] * 3
+    assert [p.exists() for p in kept] == [True] * 3
+    assert contents(output / "sub") == {"x": "old"} and (output / "MARKER").read_text() == "old"

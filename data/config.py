@@ -97,6 +97,11 @@ def validate_data_config(cfg: DataConfig) -> None:
             "data.dataset: folder needs data.folder, the directory of line-aligned <lang>.<split>.txt files "
             "(e.g. en.train.txt de.train.txt en.validation.txt ...)"
         )
+    if cfg.folder and cfg.dataset != "folder":  # else the folder would be ignored without a word
+        raise ConfigError(
+            f"data.folder is set ({cfg.folder}) but data.dataset is {cfg.dataset!r}: set data.dataset: folder "
+            "to use the folder, or remove data.folder"
+        )
     edges = cfg.bucket_boundaries
     for index in range(1, len(edges)):
         if edges[index] <= edges[index - 1]:

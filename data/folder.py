@@ -9,16 +9,19 @@ line-aligned (one ends before the other: truncated?).
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
 
+from data.cleaning import MAX_LINE_BYTES
 from data.config import DataConfig
 from data.errors import DataError
 
 FILE_NAME = re.compile(r"^([^.]+)\.([^.]+)\.txt$")  # <lang>.<split>.txt
 BOM = b"\xef\xbb\xbf"
+log = logging.getLogger(__name__)
 
 
 def listing(cfg: DataConfig) -> dict[str, dict[str, Path]]:
@@ -64,16 +67,47 @@ def split_files(cfg: DataConfig, split: str) -> tuple[Path, Path]:
     return files[cfg.source], files[cfg.target]
 
 
-def _lines(path: Path) -> Iterator[bytes]:
+# What a text file must not start with: its encoding or compression named in the error, with the command to fix it.
+NOT_UTF8 = (
+    (b"\xff\xfe", "UTF-16 (or UTF-32) text (byte-order mark FF FE)", "iconv -f UTF-16 -t UTF-8"),
+    (b"\xfe\xff", "UTF-16 text (byte-order mark FE FF)", "iconv -f UTF-16 -t UTF-8"),
+    (b"\x1f\x8b", "gzip-compressed", "gunzip"),
+)
+
+
+def _open(path: Path):
+    """The file opened for reading bytes; `DataError` naming it if it cannot be read or is not UTF-8 text."""
     try:
-        with open(path, "rb") as handle:
+        handle = open(path, "rb")
+        head = handle.peek(4)[:4]
+    except OSError as err:
+        raise DataError(f"cannot read {path}: {err}") from err
+    for magic, kind, fix in NOT_UTF8:
+        if head.startswith(magic):
+            handle.close()
+            raise DataError(
+                f"{path} is {kind}, not UTF-8 text: convert it (e.g. {fix}) and give the .txt file"
+            )
+    return handle
+
+
+def _lines(path: Path) -> Iterator[bytes]:
+    """Its lines without "\n" / "\r\n" (and the first without a BOM); a line over MAX_LINE_BYTES is cut just
+    past the limit (cleaning drops it) and its rest skipped unread into memory: a file without newlines stays in
+    bounded memory."""
+    limit = MAX_LINE_BYTES + 2  # room for "\r\n": a line of the limit exactly is whole
+    with _open(path) as handle:
+        try:
             first = True
-            for line in handle:
+            while line := handle.readline(limit):
+                if not line.endswith(b"\n") and len(line) == limit:  # over-long: skip to its end
+                    while (rest := handle.readline(1 << 20)) and not rest.endswith(b"\n"):
+                        pass
                 line = line.rstrip(b"\n").removesuffix(b"\r")
                 yield line.removeprefix(BOM) if first else line
                 first = False
-    except OSError as err:
-        raise DataError(f"cannot read {path}: {err}") from err
+        except OSError as err:
+            raise DataError(f"cannot read {path}: {err}") from err
 
 
 def stream(cfg: DataConfig, split: str, chunk: int) -> Iterator[tuple[list[bytes], list[bytes]]]:
@@ -104,25 +138,33 @@ def stream(cfg: DataConfig, split: str, chunk: int) -> Iterator[tuple[list[bytes
 def count_lines(path: Path) -> int:
     """Lines of a file (a last line without "\\n" counts), fast."""
     count, last = 0, b"\n"
-    with open(path, "rb") as handle:
-        while block := handle.read(1 << 24):
-            count += block.count(b"\n")
-            last = block[-1:]
+    with _open(path) as handle:
+        try:
+            while block := handle.read(1 << 24):
+                count += block.count(b"\n")
+                last = block[-1:]
+        except OSError as err:
+            raise DataError(f"cannot read {path}: {err}") from err
     return count + (last != b"\n")
 
 
 def sizes(cfg: DataConfig) -> dict[str, int]:
-    """split -> pairs, for every split with both languages; `DataError` if a split's two files differ in lines."""
+    """split -> pairs, for every split with both languages; `DataError` if the two files of a split the config
+    names (data.train_split, validation_split, test_split) differ in lines, a warning for any other split."""
     result = {}
     for split, files in listing(cfg).items():
         if cfg.source not in files or cfg.target not in files:
             continue
         source, target = count_lines(files[cfg.source]), count_lines(files[cfg.target])
         if source != target:
-            raise DataError(
+            message = (
                 f"{files[cfg.target]} has {target} lines but {files[cfg.source]} has {source}: the files of split "
                 f"{split!r} must be line-aligned"
             )
+            if split in (cfg.train_split, cfg.validation_split, cfg.test_split):
+                raise DataError(message)
+            log.warning("%s (left out: no data.*_split names it)", message)
+            continue
         result[split] = source
     if not result:
         split_files(cfg, cfg.train_split)  # raises, naming the missing language or file

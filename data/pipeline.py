@@ -32,6 +32,7 @@ import tensorflow as tf
 
 from common.special_ids import BOS_ID, EOS_ID, PAD_ID
 from data.batching import bucketed_batches
+from data.cleaning import DropCounts
 from data.config import DataConfig
 from data.errors import DataError
 from data.store import PreparedSplit
@@ -122,6 +123,9 @@ def open_split(cfg: DataConfig, tokenizer: Tokenizer, split: str) -> PreparedSpl
 
     vocab = {"source": tokenizer.source_vocab_size, "target": tokenizer.target_vocab_size}
     prepared = PreparedSplit.open(prepare_split(cfg, tokenizer, split), vocab=vocab)
+    if len(prepared) == 0:  # nothing to train on or to validate with: stop before any step, saying why
+        drops = DropCounts(**{k: v for k, v in prepared.manifest.get("drops", {}).items() if k != "kept"})
+        raise DataError(f"split {split!r} of {cfg.dataset} has no usable pair ({drops.summary()})")
     log.info("split %s: %d pairs, read %s", split, len(prepared), prepared.origin)
     return prepared
 

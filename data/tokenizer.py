@@ -277,6 +277,11 @@ def _sample_sentences(cfg: DataConfig, seed: int) -> tuple[list[str], list[str]]
             else:
                 first.append(sources[0])
                 second.append(targets[0])
+    if not first:  # all dropped: say why, not just "empty"
+        raise DataError(
+            f"no sentences to train the tokenizer on: split {cfg.train_split!r} has no usable pair "
+            f"({counts.summary()})"
+        )
     return first, second
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import gzip
 
 import pytest
 import tensorflow as tf
@@ -84,6 +85,70 @@ def test_translate_folder_errors(tmp_path, name, content, message):
         split_sizes(cfg)
 
 
+def test_a_misaligned_split_the_config_does_not_name_is_left_out_with_a_warning(tmp_path, caplog):
+    """data.stats counts every split: one nothing trains or validates on does not stop it (data.prepare never
+    reads it); the configured splits must still align."""
+    folder = write_folder(tmp_path / "corpus", {"train": 20, "dev": 5, "extra": 3})
+    (folder / "fr.extra.txt").write_text("a\n")
+    cfg = DataConfig(dataset="folder", folder=str(folder), source="fr", target="en", validation_split="dev")
+    assert split_sizes(cfg) == {"train": 20, "dev": 5}
+    assert "en.extra.txt has 3 lines but" in caplog.text
+    assert "split 'extra' must be line-aligned (left out: no data.*_split names it)" in caplog.text
+    with pytest.raises(DataError, match="split 'extra' must be line-aligned"):
+        split_sizes(dataclasses.replace(cfg, test_split="extra"))
+
+
+@pytest.mark.parametrize(
+    ("data", "kind"),
+    [
+        ("Hello.\r\n".encode("utf-16"), r"UTF-16 \(or UTF-32\) text \(byte-order mark FF FE\)"),
+        (b"\xfe\xff" + "Hello.\n".encode("utf-16-be"), r"UTF-16 text \(byte-order mark FE FF\)"),
+        (gzip.compress(b"Hello.\n", mtime=0), "gzip-compressed"),
+    ],
+    ids=["utf-16-le", "utf-16-be", "gzip"],
+)
+def test_a_folder_file_that_is_not_utf8_text_is_named_with_its_encoding(tmp_path, data, kind):
+    """What Windows PowerShell's `>` writes (UTF-16 with CRLF), or a .gz renamed .txt: one error naming the file
+    and what it is, not text full of NUL bytes or a misleading "truncated?"."""
+    folder = write_folder(tmp_path / "corpus")
+    (folder / "en.train.txt").write_bytes(data)
+    cfg = DataConfig(dataset="folder", folder=str(folder), source="fr", target="en")
+    message = rf"en\.train\.txt is {kind}, not UTF-8 text: convert it"
+    with pytest.raises(DataError, match=message):
+        split_sizes(cfg)
+    with pytest.raises(DataError, match=message):
+        load_text_pairs(cfg, "train")
+
+
+def test_an_unreadable_folder_file_is_a_data_error_naming_it(tmp_path):
+    folder = write_folder(tmp_path / "corpus")
+    (folder / "en.train.txt").unlink()
+    (folder / "en.train.txt").mkdir()  # open() fails (IsADirectoryError) for root too, unlike chmod 000
+    from data import folder as folder_corpus
+
+    with pytest.raises(DataError, match=r"cannot read .*en\.train\.txt: .*Is a directory"):
+        folder_corpus.count_lines(folder / "en.train.txt")
+    with pytest.raises(DataError, match=r"cannot read .*en\.train\.txt: .*Is a directory"):
+        list(folder_corpus._lines(folder / "en.train.txt"))
+
+
+def test_a_line_over_the_limit_is_read_cut_not_whole(tmp_path, monkeypatch):
+    """A file without newlines (a binary or minified file) must not be read into memory whole: its over-long line
+    comes out cut just past the limit, and cleaning drops it as too long."""
+    from data import cleaning
+    from data import folder as folder_corpus
+
+    monkeypatch.setattr(cleaning, "MAX_LINE_BYTES", 64)
+    monkeypatch.setattr(folder_corpus, "MAX_LINE_BYTES", 64)
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    (folder / "en.dev.txt").write_bytes(b"One.\n" + b"y" * 5000 + b"\n" + b"x" * 64 + b"\r\nTwo." + b"z" * 70)
+    (folder / "fr.dev.txt").write_bytes(b"Un.\nLong.\nJuste.\nDeux.\n")
+    assert [len(line) for line in folder_corpus._lines(folder / "en.dev.txt")] == [4, 66, 64, 66]
+    cfg = DataConfig(dataset="folder", folder=str(folder), source="en", target="fr")
+    assert load_text_pairs(cfg, "dev") == (["One.", "x" * 64], ["Un.", "Juste."])
+
+
 def test_translate_folder_lines_split_on_newline_only_and_bad_pairs_dropped(tmp_path, caplog):
     folder = tmp_path / "corpus"
     folder.mkdir()
@@ -108,6 +173,10 @@ def test_translate_folder_needs_a_folder(tmp_path):
 
     with pytest.raises(ConfigError, match="data.dataset: folder needs data.folder"):  # a config error: exit 2
         load_data_config("base.yaml", ["data.dataset=folder"])
+    with pytest.raises(
+        ConfigError, match="data.folder is set .* but data.dataset is 'multi30k'"
+    ):  # not ignored
+        load_data_config("base.yaml", [f"data.folder={tmp_path}"])
     with pytest.raises(DataError, match="needs data.folder"):  # a DataConfig built in code
         load_split(DataConfig(dataset="folder"), "train")
     with pytest.raises(DataError, match="no such directory"):

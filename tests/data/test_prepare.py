@@ -319,3 +319,33 @@ def test_prepare_refuses_a_fine_tuning_config_without_a_tokenizer_by_name(tmp_pa
     assert done.returncode == 2
     assert "fine-tunes train.init_from=runs/base" in done.stderr
     assert "--tokenizer-dir runs/base/tokenizer" in done.stderr
+
+
+def test_a_split_with_no_usable_pair_stops_before_any_step_saying_why(tmp_path):
+    """A validation split of blank lines: a data error when the split is opened (the trainer opens it before its
+    first step), with preparation's counts; not a StopIteration at the first evaluation."""
+    from data.pipeline import make_eval_dataset, open_split
+
+    cfg = folder_cfg(tmp_path)
+    (Path(cfg.folder) / "en.dev.txt").write_text("\n" * 3)
+    (Path(cfg.folder) / "fr.dev.txt").write_text("Un.\n\n \n")
+    tokenizer, _ = prepare(cfg, progress=False)
+    message = (
+        r"split 'dev' of folder has no usable pair \(kept 0 of 3 pairs; dropped 2 empty, 1 with one side"
+    )
+    with pytest.raises(DataError, match=message):
+        open_split(cfg, tokenizer, "dev")
+    with pytest.raises(DataError, match=message):
+        make_eval_dataset(cfg, tokenizer, "dev")
+    assert len(open_split(cfg, tokenizer, "train")) == TRAIN
+
+
+def test_a_train_split_with_no_usable_pair_says_why_not_just_empty(tmp_path):
+    from data.tokenizer import train_tokenizer
+
+    cfg = folder_cfg(tmp_path)
+    (Path(cfg.folder) / "fr.train.txt").write_text(" \n" * (TRAIN + len(BAD)))
+    with pytest.raises(
+        DataError, match=r"split 'train' has no usable pair \(kept 0 of 84 pairs; dropped 1 empty"
+    ):
+        train_tokenizer(cfg, tmp_path / "tokenizer", seed=0)

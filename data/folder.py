@@ -4,7 +4,8 @@ Read here line by line, in bounded memory (TFDS's TranslateFolder would load eve
 memory), split on "\\n" only (never on U+2028 or other Unicode breaks), "\\r\\n" and a leading BOM accepted.
 Only the files of the configured source and target languages are read. Every problem is a `DataError` naming the
 file: a file not named `<lang>.<split>.txt` (hidden files are ignored), a missing language or split, files of one split that are not
-line-aligned (one ends before the other: truncated?).
+line-aligned (one ends before the other: truncated?), a file that cannot be read or is UTF-16 or gzip. A line over
+MAX_LINE_BYTES is read cut (cleaning drops it), so a file without newlines stays in bounded memory too.
 """
 
 from __future__ import annotations
@@ -79,8 +80,12 @@ def _open(path: Path):
     """The file opened for reading bytes; `DataError` naming it if it cannot be read or is not UTF-8 text."""
     try:
         handle = open(path, "rb")
+    except OSError as err:
+        raise DataError(f"cannot read {path}: {err}") from err
+    try:
         head = handle.peek(4)[:4]
     except OSError as err:
+        handle.close()
         raise DataError(f"cannot read {path}: {err}") from err
     for magic, kind, fix in NOT_UTF8:
         if head.startswith(magic):

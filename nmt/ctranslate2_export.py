@@ -309,7 +309,7 @@ def export_ctranslate2(
         raise ExportError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}")
     ctranslate2 = import_ctranslate2()
     output = Path(os.path.abspath(output_dir))  # "." has no name for a sibling staging directory
-    staging = staging_directory(output)  # first: it removes what a killed export left inside `output`
+    staging = staging_directory(output, last=METADATA)  # first: removes killed exports' leftovers
     if output.exists() and not (output.is_dir() and not any(output.iterdir())):
         try:
             read_export_metadata(output)

@@ -84,7 +84,7 @@ def export_saved_model(module: TranslationModule, output: str | Path) -> Path:
     Returns `output` made absolute (so "." or "dir/.." have a name to put the temporary directory next to).
     """
     output = Path(os.path.abspath(output))
-    staging = staging_directory(output)  # first: it removes what a killed export left inside `output`
+    staging = staging_directory(output, last="saved_model.pb")  # first: removes killed exports' leftovers
     if output.exists() and not (output / "saved_model.pb").is_file():
         if not output.is_dir() or any(output.iterdir()):
             raise FileExistsError(f"{output} exists and is not a SavedModel: choose another --output")

@@ -1,6 +1,6 @@
 """Writing a directory whole (the exports): staged next to or inside `output`, then put in place by renames.
 
-    staging = staging_directory(output)       # not created: the writer makes it
+    staging = staging_directory(output, last="MARKER")   # not created: the writer makes it
     try:
         write_everything_into(staging)
         publish_directory(staging, output, last="MARKER")
@@ -24,10 +24,11 @@ _STAGING = "partial"
 _SET_ASIDE = "replaced"
 
 
-def staging_directory(output: Path) -> Path:
+def staging_directory(output: Path, last: str) -> Path:
     """The path to write `output`'s new content to (absent; its writer creates it). Leftovers of processes that are
-    gone, next to `output` or inside it, are removed first."""
-    _remove_leftovers(output)
+    gone are removed first: next to `output`, and inside it when it is an export (`last` there) or holds nothing
+    else (a directory of something else is left as it is, for the caller to refuse)."""
+    _remove_leftovers(output, last)
     name = f".{_STAGING}-{os.getpid()}"
     staging = output / name if output.is_dir() else output.with_name(f".{output.name}{name}")
     shutil.rmtree(staging, ignore_errors=True)
@@ -66,14 +67,16 @@ def publish_directory(staging: Path, output: Path, last: str) -> None:
     shutil.rmtree(set_aside)
 
 
-def _remove_leftovers(output: Path) -> None:
+def _remove_leftovers(output: Path, last: str) -> None:
     candidates = []
     if output.parent.is_dir():
         pattern = re.compile(rf"\.{re.escape(output.name)}\.{_STAGING}-(\d+)")
         candidates += [(entry, pattern.fullmatch(entry.name)) for entry in output.parent.iterdir()]
     if output.is_dir():
         pattern = re.compile(rf"\.(?:{_STAGING}|{_SET_ASIDE})-(\d+)")
-        candidates += [(entry, pattern.fullmatch(entry.name)) for entry in output.iterdir()]
+        inside = [(entry, pattern.fullmatch(entry.name)) for entry in output.iterdir()]
+        if (output / last).is_file() or all(match for _, match in inside):
+            candidates += inside
     for entry, match in candidates:
         if match and entry.is_dir() and not entry.is_symlink() and _gone(int(match.group(1))):
             shutil.rmtree(entry, ignore_errors=True)

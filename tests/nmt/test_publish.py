@@ -29,7 +29,7 @@ NEW = {"MARKER": "new", "a.bin": "new a", "only_new": "2"}
 
 
 def publish(output: Path, files: dict[str, str]) -> None:
-    staging = staging_directory(output)
+    staging = staging_directory(output, "MARKER")
     try:
         write(staging, files)
         publish_directory(staging, output, last="MARKER")
@@ -45,7 +45,7 @@ def dead_pid() -> int:
 
 def test_a_new_directory_is_renamed_into_place(tmp_path):
     output = tmp_path / "export"
-    staging = staging_directory(output)
+    staging = staging_directory(output, "MARKER")
     assert staging.parent == tmp_path and not staging.exists()
     publish(output, NEW)
     assert contents(output) == contents_of(NEW) and sorted(p.name for p in tmp_path.iterdir()) == ["export"]
@@ -60,7 +60,7 @@ def test_an_existing_export_is_replaced_in_place_through_staging_inside_it(tmp_p
     output = tmp_path / "export"
     write(output, OLD)
     inode = output.stat().st_ino
-    assert staging_directory(output).parent == output
+    assert staging_directory(output, "MARKER").parent == output
     publish(output, NEW)
     assert contents(output) == contents_of(NEW)
     assert output.stat().st_ino == inode and sorted(p.name for p in tmp_path.iterdir()) == ["export"]
@@ -124,7 +124,13 @@ def test_leftovers_of_killed_exports_are_removed_live_ones_kept(tmp_path):
     ]
     for path in leftovers + kept:
         write(path, NEW)
-    staging_directory(output)
+    staging_directory(output, "MARKER")
     assert [p.exists() for p in leftovers] == [False] * 3
     assert [p.exists() for p in kept] == [True] * 3
     assert contents(output / "sub") == {"x": "old"} and (output / "MARKER").read_text() == "old"
+    # A directory that is not an export (no marker, files of its own): nothing in it is touched, the caller refuses
+    theirs = tmp_path / "theirs"
+    write(theirs / f".partial-{gone}", NEW)
+    (theirs / "notes.txt").write_text("mine")
+    staging_directory(theirs, "MARKER")
+    assert (theirs / f".partial-{gone}" / "MARKER").is_file()

@@ -36,7 +36,7 @@ def staging_directory(output: Path, last: str) -> Path:
 
 
 def publish_directory(staging: Path, output: Path, last: str) -> None:
-    """Puts the complete directory `staging` (from `staging_directory(output)`) at `output`: renamed there, or,
+    """Puts the complete directory `staging` (from `staging_directory(output, last)`) at `output`: renamed there, or,
     inside an existing directory, moved in entry by entry, `last` (the file that marks it complete) last, after the
     old entries (their `last` first) are set aside. The directory itself stays: a shell standing in it
     (`export.py --output .`) is not left in a deleted directory."""

@@ -4,7 +4,7 @@ Read here line by line, in bounded memory (TFDS's TranslateFolder would load eve
 memory), split on "\\n" only (never on U+2028 or other Unicode breaks), "\\r\\n" and a leading BOM accepted.
 Only the files of the configured source and target languages are read. Every problem is a `DataError` naming the
 file: a file not named `<lang>.<split>.txt` (hidden files are ignored), a missing language or split, files of one split that are not
-line-aligned (one ends before the other: truncated?), a file that cannot be read or is UTF-16 or gzip. A line over
+line-aligned (one ends before the other: truncated?), a file that cannot be read or is UTF-16/32 (with or without a byte-order mark) or gzip. A line over
 MAX_LINE_BYTES is read cut (cleaning drops it), so a file without newlines stays in bounded memory too.
 """
 
@@ -93,6 +93,12 @@ def _open(path: Path):
             raise DataError(
                 f"{path} is {kind}, not UTF-8 text: convert it (e.g. {fix}) and give the .txt file"
             )
+    if b"\x00" in head:  # no text has NUL bytes; UTF-16/32 without a byte-order mark has one in every 2 or 4
+        handle.close()
+        raise DataError(
+            f"{path} starts with NUL bytes: UTF-16 or UTF-32 text without a byte-order mark, not UTF-8 text: "
+            "convert it (e.g. iconv -f UTF-16LE -t UTF-8) and give the .txt file"
+        )
     return handle
 
 

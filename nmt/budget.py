@@ -4,7 +4,8 @@ Both are decided once and saved in every training checkpoint (as `plan/...` vari
 its learning-rate schedule and averaging window (and stays exact), and a resume with another global batch is
 refused. See README "Training" for the user's view.
 
-Planned steps. With `train.max_steps` alone the plan is max_steps, made at the start. With `train.max_minutes`,
+Planned steps. With `train.max_steps` alone the plan is max_steps, made at the start; so it is with a time budget
+too when max_steps comes no later than the probe's end (no plan would ever be made). With `train.max_minutes`,
 each process times `budget_probe_steps` optimizer steps after skipping its first `budget_probe_skip` (tracing and
 compilation), and the plan is the step count at the end of that probe plus the rest of the budget at the probed
 rate (at most max_steps). Until then every schedule is the same warmup (then its peak), so the decision affects
@@ -216,6 +217,13 @@ class TrainingPlan:
                     "train.max_steps is %d but the run was planned for %d steps: the %s decay keeps its plan "
                     "(the learning rate stays at its floor after step %d)", t.max_steps, total, t.schedule, total,
                 )  # fmt: skip
+        elif t.max_minutes and t.max_steps and t.max_steps <= step + t.budget_probe_skip + t.budget_probe_steps:
+            # The probe would end at or after max_steps: no plan would ever be made (no decay, no planned dropout).
+            log.info(
+                "train.max_steps %d ends the run before the step-rate probe could (at step %d): planning from "
+                "max_steps", t.max_steps, step + t.budget_probe_skip + t.budget_probe_steps,
+            )  # fmt: skip
+            self._decide(t.max_steps, at=0, rate=0.0)
         elif t.max_minutes:
             self._probe_start = step + t.budget_probe_skip
             self._probe = (step, clock) if t.budget_probe_skip == 0 else None

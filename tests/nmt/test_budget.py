@@ -74,6 +74,21 @@ def test_max_steps_caps_the_time_plan_and_alone_decides_at_once():
     steps_only.start(0, 0.0)
     assert steps_only.total_steps == 500 and int(steps_only.state.decided_at.numpy()) == 0
     assert steps_only.records == []  # nothing measured: no record
+    # max_steps at or before the probe's end (step 6): the probe would never decide, so max_steps plans at once
+    # (the decay and the planned dropout apply), and the time budget still stops the run if it comes first.
+    for max_steps in (PROBE + SKIP, 3):
+        short = plan_for(max_steps=max_steps, dropout_by_plan=[[10, 0.1], [30, 0.3]])
+        short.start(0, 0.0)
+        assert short.total_steps == max_steps and int(short.state.decided_at.numpy()) == 0
+        assert short.dropout == pytest.approx(0.1)
+    resumed_short = plan_for(max_steps=12)  # resumed at step 7 without a plan (max_steps raised): 7 + 6 >= 12
+    resumed_short.start(7, 1.75)
+    assert resumed_short.total_steps == 12
+    probing = plan_for(max_steps=PROBE + SKIP + 1)  # one step after the probe's end: the probe decides
+    probing.start(0, 0.0)
+    assert probing.total_steps == 0
+    run_steps(probing, range(1, PROBE + SKIP + 1))
+    assert probing.total_steps == PROBE + SKIP + 1
 
 
 def test_a_resumed_plan_is_kept_and_an_unfinished_probe_starts_again(tmp_path):

@@ -123,6 +123,7 @@ def main(argv=None) -> int:
         return 2
     fresh = chief and not resuming  # a new run: what its start writes into DIR is undone if the start fails
     before = existing_entries(run_dir) if fresh else None
+    made_parents = missing_parents(run_dir) if fresh and before is None else []
     try:  # before the slow imports: a second training on DIR is refused at once
         lock = RunLock(run_dir).acquire() if chief else contextlib.nullcontext()
     except RunDirError as err:
@@ -158,7 +159,7 @@ def main(argv=None) -> int:
                 started = True
             finally:
                 if fresh and not started:
-                    discard(run_dir, before)
+                    discard(run_dir, before, made_parents)
                     written = False
             if message := trainer.already_finished():
                 print(f"train.py: {message}", file=sys.stderr)
@@ -213,11 +214,21 @@ def existing_entries(run_dir: RunDir) -> set[str] | None:
     return {entry.name for entry in run_dir.path.iterdir()}
 
 
-def discard(run_dir: RunDir, before: set[str] | None) -> None:
+def missing_parents(run_dir: RunDir) -> list[Path]:
+    """DIR's parent folders that do not exist yet (the lock's mkdir makes them), deepest first."""
+    missing, parent = [], run_dir.path.absolute().parent
+    while not parent.exists() and parent != parent.parent:
+        missing.append(parent)
+        parent = parent.parent
+    return missing
+
+
+def discard(run_dir: RunDir, before: set[str] | None, made_parents: list[Path] = ()) -> None:
     """Undoes a new run whose start failed: removes what it wrote into DIR (config.yaml, tokenizer/, ...), and DIR
-    itself if it made it (`before` None), so that the corrected command starts afresh there (not refused as another
-    run's directory, nor handed the failed start's tokenizer). What was in DIR before is kept. The lock file goes
-    too: the lock itself is held until the process releases it."""
+    itself if it made it (`before` None), with the parent folders it made (`made_parents`, if still empty), so that
+    the corrected command starts afresh there (not refused as another run's directory, nor handed the failed start's
+    tokenizer). What was in DIR before is kept. The lock file goes too: the lock itself is held until the process
+    releases it."""
     import shutil
 
     if not run_dir.path.is_dir():
@@ -231,6 +242,8 @@ def discard(run_dir: RunDir, before: set[str] | None) -> None:
     if before is None:
         with contextlib.suppress(OSError):
             run_dir.path.rmdir()
+            for parent in made_parents:
+                parent.rmdir()  # fails (and stops) at one that is not empty
 
 
 def report_failure(err: Exception, run_dir: RunDir, removed: bool, multi_worker: bool = False) -> int | None:

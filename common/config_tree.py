@@ -20,6 +20,7 @@ import dataclasses
 import difflib
 import logging
 import math
+import re
 import types
 import typing
 from pathlib import Path
@@ -58,13 +59,16 @@ class Range:
         return self.max is None or (value < self.max if self.max_open else value <= self.max)
 
     def __str__(self) -> str:
+        def text(bound: float) -> str:  # an int bound in full (2**32 - 1 is not 4.29497e+09)
+            return str(bound) if isinstance(bound, int) else f"{bound:g}"
+
         if self.min is not None and self.max is not None:
             left, right = "(" if self.min_open else "[", ")" if self.max_open else "]"
-            return f"in {left}{self.min:g}, {self.max:g}{right}"
+            return f"in {left}{text(self.min)}, {text(self.max)}{right}"
         if self.min is not None:
-            return f"{'>' if self.min_open else '>='} {self.min:g}"
+            return f"{'>' if self.min_open else '>='} {text(self.min)}"
         if self.max is not None:
-            return f"{'<' if self.max_open else '<='} {self.max:g}"
+            return f"{'<' if self.max_open else '<='} {text(self.max)}"
         return "finite"
 
 
@@ -83,11 +87,10 @@ def value_range(
 
 
 def resolve_config_path(name: str | Path, relative_to: Path | None = None) -> Path:
-    """A path as given, else next to `relative_to`, else in configs/ (with or without `.yaml`)."""
+    """A path as given (from the current directory), else in configs/ (with or without `.yaml`). With
+    `relative_to` (a `base:` inside a config file), next to that file instead of the current directory."""
     name = Path(name)
-    candidates = [name]
-    if relative_to is not None:
-        candidates.append(relative_to / name)
+    candidates = [name if relative_to is None else relative_to / name]
     candidates += [CONFIG_DIR / name, CONFIG_DIR / f"{name}.yaml"]
     for candidate in candidates:
         if candidate.is_file():
@@ -144,6 +147,10 @@ def _load_file(path: Path, seen: tuple[Path, ...] = ()) -> dict:
     return _merge(parent, tree)
 
 
+# What YAML 1.1 (PyYAML) reads as a number other than the one it looks like: 010 is 8 (octal), 1:30 is 90 (base 60).
+YAML11_NUMBER = re.compile(r"[-+]?(0[0-7_]+|[0-9][0-9_]*(:[0-5]?[0-9])+(\.[0-9_]*)?)")
+
+
 def parse_override(text: str) -> tuple[list[str], Any]:
     """`section.key=value` -> (["section", "key"], value parsed as a YAML scalar)."""
     if "=" not in text:
@@ -156,6 +163,16 @@ def parse_override(text: str) -> tuple[list[str], Any]:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError as err:
         raise ConfigError(f"--set {dotted}: cannot parse value {raw!r}: {err}") from err
+    if (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and YAML11_NUMBER.fullmatch(raw.strip())
+    ):
+        kind = "base 60" if ":" in raw else "octal"
+        raise ConfigError(
+            f"--set {dotted.strip()}={raw.strip()}: YAML reads this as {value!r} ({kind}): write "
+            "the number without leading zeros or colons (or quote it for a text value)"
+        )
     return keys, value
 
 

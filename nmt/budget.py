@@ -217,11 +217,11 @@ class TrainingPlan:
                     "train.max_steps is %d but the run was planned for %d steps: the %s decay keeps its plan "
                     "(the learning rate stays at its floor after step %d)", t.max_steps, total, t.schedule, total,
                 )  # fmt: skip
-        elif t.max_minutes and t.max_steps and t.max_steps <= step + t.budget_probe_skip + t.budget_probe_steps:
+        elif t.max_minutes and t.max_steps and t.max_steps <= (probe_end := self._probe_end(step)):
             # The probe would end at or after max_steps: no plan would ever be made (no decay, no planned dropout).
             log.info(
                 "train.max_steps %d ends the run before the step-rate probe could (at step %d): planning from "
-                "max_steps", t.max_steps, step + t.budget_probe_skip + t.budget_probe_steps,
+                "max_steps", t.max_steps, probe_end,
             )  # fmt: skip
             self._decide(t.max_steps, at=0, rate=0.0)
         elif t.max_minutes:
@@ -230,6 +230,10 @@ class TrainingPlan:
         elif t.max_steps:
             self._decide(t.max_steps, at=0, rate=0.0)
         self._replan_steps = self._pending_replan()
+
+    def _probe_end(self, step: int) -> int:
+        """The step at which a probe that starts in a process resumed at `step` decides."""
+        return step + self.train.budget_probe_skip + self.train.budget_probe_steps
 
     # ------------------------------------------------------------------------------------------------------------
     # The time budget

@@ -84,7 +84,9 @@ class ModelConfig:
 
 @dataclass
 class TrainConfig:
-    seed: int = 1234  # seeds weights, dropout and data order
+    seed: int = field(
+        default=1234, metadata=_range(min=0, max=2**32 - 1)
+    )  # seeds weights, dropout and data order (NumPy's range)
     init_from: str | None = None  # fine-tuning: a new run starts from this run's weights and tokenizer
     max_steps: int = field(
         default=0, metadata=_NOT_NEGATIVE
@@ -101,9 +103,7 @@ class TrainConfig:
     learning_rate_scaling: str = field(
         default="sqrt", metadata=_choices("sqrt", "linear", "none")
     )  # peak = learning_rate x (global batch / reference_batch_tokens) ^ (1/2 | 1 | 0)
-    allow_batch_change: bool = (
-        False  # resume a checkpoint of another replica count / global batch (else refused)
-    )
+    allow_batch_change: bool = False  # resume a checkpoint of another replica count / accumulate_steps (data.batch_tokens stays fixed)
     warmup_steps: int = field(
         default=4000, metadata=_NOT_NEGATIVE
     )  # linear warmup, then the decay of `schedule`

@@ -16,6 +16,7 @@ import dataclasses
 import logging
 import os
 import shutil
+from pathlib import Path
 
 from common.config_tree import ConfigError
 from nmt.run_dir import RunDir, RunDirError
@@ -39,7 +40,7 @@ def parent_run(config, run_dir: RunDir | None = None) -> tuple[RunDir, object] |
     path = config.train.init_from
     if not path:
         return None
-    parent = RunDir(path)
+    parent = RunDir(Path(path).expanduser())
     if run_dir is not None and parent.path.resolve() == run_dir.path.resolve():
         raise ConfigError(
             f"train.init_from names this run's own directory ({path}): give the run to start from, and another "

@@ -98,15 +98,18 @@ def test_a_misaligned_split_the_config_does_not_name_is_left_out_with_a_warning(
         split_sizes(dataclasses.replace(cfg, test_split="extra"))
 
 
+NO_BOM = "starts with NUL bytes: UTF-16 or UTF-32 text without a byte-order mark,"
+
+
 @pytest.mark.parametrize(
     ("data", "kind"),
     [
         ("Hello.\r\n".encode("utf-16"), r"UTF-16 \(or UTF-32\) text \(byte-order mark FF FE\)"),
         (b"\xfe\xff" + "Hello.\n".encode("utf-16-be"), r"UTF-16 text \(byte-order mark FE FF\)"),
         (gzip.compress(b"Hello.\n", mtime=0), "gzip-compressed"),
-        ("Hello.\n".encode("utf-16-le"), "starts with NUL bytes: UTF-16 or UTF-32 text without a byte-order mark,"),
-        ("Hello.\n".encode("utf-16-be"), "starts with NUL bytes: UTF-16 or UTF-32 text without a byte-order mark,"),
-        ("Hello.\n".encode("utf-32-le"), "starts with NUL bytes: UTF-16 or UTF-32 text without a byte-order mark,"),
+        ("Hello.\n".encode("utf-16-le"), NO_BOM),
+        ("Hello.\n".encode("utf-16-be"), NO_BOM),
+        ("Hello.\n".encode("utf-32-le"), NO_BOM),
     ],
     ids=["utf-16-le", "utf-16-be", "gzip", "utf-16-le-no-bom", "utf-16-be-no-bom", "utf-32-le-no-bom"],
 )

@@ -37,6 +37,45 @@ def test_inheritance_and_override_order(tmp_path):
     assert config.model.d_ff == Config().model.d_ff  # untouched default
 
 
+def test_base_is_found_next_to_the_file_then_in_configs_never_in_the_current_directory(tmp_path, monkeypatch):
+    """A `base.yaml` in the current directory must not replace the one next to the config (or configs/base.yaml
+    for a shipped config): every shipped config says `base: base.yaml`."""
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    write(cwd / "base.yaml", "train:\n  seed: 111\n")
+    (tmp_path / "cfgs").mkdir()
+    write(tmp_path / "cfgs" / "base.yaml", "train:\n  seed: 222\n")
+    child = write(tmp_path / "cfgs" / "child.yaml", "base: base.yaml\n")
+    monkeypatch.chdir(cwd)
+    assert load_config(child).train.seed == 222
+    assert load_config("tiny") == load_config(CONFIG_DIR / "tiny.yaml")  # configs/base.yaml under it
+    assert load_config("tiny").train.seed != 111
+    assert (
+        load_config("base.yaml").train.seed == 111
+    )  # a --config name itself is looked up from the cwd first
+
+
+@pytest.mark.parametrize(
+    "override, reading",
+    [
+        ("train.max_minutes=1:30", r"90 \(base 60\)"),
+        ("train.max_steps=010", r"8 \(octal\)"),
+        ("train.seed=0123", r"83 \(octal\)"),
+        ("train.max_steps=-1:00", r"-60 \(base 60\)"),
+    ],
+)
+def test_set_refuses_numbers_yaml_11_reads_otherwise(override, reading):
+    with pytest.raises(ConfigError, match=rf"--set {re.escape(override)}: YAML reads this as {reading}"):
+        load_config(None, [override])
+
+
+def test_set_keeps_numbers_and_texts_that_only_look_alike(tmp_path):
+    config = load_config(None, ["train.seed=0", "train.max_steps=1_000", "train.learning_rate=0.5"])
+    assert (config.train.seed, config.train.max_steps, config.train.learning_rate) == (0, 1000, 0.5)
+    folder = load_config(None, ["data.dataset=folder", "data.folder=/corpora/a:1"]).data.folder
+    assert folder == "/corpora/a:1"  # a text: kept as given
+
+
 def test_int_is_accepted_for_float_but_not_the_reverse():
     assert load_config(None, ["train.clipnorm=2"]).train.clipnorm == 2.0
     with pytest.raises(ConfigError, match=r"train\.warmup_steps: expected int, got float"):
@@ -239,6 +278,8 @@ def test_train_xla_accepts_fusible_auto_and_booleans(value, expected):
             r"data\.vocab_size: must be >= 6, got 3",
         ),  # the rest: tests/data/test_config.py
         ("data.bucket_boundaries=[30, 10, 0]", r"data\.bucket_boundaries\[2\]: must be >= 1, got 0"),
+        ("train.seed=-1", r"train\.seed: must be in \[0, 4294967295\], got -1"),
+        ("train.seed=4294967296", r"train\.seed: must be in \[0, 4294967295\], got 4294967296"),
     ],
 )
 def test_out_of_range_values_are_refused_naming_the_key(override, message):
@@ -262,7 +303,8 @@ def test_out_of_range_values_are_refused_naming_the_key(override, message):
         ],
         ["train.average_fraction=1", "train.min_learning_rate_fraction=0", "train.accumulate_steps=1"],
         ["eval.max_length_a=0", "eval.max_length_b=0", "eval.beam_size=1", "eval.alpha=0", "eval.streams=0"],
-        ["eval.alpha=5", "eval.batch_size=1"],
+        ["eval.alpha=5", "eval.batch_size=1", "train.seed=0"],
+        ["train.seed=4294967295"],
         ["model.dropout=0", "model.attention_dropout=0.999", "model.ffn_dropout=0", "model.window=0"],
         ["model.ffn_dropout=null", "model.scale=1e-3", "model.chunk_size=1", "model.num_heads=1"],
         ["data.vocab_size=6", "data.max_length=2", "data.bucket_boundaries=[1, 2, 100]"],
@@ -297,7 +339,6 @@ def _leaf_types(annotation):
 def test_every_numeric_field_declares_a_range_but_a_few():
     """A new numeric field gets its `_range` next to it, or is listed here with the reason."""
     unbounded = {
-        "train.seed",  # any int seeds
         "model.mask_fill",  # a score fill, negative on purpose (-1e9); NaN is still refused
     }
     unbounded |= {"train.dropout_by_plan", "train.ffn_dropout_by_plan"}  # [steps, rate] pairs: checked apart

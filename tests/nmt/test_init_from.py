@@ -48,6 +48,14 @@ def test_without_init_from_there_is_no_parent(tiny_run_dir):
     assert parent_run(config_from_dict(tree)) is None
 
 
+def test_a_parent_under_the_home_directory_may_be_given_with_a_tilde(tiny_run_dir, monkeypatch):
+    monkeypatch.setenv("HOME", str(tiny_run_dir.parent))
+    tree = child_tree(tiny_run_dir)
+    tree["train"]["init_from"] = f"~/{tiny_run_dir.name}"
+    parent, _ = parent_run(config_from_dict(tree))
+    assert parent.path == tiny_run_dir
+
+
 @pytest.mark.parametrize(
     "change, message",
     [
@@ -160,8 +168,10 @@ def test_train_py_fine_tunes_then_resumes_without_the_parent(tiny_run_dir, tmp_p
 def test_train_py_refuses_another_model_and_undoes_the_start(tiny_run_dir, tmp_path):
     tree = child_tree(tiny_run_dir)
     tree["model"]["d_ff"] = 128
-    done = train(tree, tmp_path / "child", tmp_path)
+    (tmp_path / "runs").mkdir()
+    done = train(tree, tmp_path / "runs" / "new" / "deeper" / "child", tmp_path)
     assert done.returncode == 2, done.stderr[-3000:]
     assert "train.py: config error: train.init_from:" in done.stderr
     assert "model.d_ff: 128 here, 64 in" in done.stderr
-    assert not (tmp_path / "child").exists()  # a new run whose start failed leaves nothing behind
+    # a new run whose start failed leaves nothing behind, nor the parent folders it made
+    assert list((tmp_path / "runs").iterdir()) == []

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import re
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -42,10 +43,36 @@ class EvaluationError(ValueError):
     """A problem with what was asked to evaluate (e.g. source and reference files of different lengths)."""
 
 
+# sacreBLEU's own tokenizer for a target language (`BLEU(trg_lang=...)`); 13a, its default, for every other one.
+LANGUAGE_TOKENIZERS = {"zh": "zh", "ja": "ja-mecab", "ko": "ko-mecab"}
+
+
+@functools.cache
+def bleu_tokenizer(target_language: str) -> str:
+    """The tokenizer sacreBLEU's BLEU uses for `target_language` (e.g. "de", "ja", "zh-TW"); 13a, with a warning
+    naming what to install, where that tokenizer's extra dependencies (MeCab for ja and ko) are missing: the
+    signature then says tok:13a, which is what was measured."""
+    from sacrebleu.metrics import BLEU
+
+    tokenize = LANGUAGE_TOKENIZERS.get(re.split(r"[-_]", target_language.lower())[0], "13a")
+    try:
+        BLEU(tokenize=tokenize)
+    except (ImportError, RuntimeError) as err:
+        extra = target_language.lower()[:2]
+        log.warning(
+            "BLEU for %r: sacreBLEU's tokenizer %s is not installed (%s; pip install 'sacrebleu[%s]'): scoring with "
+            "13a instead (the signature says so; not comparable with %s scores)", target_language, tokenize, err,
+            extra, tokenize,
+        )  # fmt: skip
+        return "13a"
+    return tokenize
+
+
 def score_corpus(
     hypotheses: Sequence[str], references: Sequence[str], target_language: str = "", lowercase: bool = False
 ) -> dict:
-    """sacreBLEU BLEU (cased, detokenized, 13a), chrF and the lowercased tokenized BLEU, with signatures.
+    """sacreBLEU BLEU (cased, detokenized, sacreBLEU's tokenizer for the target language: `bleu_tokenizer`), chrF
+    and the lowercased tokenized BLEU, with signatures.
 
     `lowercase`: the hypotheses come from a model trained on lowercased text; BLEU and chrF ignore case."""
     from sacrebleu.metrics import BLEU, CHRF
@@ -53,10 +80,9 @@ def score_corpus(
     if len(hypotheses) != len(references):
         raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references")
     hypotheses, references = list(hypotheses), [list(references)]
-    # 13a (sacreBLEU's default) is wrong for Chinese; every other language keeps the default signature.
-    tokenize = "zh" if target_language.lower().startswith("zh") else None
+    tokenize = bleu_tokenizer(target_language)
     bleu_metric, chrf_metric = BLEU(tokenize=tokenize, lowercase=lowercase), CHRF(lowercase=lowercase)
-    lc_metric = BLEU(lowercase=True, tokenize=tokenize or "13a")
+    lc_metric = BLEU(lowercase=True, tokenize=tokenize)
     bleu = bleu_metric.corpus_score(hypotheses, references)
     chrf = chrf_metric.corpus_score(hypotheses, references)
     lc = lc_metric.corpus_score(hypotheses, references)
@@ -137,11 +163,16 @@ def format_report(record: dict) -> str:
         f"  detail       {record['bleu_detail']}",
         f"chrF           {number('chrf')}   {record['chrf_signature']}",
         f"bleu_lc_tok    {number('bleu_lc_tok')}   lowercased 13a-tokenized BLEU, only to compare with papers",
-        f"loss           {number('loss', 4)} per target token, no label smoothing ({record.get('loss_tokens', 0)} tokens"
-        + (
-            f"; {record['loss_pairs_cut']} pairs cut to data.max_length - 1 pieces)"
-            if record.get("loss_pairs_cut")
-            else ")"
+        (
+            f"loss           {number('loss', 4)} per target token, no label smoothing ({record.get('loss_tokens')} "
+            "tokens"
+            + (
+                f"; {record['loss_pairs_cut']} pairs cut to data.max_length - 1 pieces)"
+                if record.get("loss_pairs_cut")
+                else ")"
+            )
+            if record.get("loss") is not None
+            else "loss           n/a (not measured: no TensorFlow weights)"
         ),
         f"perplexity     {number('perplexity')}",
         f"decoding       {number('seconds', 1)} s, {number('sentences_per_sec', 1)} sentences/s",
@@ -318,6 +349,8 @@ def evaluate_run_dir(
     record.update(split=label, model_dir=str(model_dir), weights=translator.weights, hypotheses=str(output))
     if "loss" in record:
         record["loss_pairs_cut"] = cut
+    else:  # no weights for the loss (a CTranslate2 export alone): null, as documented, not absent
+        record.update(loss=None, perplexity=None, loss_tokens=None)
     record["alpha"] = translator.eval_config.alpha
     record["xla"] = translator.uses_xla(len(sources), record["beam"])
     record.update(extra)

@@ -24,12 +24,15 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import yaml
+
 from nmt.config import Config, ConfigError, load_config
 
 # The weights evaluate/translate/export load (--weights): stored checkpoints (`RunDir.weights_prefix`), or the two
 # candidates for final/ (`Trainer._finalize` compares them) made again from the run directory
 # (`nmt.final_weights.load_run_weights`).
 CANDIDATES = ("average", "ema")
+RUN_SECTIONS = ("data", "model", "train")  # what every config.yaml train.py writes holds (and eval)
 WEIGHTS = ("auto", "final", "best", "latest", *CANDIDATES)
 
 
@@ -96,10 +99,19 @@ class RunDir:
         return self
 
     def load_config(self) -> Config:
+        """The run's config; RunDirError if it cannot be read or lacks a section train.py writes (an empty or cut
+        config.yaml would otherwise read as the defaults, not as the settings the run was trained with)."""
         try:
-            return load_config(self.config_path)
+            config = load_config(self.config_path)
         except ConfigError as err:
             raise RunDirError(f"{self.config_path}: {err}") from err
+        tree = yaml.safe_load(self.config_path.read_text(encoding="utf-8")) or {}
+        if missing := [section for section in RUN_SECTIONS if section not in tree]:
+            raise RunDirError(
+                f"{self.config_path} is incomplete (no {', '.join(missing)} section): train.py writes every "
+                "section; was it emptied or cut short?"
+            )
+        return config
 
     def weights_prefix(self, which: str = "auto") -> str:
         """The checkpoint prefix holding model weights: final, best, latest, or auto (in that order)."""
@@ -110,9 +122,24 @@ class RunDir:
             raise RunDirError(f"unknown checkpoint {which!r}: use final, best, latest or auto")
         order = ["final", "best", "latest"] if which == "auto" else [which]
         for name in order:
-            prefix = tf.train.latest_checkpoint(str(dirs[name])) if dirs[name].is_dir() else None
+            state = dirs[name] / "checkpoint"
+            if not state.is_file():  # nothing saved there (or a save killed before TensorFlow's state file)
+                continue
+            try:
+                prefix = tf.train.latest_checkpoint(str(dirs[name]))
+            except (
+                UnicodeDecodeError
+            ):  # TensorFlow reports an unparsable text state as None, not binary bytes
+                prefix = None
             if prefix:
                 return prefix
+            # Saved, and now unreadable: damage to report, not a reason to read other weights than `which` says
+            raise RunDirError(
+                f"{dirs[name]} is damaged: {state} cannot be read or names weights that are not there (deleted, "
+                "cut short?); "
+                + ("read others with --weights best or latest, " if name == "final" else "")
+                + "or train again"
+            )
         raise RunDirError(f"{self.path}: no trained weights found (looked for {', '.join(order)})")
 
     # --- writing ---------------------------------------------------------------------------------------------

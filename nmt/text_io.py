@@ -105,11 +105,26 @@ def open_input(path: str | os.PathLike | None) -> BinaryIO:
     return open(path, "rb")  # noqa: SIM115
 
 
+def written_in_place(path: str) -> bool:
+    """Whether `path` must be opened and written as it is, not replaced: it exists and is not a regular file (a
+    FIFO, a terminal), or it is or links through /dev or /proc (`/dev/stdout`, `/dev/fd/1`, `/proc/self/fd/1`:
+    links to whatever a descriptor is open on, a regular file too, which a rename would replace, not write)."""
+    link = os.path.abspath(path)
+    for _ in range(40):  # the kernel's own limit on a chain of links
+        if link.startswith(("/dev/", "/proc/")):
+            return True
+        if not os.path.islink(link):
+            break
+        link = os.path.join(os.path.dirname(link), os.readlink(link))
+    return os.path.exists(path) and not os.path.isfile(path)
+
+
 class LineWriter:
     """Writes one line per item to a path (through a temporary file renamed at `close`) or to stdout.
 
     A file is only replaced once everything has been written: an interrupted run leaves no half-written output
-    under the final name. Paths that are not regular files (`/dev/stdout`, a FIFO) are written directly.
+    under the final name. A symbolic link to a file stays a link: the file it names is replaced. Paths that are
+    not files, or through /dev or /proc (`/dev/stdout`, a FIFO), are written directly (`written_in_place`).
     """
 
     def __init__(self, path: str | os.PathLike | None = None):
@@ -117,10 +132,13 @@ class LineWriter:
         self._tmp: str | None = None
         if self.path is None:
             self._handle = sys.stdout.buffer
-        elif os.path.exists(self.path) and not os.path.isfile(self.path):
+        elif written_in_place(self.path):
             self._handle = open(self.path, "wb")  # noqa: SIM115
         else:
-            directory = os.path.dirname(os.path.abspath(self.path))
+            self.path = os.path.realpath(
+                self.path
+            )  # the file a link names (a dangling link: the name it gives)
+            directory = os.path.dirname(self.path)
             self._tmp = os.path.join(directory, f".{os.path.basename(self.path)}.{os.getpid()}.tmp")
             self._handle = open(self._tmp, "wb")  # noqa: SIM115
 

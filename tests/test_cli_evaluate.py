@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -174,7 +175,7 @@ def test_evaluate_refuses_an_unknown_split_with_a_usage_error(tiny_run_dir):
     assert caught.value.exit_code == 2
 
 
-def test_export_ctranslate2_then_evaluate_with_it(tiny_run_dir, tmp_path):
+def test_export_ctranslate2_then_evaluate_with_it(tiny_run_dir, tmp_path, capsys):
     """export.py --format ctranslate2 --quantization int8, then evaluate.py --engine ctranslate2: same contract."""
     pytest.importorskip("ctranslate2")
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
@@ -237,6 +238,25 @@ def test_export_ctranslate2_then_evaluate_with_it(tiny_run_dir, tmp_path):
     assert record["sentences_per_sec"] > 0 and record["beam"] == 2 and record["xla"] is False
     # The loss is the run directory's TensorFlow weights' (those the export was made from), not the engine's.
     assert record["loss_weights"] == metadata["weights"] and 0 < record["loss"] < MAX_SENTENCE_NLL
+
+    # A run directory without weights (config and tokenizer, next to its export): the loss is null, with a note.
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    shutil.copy(tiny_run_dir / "config.yaml", bare)
+    shutil.copytree(tiny_run_dir / "tokenizer", bare / "tokenizer")
+    sys.path.insert(0, str(ROOT))
+    import evaluate
+
+    argv = ["--model-dir", str(bare), "--split", "test", "--beam", "2", "--max-sentences", "4", "--json"]
+    assert evaluate.main([*argv, "--engine", "ctranslate2", "--engine-dir", str(export)]) == 0
+    captured = capsys.readouterr()
+    record = json.loads(captured.out.strip().splitlines()[-1])
+    assert (record["loss"], record["perplexity"], record["loss_tokens"]) == (None, None, None)
+    assert (
+        record["loss_note"].startswith("no TensorFlow weights for the loss: ")
+        and "loss_pairs_cut" not in record
+    )
+    assert "loss           n/a (not measured: no TensorFlow weights)" in captured.err
 
 
 def test_evaluate_an_ensemble(tiny_run_dir, tmp_path, capsys):

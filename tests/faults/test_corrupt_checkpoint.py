@@ -112,3 +112,47 @@ def test_cli_on_truncated_final_weights_fails_clearly(
         captured.err.strip().splitlines()[-1].startswith(f"error: cannot restore model weights from {prefix}")
     )
     assert snapshot(reference_copy) == before
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda final: next(final.glob("ckpt-*.index")).unlink(),
+        lambda final: (final / "checkpoint").write_bytes(b"\x8b\x1f\xff\x00 not a state"),
+        lambda final: (final / "checkpoint").write_text("model_checkpoint_path: ckpt-\n}{", encoding="utf-8"),
+    ],
+    ids=["index-gone", "binary-state", "garbled-state"],
+)
+def test_damaged_final_weights_are_reported_not_replaced_by_other_weights(reference_copy, damage):
+    """--weights auto reads final/, else best/, else the latest checkpoint: that order is for weights never saved,
+    not for final weights that were saved and are now damaged (the user would evaluate other weights unawares)."""
+    from nmt.run_dir import RunDir, RunDirError
+
+    run_dir = RunDir(reference_copy)
+    assert run_dir.weights_prefix("latest")
+    damage(run_dir.final_dir)
+    for which in ("auto", "final"):
+        with pytest.raises(
+            RunDirError, match=rf"{run_dir.final_dir} is damaged: .* read others with --weights"
+        ):
+            run_dir.weights_prefix(which)
+    assert run_dir.weights_prefix("latest").endswith(f"ckpt-{MAX_STEPS}")  # the others still read
+
+
+@pytest.mark.parametrize(
+    ("text", "missing"), [("", "data, model, train"), ("model: {}\neval: {}\n", "data, train")]
+)
+def test_an_emptied_or_cut_config_is_refused_not_read_as_the_defaults(
+    reference_copy, tmp_path, capsys, restore_logging, text, missing
+):
+    """An empty config.yaml would load as the defaults (another eval.alpha, dataset, ...), not the run's settings."""
+    (reference_copy / "config.yaml").write_text(text, encoding="utf-8")
+    source = tmp_path / "input.txt"
+    source.write_text("The cat sees a ball.\n", encoding="utf-8")
+    code = run_main(translate, ["--model-dir", str(reference_copy), "--input", str(source)])
+    captured = capsys.readouterr()
+    assert code == 1 and captured.out == "" and "Traceback" not in captured.err
+    last = captured.err.strip().splitlines()[-1]
+    assert last.startswith(f"error: {reference_copy / 'config.yaml'} is incomplete (no {missing} section"), (
+        last
+    )

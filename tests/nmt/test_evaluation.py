@@ -39,6 +39,31 @@ def test_scores_are_sacrebleu_scores():
         score_corpus(hyps[:2], refs)
 
 
+@pytest.mark.parametrize("language", ["zh", "zh-TW", "ja", "ko", "de"])
+def test_bleu_tokenizes_each_target_language_as_sacrebleu_does(language, caplog):
+    """sacreBLEU's BLEU(trg_lang=...) picks zh for Chinese, MeCab for Japanese and Korean, 13a for the rest. Where
+    MeCab is not installed, 13a with a warning, and a signature that says tok:13a."""
+    from sacrebleu.metrics import BLEU
+
+    from nmt.evaluation import bleu_tokenizer
+
+    bleu_tokenizer.cache_clear()  # its warning comes once per process and language
+    hyps, refs = ["你好世界。 こんにちは 안녕하세요"], ["你好 世界。 こんにちは 안녕"]
+    try:
+        expected_metric = BLEU(trg_lang=language.split("-")[0])
+    except (ImportError, RuntimeError):  # sacreBLEU's tokenizer needs packages not installed here
+        expected_metric = BLEU(tokenize="13a")
+        missing = True
+    else:
+        missing = False
+    scores = score_corpus(hyps, refs, language)
+    assert scores["bleu"] == expected_metric.corpus_score(hyps, [refs]).score
+    tokenizer = expected_metric.get_signature().info["tok"]
+    assert f"tok:{tokenizer}" in scores["signature"] and f"tok:{tokenizer}" in scores["bleu_lc_tok_signature"]
+    assert tokenizer == {"zh": "zh", "ja": "ja-mecab", "ko": "ko-mecab"}.get(language[:2], "13a") or missing
+    assert (f"BLEU for {language!r}: sacreBLEU's tokenizer" in caplog.text) == missing
+
+
 def copy_with_data(run_dir, copy, **data):
     """A copy of a run directory whose config.yaml has these `data:` settings."""
     import shutil

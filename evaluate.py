@@ -7,7 +7,8 @@
 
 BLEU is sacreBLEU on detokenized, cased hypotheses against the raw references (signature printed); `bleu_lc_tok`
 is lowercased, 13a-tokenized BLEU, only for comparison with papers. Hypotheses go to DIR/hypotheses.<split>.txt
-unless --output says otherwise. With --engine ctranslate2 the translations come from the CTranslate2 export and
+unless --output says otherwise (hypotheses.test.best.first100.txt for --weights best --max-sentences 100, and
+so on for --engine and --ensemble: only a full evaluation of the run's own weights writes hypotheses.test.txt). With --engine ctranslate2 the translations come from the CTranslate2 export and
 the loss from the run directory's TensorFlow weights (`loss_weights`; null, with `loss_note`, if it has none), the
 ones the export was made from when the run has them (--weights is refused with that engine).
 --source/--reference may be pipes (read once) or `-` (stdin, for one of them); a UTF-8 byte order mark is dropped.
@@ -45,7 +46,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--source", help="evaluate on this source file instead of a split (needs --reference; '-': stdin)"
     )
     parser.add_argument("--reference", help="reference translations, line-aligned with --source ('-': stdin)")
-    parser.add_argument("--output", help="hypotheses file (default: DIR/hypotheses.<split>.txt)")
+    parser.add_argument(
+        "--output",
+        help="hypotheses file (default: DIR/hypotheses.<split>[.<weights>][.<engine>][.ensemble][.first<N>].txt)",
+    )
     cli.add_weights_argument(parser)
     parser.add_argument("--max-sentences", type=int, default=0, help="only the first N sentences (0 = all)")
     parser.add_argument(

@@ -17,7 +17,7 @@ memory for any file size; a pipe or FIFO is read once); a UTF-8 byte order mark 
 and SIGTERM stop cleanly (exit 130, the temporary file removed).
 With --nbest N, each output line holds N tab-separated `text<TAB>score` fields, best first (score: the
 length-normalised log-probability of the beam search; an empty translation is an empty text field), so the line
-count still matches the input.
+count still matches the input; a blank input line gives a blank output line (no fields).
 --score FILE scores the translations in FILE (line-aligned with the input) instead of translating (forced
 decoding, `nmt/scoring.py`): each output line is `log-probability<TAB>tokens`, the natural-log probability of the
 translation's pieces and EOS given its source line and their count (mean per token: their ratio). A translation
@@ -31,7 +31,8 @@ beam, --alpha, --nbest, --score, --plot-attention or --engine ctranslate2 (exit 
 --engine ctranslate2 decodes with a CTranslate2 export (export.py --format ctranslate2) under the same contract;
 the tokenizer and the eval settings come from --model-dir (see nmt/ctranslate2_engine.py for how its beam search
 differs); --weights is refused there (the export holds the weights it was made from: export.py --weights).
-Exit codes: 0 ok, 1 run-directory/model problem, 2 usage error (e.g. missing input file).
+Exit codes: 0 ok, 1 run-directory/model problem, 2 usage error (e.g. missing input file), 141 when the reader of
+stdout went away (`| head`: as a filter killed by SIGPIPE).
 """
 
 from __future__ import annotations

@@ -94,10 +94,11 @@ def run(main: Callable[[], int | None]) -> None:
         print(f"error: {err}", file=sys.stderr)
         code = 1
     except BrokenPipeError:
-        # The reader went away (`... | head`): stop quietly, like other Unix filters.
+        # The reader went away (`... | head`): stop quietly, with the code of a filter killed by SIGPIPE (128 + 13),
+        # not 1 (a run-directory or model problem).
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
-        code = 1
+        code = 128 + signal.SIGPIPE
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         code = 130

@@ -128,12 +128,25 @@ def evaluate(
     """
     beam_size = translator.eval_config.beam_size if beam_size is None else beam_size
     start = time.perf_counter()
-    hypotheses = [
-        one_line(h) for h in translator.translate(list(sources), beam_size=beam_size, progress=progress)
-    ]
+    cut_lines = []  # 1-based lines of sources longer than the model allows, translated cut (as translate.py warns)
+    translations = translator.translate(
+        list(sources),
+        beam_size=beam_size,
+        progress=progress,
+        on_truncated=lambda i, _: cut_lines.append(i + 1),
+    )
+    hypotheses = [one_line(h) for h in translations]
     seconds = time.perf_counter() - start
+    if cut_lines:
+        log.warning(
+            "%d source sentence(s) longer than the model allows were translated from their first pieces only "
+            "(line(s) %s)", len(cut_lines), ", ".join(map(str, cut_lines[:10])) + (", ..." if len(cut_lines) > 10
+            else ""),
+        )  # fmt: skip
     record = score_corpus(hypotheses, references, target_language, lowercase)
-    record.update(beam=beam_size, num_sentences=len(sources), seconds=round(seconds, 3))
+    record.update(
+        beam=beam_size, num_sentences=len(sources), seconds=round(seconds, 3), sources_cut=len(cut_lines)
+    )
     record["sentences_per_sec"] = round(len(sources) / seconds, 2) if seconds > 0 else None
     loss_model = loss_model if loss_model is not None else getattr(translator, "model", None)
     if loss_dataset is not None and loss_model is not None:
@@ -245,7 +258,8 @@ def evaluate_run_dir(
       split: "validation" or "test" (the config's `data.validation_split` / `data.test_split`), or any split name.
       source_file, reference_file: evaluate on these (line-aligned) instead of a split; each is read once (a pipe
         works), "-" is stdin.
-      output: hypotheses file; default DIR/hypotheses.<split>.txt (DIR/hypotheses.<source file name>.txt).
+      output: hypotheses file; default DIR/hypotheses.<split>.txt (DIR/hypotheses.<source file name>.txt), with
+        the weights, engine, ensemble or first N sentences in the name when not the defaults (`default_hypotheses_name`).
       max_sentences: only the first N sentences (0 = all); the loss is then measured on those N pairs too.
       batch_size: sentences per decoding batch (default: the run's eval.batch_size).
       warn: `warn(line_number, kind, message, source=file name)` for undecodable bytes in the files.
@@ -344,7 +358,14 @@ def evaluate_run_dir(
         loss_model=loss_model,
         lowercase=config.data.lowercase,
     )
-    output = Path(output) if output else Path(model_dir) / f"hypotheses.{label}.txt"
+    output = (
+        Path(output)
+        if output
+        else Path(model_dir)
+        / default_hypotheses_name(
+            label, weights=weights, engine=engine, ensemble=bool(ensemble), max_sentences=max_sentences
+        )
+    )
     write_hypotheses(output, hypotheses)
     record.update(split=label, model_dir=str(model_dir), weights=translator.weights, hypotheses=str(output))
     if "loss" in record:
@@ -355,6 +376,29 @@ def evaluate_run_dir(
     record["xla"] = translator.uses_xla(len(sources), record["beam"])
     record.update(extra)
     return record
+
+
+def default_hypotheses_name(
+    label: str,
+    *,
+    weights: str = "auto",
+    engine: str = "tensorflow",
+    ensemble: bool = False,
+    max_sentences: int = 0,
+) -> str:
+    """hypotheses.<split>.txt for the run's own weights on a whole split; another source of translations or a
+    part of the split says so in the name (hypotheses.test.average.first100.txt), so that it does not replace the
+    full evaluation's file."""
+    parts = [label]
+    if weights not in ("auto", "final"):
+        parts.append(weights)
+    if engine != "tensorflow":
+        parts.append(engine)
+    if ensemble:
+        parts.append("ensemble")
+    if max_sentences:
+        parts.append(f"first{max_sentences}")
+    return f"hypotheses.{'.'.join(parts)}.txt"
 
 
 def _loss_model(model_dir, translator, weights: str) -> tuple:

@@ -65,3 +65,21 @@ def test_decoding_kernels_are_chosen_before_tensorflow_unless_told_otherwise():
         )
         assert done.returncode == 0, done.stderr[-2000:]
         assert done.stdout.strip() == expected
+
+
+def test_a_reader_that_goes_away_ends_the_cli_quietly_with_sigpipes_code():
+    """`translate.py ... | head -1`: stop without a traceback, exit 141 (128 + SIGPIPE, as `cat` killed by
+    SIGPIPE), not 1 (which the CLIs give to a run-directory or model problem)."""
+    code = (
+        "import sys\nfrom nmt import cli\n"
+        "def main():\n    while True:\n        sys.stdout.write('a line of output\\n' * 1000)\n        sys.stdout.flush()\n"
+        "cli.run(main)\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    assert proc.stdout.read(100) == b"a line of output\n" * 5 + b"a line of output\n"[: 100 - 85]
+    proc.stdout.close()
+    stderr = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141, stderr  # a deadline only: a hang becomes a failure
+    assert stderr == ""

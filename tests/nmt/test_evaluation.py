@@ -64,6 +64,22 @@ def test_bleu_tokenizes_each_target_language_as_sacrebleu_does(language, caplog)
     assert (f"BLEU for {language!r}: sacreBLEU's tokenizer" in caplog.text) == missing
 
 
+def test_default_hypotheses_names_keep_partial_and_other_evaluations_apart():
+    from nmt.evaluation import default_hypotheses_name
+
+    assert (
+        default_hypotheses_name("test")
+        == default_hypotheses_name("test", weights="final")
+        == "hypotheses.test.txt"
+    )
+    assert (
+        default_hypotheses_name("test", weights="best", max_sentences=100)
+        == "hypotheses.test.best.first100.txt"
+    )
+    name = default_hypotheses_name("validation", weights="average", engine="ctranslate2", ensemble=True)
+    assert name == "hypotheses.validation.average.ctranslate2.ensemble.txt"
+
+
 def copy_with_data(run_dir, copy, **data):
     """A copy of a run directory whose config.yaml has these `data:` settings."""
     import shutil
@@ -93,7 +109,8 @@ def test_evaluate_run_dir_scores_a_lowercased_run_case_insensitively(tiny_run_di
     """The run's data.lowercase decides (the tiny run's tokenizer is cased: its hypotheses keep capitals here)."""
     run = copy_with_data(tiny_run_dir, tmp_path / "run", lowercase=True)
     record = evaluate_run_dir(run, split="test", beam_size=1, max_sentences=8)
-    hypotheses = (run / "hypotheses.test.txt").read_text(encoding="utf-8").splitlines()
+    assert record["hypotheses"] == str(run / "hypotheses.test.first8.txt")  # not the full evaluation's file
+    hypotheses = (run / "hypotheses.test.first8.txt").read_text(encoding="utf-8").splitlines()
     references = [t for _, t in tiny_corpus()["test"][:8]]
     assert record["lowercase"] and "case:lc" in record["signature"]
     assert record["bleu"] == sacrebleu.corpus_bleu(hypotheses, [references], lowercase=True).score
@@ -218,6 +235,28 @@ def test_evaluate_files_writes_what_it_scores(tiny_run_dir, tmp_path):
     report = format_report(record)
     assert "bleu_lc_tok" in report and record["signature"] in report
     assert not (tiny_run_dir / "hypotheses.test.en.txt").exists()
+
+
+def test_a_source_longer_than_the_model_allows_is_reported_as_translate_py_does(
+    tiny_run_dir, tmp_path, caplog
+):
+    pairs = tiny_corpus()["test"][:2]
+    long_source = " ".join([pairs[1][0]] * 40)  # far past the tiny model's position table
+    source, reference = tmp_path / "src.en", tmp_path / "ref.de"
+    source.write_text(f"{pairs[0][0]}\n{long_source}\n", encoding="utf-8")
+    reference.write_text(f"{pairs[0][1]}\n{pairs[1][1]}\n", encoding="utf-8")
+    record = evaluate_run_dir(
+        tiny_run_dir,
+        source_file=str(source),
+        reference_file=str(reference),
+        output=tmp_path / "h",
+        beam_size=1,
+    )
+    assert record["sources_cut"] == 1
+    assert (
+        "1 source sentence(s) longer than the model allows were translated from their first pieces only "
+        "(line(s) 2)" in caplog.text
+    )
 
 
 def test_xla_decoding_gives_the_same_translations_and_scores(tiny_run_dir, tmp_path):

@@ -6,11 +6,14 @@
 
 A pair is dropped (and counted once, under the first reason that applies) when either side is longer than
 MAX_LINE_BYTES bytes, is not valid UTF-8, or both sides, or one side, are empty (whitespace only counts as empty).
+A split most of whose pairs are invalid UTF-8 is refused instead (`DropCounts.refuse_another_encoding`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+
+from data.errors import DataError
 
 MAX_LINE_BYTES = 1 << 20  # 1 MiB: longer lines are not sentences (a binary file, a whole document)
 
@@ -48,6 +51,15 @@ class DropCounts:
         return f"kept {self.kept} of {self.total} pairs" + (
             f"; dropped {', '.join(reasons)}" if reasons else ""
         )
+
+    def refuse_another_encoding(self, where: str) -> None:
+        """`DataError` when most pairs seen were invalid UTF-8: files in another encoding (Latin-1, cp1252), whose
+        every line with an accent would be dropped, not a few damaged lines (those are dropped with a warning)."""
+        if self.invalid_utf8 * 2 > self.total:
+            raise DataError(
+                f"{where}: {self.invalid_utf8} of {self.total} pairs are not valid UTF-8 ({self.summary()}): the "
+                "files are in another encoding (Latin-1 or cp1252?); convert them, e.g. iconv -f latin1 -t utf-8"
+            )
 
 
 def clean(sources: list[bytes], targets: list[bytes], counts: DropCounts) -> tuple[list[str], list[str]]:

@@ -177,6 +177,7 @@ def load_text_pairs(cfg: DataConfig, split: str) -> tuple[list[str], list[str]]:
             kept_sources, kept_targets = clean(raw_sources, raw_targets, counts)
             sources += kept_sources
             targets += kept_targets
+        counts.refuse_another_encoding(f"split {split!r} of data.folder={cfg.folder}")
         if counts.dropped:
             log.warning("split %s of data.folder=%s: %s", split, cfg.folder, counts.summary())
         return sources, targets

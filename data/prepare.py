@@ -116,6 +116,7 @@ def _tokenize_into(
                     target_sp.encode(targets, out_type=int, num_threads=threads),
                 )
             bar.update(len(raw_sources))
+        counts.refuse_another_encoding(f"split {split!r}")  # before the split is written into the cache
     except BaseException:
         writer.close()
         raise
@@ -156,6 +157,9 @@ def prepare_split(
                 _tokenize_into(cfg, tokenizer, split, partial, {"split": split, "key": inputs}, progress)
             except OSError as err:  # e.g. a full disk; the partial directory is removed by the next run
                 raise DataError(f"cannot write the prepared split {split!r} into {partial}: {err}") from err
+            except DataError:  # the corpus refused (another encoding): nothing of it stays in the cache
+                shutil.rmtree(partial, ignore_errors=True)
+                raise
             cache.publish(partial, final)
             if made is not None:
                 made.add(split)

@@ -277,6 +277,7 @@ def _sample_sentences(cfg: DataConfig, seed: int) -> tuple[list[str], list[str]]
             else:
                 first.append(sources[0])
                 second.append(targets[0])
+    counts.refuse_another_encoding(f"split {cfg.train_split!r} (the tokenizer's sample)")
     if not first:  # all dropped: say why, not just "empty"
         raise DataError(
             f"no sentences to train the tokenizer on: split {cfg.train_split!r} has no usable pair "

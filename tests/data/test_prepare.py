@@ -19,6 +19,7 @@ import tensorflow as tf
 
 from data import cache
 from data.cleaning import MAX_LINE_BYTES
+from data.corpus import load_text_pairs
 from data.config import DataConfig
 from data.errors import DataError
 from data.pipeline import eval_batches, train_batches
@@ -349,3 +350,30 @@ def test_a_train_split_with_no_usable_pair_says_why_not_just_empty(tmp_path):
         DataError, match=r"split 'train' has no usable pair \(kept 0 of 84 pairs; dropped 1 empty"
     ):
         train_tokenizer(cfg, tmp_path / "tokenizer", seed=0)
+
+
+def test_a_split_in_another_encoding_is_refused_not_mostly_dropped(tmp_path):
+    """Latin-1 files: every line with an accent is invalid UTF-8. Dropping them line by line (with a warning) would
+    train on what is left; most of a split invalid means the files' encoding, named with the fix."""
+    from data.pipeline import open_split
+    from data.tokenizer import train_tokenizer
+
+    cfg = folder_cfg(tmp_path)
+    dev = Path(cfg.folder) / "fr.dev.txt"
+    lines = dev.read_text(encoding="utf-8").splitlines()
+    tokenizer, _ = prepare(cfg, progress=False)  # a few bad lines: dropped with a warning (above)
+    dev.write_bytes("".join(f"Déjà {line}\n" for line in lines).encode("latin-1", errors="replace"))
+    message = (
+        rf"split 'dev'.*: {len(lines)} of {len(lines)} pairs are not valid UTF-8 .* iconv -f latin1 -t utf-8"
+    )
+    with pytest.raises(DataError, match=message):
+        open_split(cfg, tokenizer, "dev")
+    with pytest.raises(DataError, match=message):
+        load_text_pairs(cfg, "dev")
+    assert not list(Path(cfg.cache_dir).rglob("*dev*partial*"))  # nothing half-written left in the cache
+    train = Path(cfg.folder) / "fr.train.txt"
+    train.write_bytes(
+        train.read_text(encoding="utf-8").replace("\n", " à\n").encode("latin-1", errors="replace")
+    )
+    with pytest.raises(DataError, match=r"split 'train' \(the tokenizer's sample\): .* are not valid UTF-8"):
+        train_tokenizer(cfg, tmp_path / "tokenizer2", seed=0)

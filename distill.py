@@ -32,6 +32,13 @@ from nmt import cli
 log = logging.getLogger("nmt")
 
 
+# The data settings that choose which text is translated (the rest, the tokenizer's and batching's, are the
+# teacher's own and would have no effect); source and target are checked against the teacher's (`_corpus`).
+CORPUS_KEYS = ("dataset", "folder", "data_dir", "manual_dir", "train_split", "validation_split", "test_split",
+               "source", "target")  # fmt: skip
+CORPUS_SETTINGS = tuple(f"data.{key}" for key in CORPUS_KEYS)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description="Translate a corpus's training sources with a teacher run (or an ensemble): a folder corpus "
@@ -52,9 +59,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--set",
         dest="overrides",
         nargs="+",
+        action="extend",
         default=[],
         metavar="data.KEY=VALUE",
-        help="change the teacher's corpus settings (data: section only), e.g. data.train_split=train[:50%%]",
+        help="choose another corpus than the teacher's (repeatable; keys: "
+        + ", ".join(f"data.{key}" for key in CORPUS_KEYS)
+        + "), e.g. data.train_split=train[:50%%]",
     )
     parser.add_argument(
         "--batch-size", type=int, default=None, help="sentences per batch; default eval.batch_size"
@@ -80,11 +90,13 @@ def _check(args: argparse.Namespace) -> None:
         raise cli.CliError(f"--batch-size must be at least 1, got {args.batch_size}", exit_code=2)
     if args.chunk_size < 1:
         raise cli.CliError(f"--chunk-size must be at least 1, got {args.chunk_size}", exit_code=2)
-    others = [text for text in args.overrides if not text.strip().startswith("data.")]
+    others = [text for text in args.overrides if text.split("=", 1)[0].strip() not in CORPUS_SETTINGS]
     if others:
         raise cli.CliError(
-            f"--set {' '.join(others)}: only data.* settings choose the corpus here (the teacher's model and "
-            "search settings are its own; --beam and --alpha change the search)",
+            f"--set {' '.join(others)}: only the settings that choose the corpus apply here ("
+            + ", ".join(CORPUS_SETTINGS)
+            + "); the teacher's model, tokenizer and search settings are its own (--beam and --alpha change the "
+            "search)",
             exit_code=2,
         )
     cli.check_streams(args.streams)

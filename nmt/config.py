@@ -287,6 +287,11 @@ def _validate_train(train: TrainConfig) -> None:
             f"train.schedule: {train.schedule} decays to its floor at the planned last step: it needs "
             "train.max_steps or train.max_minutes"
         )
+    if train.early_stopping and not train.bleu_every:
+        raise ConfigError(
+            "train.early_stopping counts greedy validation BLEU evaluations, and train.bleu_every is 0 (none): set "
+            "train.bleu_every, or train.early_stopping=0"
+        )
     for name in ("dropout_by_plan", "ffn_dropout_by_plan"):
         _validate_dropout_by_plan(f"train.{name}", getattr(train, name))
         if getattr(train, name) and not (train.max_steps or train.max_minutes):

@@ -73,7 +73,7 @@ class Trainer(TrainerEvaluation):
         self.run_dir = run_dir
         self.scorer = scorer
         self.clock = clock
-        self._validation_writer = None  # one TensorBoard event file for every evaluation of this process
+        self._writers = {}  # evaluation tag (validation, final) -> its TensorBoard writer, one per process
 
     # ------------------------------------------------------------------------------------------------------------
     # Set-up
@@ -353,7 +353,9 @@ class Trainer(TrainerEvaluation):
                 self.snapshots.save_if_due(step, planned)
                 eval_due = cfg.eval_every and step % cfg.eval_every == 0
                 bleu_due = cfg.bleu_every and step % cfg.bleu_every == 0
-                if (eval_due or bleu_due) and self._budget_left():  # the last step gets the final evaluation
+                # The last step's too (max_steps): its weights compete for best/ and its points end the curves;
+                # not when the time budget ran out (no time) or a signal came (the final evaluation is skipped too).
+                if (eval_due or bleu_due) and self.stop.time_left(self._time_up()):
                     status, message = self._evaluate_at(step)
                 # After the step's evaluation: a checkpoint at step N includes N's evaluation (best BLEU, early
                 # stopping), and a process killed before it resumes from an earlier one and evaluates N again.

@@ -112,14 +112,13 @@ class TrainerEvaluation:
                 self.evals_since_best.assign_add(1)
         if self.chief:
             self.run_dir.append_metrics(record)
-            if self._validation_writer is None:
-                self._validation_writer = tf.summary.create_file_writer(
-                    str(self.run_dir.tensorboard_dir / "validation")
-                )
-            write_validation_summaries(
-                self._validation_writer, self.step, record, self.model, self.eval_dataset
-            )
-        shown = f"step {self.step}: validation loss {loss:.4f} (ppl {record['perplexity']:.2f})"
+            # The final weights (an average, the EMA) in a TensorBoard run of their own: not a point of the
+            # training's validation curve, and not a second point at the step of the last scheduled evaluation.
+            if tag not in self._writers:
+                self._writers[tag] = tf.summary.create_file_writer(str(self.run_dir.tensorboard_dir / tag))
+            write_validation_summaries(self._writers[tag], self.step, record, self.model, self.eval_dataset)
+        name = "final weights" if tag == "final" else "validation"
+        shown = f"step {self.step}: {name} loss {loss:.4f} (ppl {record['perplexity']:.2f})"
         if "bleu" in record:
             shown += f", BLEU {record['bleu']:.2f}"
         tqdm.write(shown)
@@ -171,8 +170,19 @@ class TrainerEvaluation:
         paths = self.snapshots.final_paths(self.step, self.manager.checkpoints)  # before the EMA: raw weights
         if cfg.ema_decay > 0:
             self.optimizer.finalize_variable_values(self.model.trainable_variables)
-            log.info("final weights: exponential moving average (decay %g)", cfg.ema_decay)
+            log.info(
+                "candidate for the final weights: the exponential moving average (decay %g)", cfg.ema_decay
+            )
             current = "EMA"
+        if len(paths) < 2:  # else average_if_better says which it kept
+            described = "exponential moving average" if current == "EMA" else current
+            why = (
+                f" (no checkpoint average: {len(paths)} checkpoint(s) in the window of train.average_last "
+                f"{cfg.average_last}; a smaller train.checkpoint_every or a step plan gives more)"
+                if cfg.average_last > 1
+                else ""
+            )
+            log.info("final weights: the %s%s", described, why)
         if len(paths) > 1:
             from nmt.translator import validation_loss
 

@@ -90,11 +90,13 @@ def test_train_writes_a_self_describing_run_directory(trained):
     assert any((model_dir / "tensorboard" / "train").iterdir())
     assert "training compiled the step" in stderr
 
-    # One record per evaluation: loss every EVAL_EVERY steps, greedy BLEU every BLEU_EVERY, the final one with both.
+    # One record per evaluation: loss every EVAL_EVERY steps (the last step's too), greedy BLEU every BLEU_EVERY,
+    # the final one with both.
     records = metrics(model_dir)
     assert [(r["step"], r["tag"], "bleu" in r) for r in records] == [
         (20, "validation", False),
         (40, "validation", True),
+        (60, "validation", False),
         (60, "final", True),
     ]
     assert len({r["tokens"] for r in records}) == 1 and records[0]["tokens"] > 0  # the same validation set
@@ -155,7 +157,7 @@ def test_rerun_resumes_and_says_so(trained, tmp_path):
     assert f"resuming {model_dir} from step 60" in result.stderr
     assert "finished at step 70" in result.stderr
     records = metrics(model_dir)
-    assert [(r["step"], r["tag"]) for r in records[3:]] == [(70, "final")]  # appended, the old ones kept
+    assert [(r["step"], r["tag"]) for r in records[4:]] == [(70, "final")]  # appended, the old ones kept
 
 
 @pytest.fixture(scope="module")

@@ -19,8 +19,8 @@ import tensorflow as tf
 
 from data import cache
 from data.cleaning import MAX_LINE_BYTES
-from data.corpus import load_text_pairs
 from data.config import DataConfig
+from data.corpus import load_text_pairs
 from data.errors import DataError
 from data.pipeline import eval_batches, train_batches
 from data.prepare import main, prepare

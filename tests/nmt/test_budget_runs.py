@@ -258,7 +258,7 @@ def test_with_ema_the_final_weights_are_the_ema_or_the_window_average_whichever_
         for k, v in trained.items()
     }
     final = final_weights(run_dir)
-    assert "final weights: exponential moving average (decay 0.5)" in log
+    assert "candidate for the final weights: the exponential moving average (decay 0.5)" in log
     if "final weights: average of 2 checkpoints" in log:
         average_loss, ema_loss = (
             float(x) for x in re.search(r"validation loss ([\d.]+) \(EMA ([\d.]+)\)", log).groups()

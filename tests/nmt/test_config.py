@@ -196,6 +196,10 @@ def test_schedule_and_batch_defaults_keep_older_configs_unchanged(tmp_path):
             ["model.dropout=0"],
             r"model\.dropout: 0 .* add train\.dropout_by_plan=\[\] train\.ffn_dropout_by_plan=\[\] to train without",
         ),
+        (
+            ["train.early_stopping=3", "train.bleu_every=0"],
+            r"train\.early_stopping counts greedy validation BLEU evaluations, and train\.bleu_every is 0",
+        ),
     ],
 )
 def test_schedule_and_budget_errors_name_the_key(overrides, message):

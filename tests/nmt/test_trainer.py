@@ -198,16 +198,20 @@ def test_tensorboard_train_scalars_read_back(run):
         assert 0 < series["loss"][step] < 10 and 0 < series["nll"][step] < 10  # ln(64) = 4.2 at the start
 
 
-def test_tensorboard_validation_scalars_and_attention_images_read_back(run):
-    events, plugins = read_events(run.path / "tensorboard" / "validation")
+@pytest.mark.parametrize("tag", ["validation", "final"])
+def test_tensorboard_validation_scalars_and_attention_images_read_back(run, tag):
+    """The scheduled evaluations in tensorboard/validation, the final weights' in tensorboard/final (a run of its
+    own: the final weights are an average or the EMA, not a point of the training's curve)."""
+    events, plugins = read_events(run.path / "tensorboard" / tag)
     assert set(events) == VALIDATION_SCALARS | {IMAGE}
-    assert plugins[IMAGE] == "images" and all(plugins[tag] == "scalars" for tag in VALIDATION_SCALARS)
-    evaluated = [(r["step"], r) for r in run.records]  # validation evaluations and the final one, in order
-    for tag, key in (("loss", "loss"), ("perplexity", "perplexity"), ("bleu", "bleu")):
-        got = [(step, float(value)) for step, value in events[tag]]
-        assert [s for s, _ in got] == [s for s, _ in evaluated], tag
+    assert plugins[IMAGE] == "images" and all(plugins[name] == "scalars" for name in VALIDATION_SCALARS)
+    evaluated = [(r["step"], r) for r in run.records if r["tag"] == tag]  # in order
+    assert evaluated
+    for name, key in (("loss", "loss"), ("perplexity", "perplexity"), ("bleu", "bleu")):
+        got = [(step, float(value)) for step, value in events[name]]
+        assert [s for s, _ in got] == [s for s, _ in evaluated], name
         np.testing.assert_allclose(
-            [v for _, v in got], [r[key] for _, r in evaluated], rtol=1e-6, err_msg=tag
+            [v for _, v in got], [r[key] for _, r in evaluated], rtol=1e-6, err_msg=name
         )
     assert [s for s, _ in events[IMAGE]] == [s for s, _ in evaluated]
     for _, image in events[IMAGE]:
@@ -236,3 +240,28 @@ def test_the_bleu_recorded_in_training_translates_like_evaluate(run, monkeypatch
     probe.scorer = ScriptedScorer([0.0])
     probe._validation_bleu()
     assert probe.scorer.calls[0][0] == reference.translate(sources, beam_size=1)
+
+
+def test_the_evaluation_due_at_the_last_step_runs_and_its_weights_can_be_best(tmp_path, monkeypatch):
+    """max_steps a multiple of bleu_every: the last step's scheduled evaluation still runs (before 2026-12-06 the
+    final evaluation replaced it, so the last weights never competed for best/), then the final one."""
+    tree = tiny_config_tree(write_corpus(tmp_path / "corpus"))
+    tree["data"].update(bucket_boundaries=[32], batch_tokens=256)
+    tree["model"].update(d_model=16, d_ff=32, num_heads=NUM_HEADS)
+    tree["train"] = {
+        "max_steps": 2 * EVAL_EVERY, "precision": "float32", "xla": False, "learning_rate": PEAK,
+        "warmup_steps": WARMUP, "eval_every": EVAL_EVERY, "bleu_every": EVAL_EVERY, "bleu_max_sentences": 3,
+        "average_last": 0,
+    }  # fmt: skip
+    config = config_from_dict(tree)
+    run_dir = RunDir(tmp_path / "run")
+    run_dir.path.mkdir()
+    write_atomic(run_dir.config_path, config.to_yaml())
+    monkeypatch.setenv("NMT_DATA_CACHE", str(tmp_path / "data_cache"))
+    trainer = Trainer(config, run_dir, scorer=ScriptedScorer([10.0, 20.0, FINAL_BLEU]))
+    trainer.setup()
+    assert trainer.train().status == "done"
+    records = [json.loads(line) for line in run_dir.metrics_path.read_text(encoding="utf-8").splitlines()]
+    evaluations = [(r["tag"], r["step"], r.get("bleu")) for r in records if "bleu" in r]
+    assert evaluations == [("validation", 2, 10.0), ("validation", 4, 20.0), ("final", 4, FINAL_BLEU)]
+    assert Path(tf.train.latest_checkpoint(str(run_dir.best_dir))).name == "ckpt-4"

@@ -86,8 +86,14 @@ def _run_the_printed_student_command(stderr: str, output, tmp_path) -> None:
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--set", "model.d_model=8"], "--set model.d_model=8: only the settings that choose the corpus apply"),
-        (["--set", "data.vocab_size=128"], "--set data.vocab_size=128: only the settings that choose the corpus"),
+        (
+            ["--set", "model.d_model=8"],
+            "--set model.d_model=8: only the settings that choose the corpus apply",
+        ),
+        (
+            ["--set", "data.vocab_size=128"],
+            "--set data.vocab_size=128: only the settings that choose the corpus",
+        ),
         (["--set", "data.folder=x", "--set", "data.lowercase=true"], "--set data.lowercase=true: only the"),
         (["--chunk-size", "0"], "--chunk-size must be at least 1, got 0"),
         (["--beam", "0"], "--beam must be at least 1"),

@@ -12,8 +12,9 @@ whole vocabulary), then to the smallest set of those whose probability reaches `
 The draw is inverse-CDF sampling with one uniform number per sentence and step, made by an integer hash of
 ``(seed, row id, step)``: a sentence's random numbers do not depend on which sentences share its batch, on the batch
 order, on dropping finished sentences, on the cache or on XLA, and the same seed gives the same samples. The draws
-are then the same up to the floating-point rounding of the model's probabilities, which those change in the last
-bits: a number that falls within that rounding of a boundary between two tokens can (rarely) draw the other one.
+are then the same up to the floating-point rounding of the model's probabilities, which those change: a number that
+falls within that rounding of a boundary between two tokens can draw the other one (none of 120 lines at top-k 10;
+a few in a hundred over the whole vocabulary at temperature 1.3: docs/sampling-reproducibility-2026-12-06).
 Scores stay the model's: the sum of the chosen tokens' log-probabilities before temperature and cuts, as `--score`
 computes them.
 """

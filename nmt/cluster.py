@@ -15,7 +15,9 @@ import json
 import logging
 import os
 import re
+import signal
 import socket
+import threading
 import time
 
 from common.config_tree import ConfigError
@@ -23,6 +25,11 @@ from common.config_tree import ConfigError
 log = logging.getLogger("nmt.train")  # the trainer's messages
 
 COORDINATED = ("chief", "worker")  # the task types MultiWorkerMirroredStrategy trains with
+LOOPBACK = {
+    "localhost": "127.0.0.1",
+    "::1": "127.0.0.1",
+    "ip6-localhost": "127.0.0.1",
+}  # one host, many names
 POLL_SECONDS = 0.25  # between two attempts to reach the tasks still missing
 REPORT_SECONDS = 60.0  # between two "still waiting" lines
 
@@ -63,9 +70,25 @@ def cluster_task(environ=os.environ) -> tuple[str, int, dict]:
             f"TF_CONFIG's task index {index!r} is not one of the cluster's {len(cluster[task_type])} "
             f"{task_type!r} task(s) (0 to {len(cluster[task_type]) - 1})"
         )
+    others = [kind for kind in (*cluster, task_type) if kind not in COORDINATED]
+    if others:
+        raise ConfigError(
+            f"TF_CONFIG has a task of type {others[0]!r}: train.distribute: multi_worker trains with chief and worker tasks "
+            "only (MultiWorkerMirroredStrategy; no parameter servers or evaluators)"
+        )
+    if len(cluster.get("chief") or []) > 1:
+        raise ConfigError(f"TF_CONFIG's cluster has {len(cluster['chief'])} chief tasks: at most one")
+    seen = {}
     for kind in COORDINATED:
-        for address in cluster.get(kind) or []:
-            split_address(address)  # ConfigError unless host:port
+        for number, address in enumerate(cluster.get(kind) or []):
+            host, port = split_address(address)  # ConfigError unless host:port
+            key = (LOOPBACK.get(host.lower(), host.lower()), port)
+            if key in seen:
+                raise ConfigError(
+                    f"TF_CONFIG's {kind} {number} ({address}) has the address of {seen[key]}: every task needs "
+                    "its own host:port"
+                )
+            seen[key] = f"{kind} {number} ({address})"
     return task_type, index, cluster
 
 
@@ -105,8 +128,24 @@ def multi_worker_strategy(minutes: float):
     task_type, index, cluster = cluster_task()  # ConfigError for a missing or malformed TF_CONFIG
     wait_for_peers(cluster, task_type, index, minutes)
     bound_tensorflow_start(cluster, minutes)
+    handlers = {number: signal.getsignal(number) for number in (signal.SIGTERM, signal.SIGINT)}
     try:
-        return tf.distribute.MultiWorkerMirroredStrategy()
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        # TensorFlow's coordination service replaces the C-level SIGTERM handler while Python still lists its own:
+        # set them again, or SIGTERM would go unheard until training installs its handlers (data preparation,
+        # the restore). Only the main thread may (in another, the handlers stay as TensorFlow left them).
+        if threading.current_thread() is threading.main_thread():
+            for number, handler in handlers.items():
+                if handler is not None:
+                    signal.signal(number, handler)
+        return strategy
+    except tf.errors.AlreadyExistsError as err:  # seen with two TF_CONFIGs describing the cluster differently
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ClusterError(
+            f"TensorFlow refused this task's registration ({first}): the tasks' TF_CONFIG clusters may differ, or a "
+            "task was restarted while the others were still starting. Give every task the same TF_CONFIG cluster "
+            "and restart all of them"
+        ) from None
     except tf.errors.DeadlineExceededError as err:
         text = str(err)
         listed = text.partition("timed out task names:")[2].strip().split("\n\n", 1)[0]  # one per line

@@ -229,7 +229,9 @@ LOCATION_KEYS = {
 # What the workers of one multi-worker run may hold differently: where the data is stored, the time budget
 # (every worker stops when any one's is spent, `nmt.distribute.StopControl`) and how long each waits for the others
 # to start (`nmt.cluster.wait_for_peers`).
-PER_WORKER_KEYS = LOCATION_KEYS | {("train", "max_minutes"), ("train", "cluster_wait_minutes")}
+# Not the time budget: each worker plans its steps from it (nmt.budget), and workers with two plans would apply two
+# learning-rate schedules (and dropouts) to the same all-reduced gradients.
+PER_WORKER_KEYS = LOCATION_KEYS | {("train", "cluster_wait_minutes")}
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -57,6 +57,11 @@ class TrainerEvaluation:
         message = message or f"finished at step {self.step}: validation loss {record['loss']:.4f}"
         if "bleu" in record:
             message += f", BLEU {record['bleu']:.2f}"
+        # The chief alone makes final/ (EMA, average): another worker scored its own last weights.
+        if not self.chief:
+            message += (
+                f" (this worker's last weights; the final weights and their scores: {self.run_dir.path})"
+            )
         return status, message
 
     def already_finished(self) -> str:

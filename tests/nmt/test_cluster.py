@@ -216,3 +216,36 @@ def test_a_task_that_answers_but_never_registers_ends_tensorflows_wait_too(tmp_p
     ) in proc.stderr()
     assert "Traceback" not in proc.stderr()
     assert not (tmp_path / "run").exists()
+
+
+def test_sigterm_is_heard_once_the_multi_worker_strategy_exists():
+    """TensorFlow's coordination service replaces the C-level SIGTERM handler when the strategy is made, while
+    Python still lists its own: without setting it again, SIGTERM went unheard through data preparation and the
+    restore (reproduced before the fix: 'heard: False'). A one-worker cluster in a subprocess."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.faults.helpers import ROOT
+
+    code = (
+        "import os, signal, time\n"
+        "heard = []\n"
+        "signal.signal(signal.SIGTERM, lambda *_: heard.append(1))\n"
+        "from nmt.distribute import make_strategy\n"
+        "make_strategy('multi_worker', 1.0)\n"
+        "os.kill(os.getpid(), signal.SIGTERM)\n"
+        "deadline = time.monotonic() + 30\n"
+        "while not heard and time.monotonic() < deadline:\n"
+        "    time.sleep(0.05)\n"
+        "print('heard:', bool(heard))\n"
+    )
+    env = dict(
+        os.environ, TF_CONFIG=json.dumps({"cluster": {"worker": [f"127.0.0.1:{free_port()}"]},
+                                          "task": {"type": "worker", "index": 0}}),
+        TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="",
+    )  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT
+    )
+    assert done.returncode == 0 and done.stdout.strip().splitlines()[-1] == "heard: True", done.stderr[-2000:]

@@ -51,6 +51,28 @@ def test_the_chief_of_a_multi_worker_run(monkeypatch):
             r"task type 'ps' is not in its cluster \(task types: worker\)",
         ),
         (
+            tf_config({"type": "worker", "index": 0}, {**TWO_WORKERS, "ps": ["127.0.0.1:3"]}),
+            r"TF_CONFIG has a task of type 'ps': train.distribute: multi_worker trains with chief and worker tasks only",
+        ),
+        (
+            tf_config({"type": "evaluator", "index": 0}, {**TWO_WORKERS, "evaluator": ["127.0.0.1:3"]}),
+            r"TF_CONFIG has a task of type 'evaluator'",
+        ),
+        (
+            tf_config(
+                {"type": "chief", "index": 0}, {**TWO_WORKERS, "chief": ["127.0.0.1:3", "127.0.0.1:4"]}
+            ),
+            r"TF_CONFIG's cluster has 2 chief tasks: at most one",
+        ),
+        (
+            tf_config({"type": "worker", "index": 0}, {"worker": ["127.0.0.1:5", "localhost:5"]}),
+            r"TF_CONFIG's worker 1 \(localhost:5\) has the address of worker 0 \(127.0.0.1:5\)",
+        ),
+        (
+            tf_config({"type": "worker", "index": 0}, {"chief": ["h:5"], "worker": ["H:5"]}),
+            r"TF_CONFIG's worker 0 \(H:5\) has the address of chief 0 \(h:5\)",
+        ),
+        (
             tf_config({"type": "worker", "index": 2}),
             r"task index 2 is not one of the cluster's 2 'worker' task",
         ),
@@ -81,8 +103,10 @@ def test_the_fingerprint_ignores_where_data_is_stored_only():
     from nmt.config import load_config
 
     base = load_config("tiny.yaml").fingerprint()
-    same = ["data.cache_dir=/elsewhere", "data.data_dir=/x", "train.max_minutes=5"]
+    same = ["data.cache_dir=/elsewhere", "data.data_dir=/x", "train.cluster_wait_minutes=5"]
     assert load_config("tiny.yaml", same).fingerprint() == base
     assert load_config("tiny.yaml", ["train.seed=7"]).fingerprint() != base
+    # the time budget makes each worker's plan (schedule, dropout): two budgets would be two schedules
+    assert load_config("tiny.yaml", ["train.max_minutes=5"]).fingerprint() != base
     assert load_config("tiny.yaml", ["model.d_model=64"]).fingerprint() != base
     assert 0 <= base < 2**48  # exact as a float64, the collective's type

@@ -66,14 +66,14 @@ def test_sigterm_to_one_worker_stops_both_at_the_same_step_and_both_resume_there
     assert_both_resume(config, run_dir, tmp_path / "resumed", step)
 
 
-def test_time_budget_spent_on_one_worker_stops_both_at_the_same_step(tmp_path):
-    """Worker 1's budget is a few milliseconds, worker 0 has none: the clocks disagree by construction (before the
-    fix, worker 1 stopped alone and worker 0 waited for it in the next step's all-reduce)."""
+def test_time_budget_spent_stops_both_workers_at_the_same_step(tmp_path):
+    """A budget of a few milliseconds: each worker's own clock would run out at its own step; the workers share one
+    clock after every step, so they stop together (before that fix, one stopped alone and the other waited for it
+    in the next step's all-reduce). Two different budgets are refused at the start (the fingerprint: each worker
+    plans its schedule from its budget)."""
     config = config_file(tmp_path, "multi_worker")
-    budget = {1: ["train.max_minutes=0.0001"]}
-    with Workers(
-        config, tmp_path / "run", tmp_path / "logs", f"train.max_steps={MANY_STEPS}", worker_overrides=budget
-    ) as workers:
+    budget = ("train.max_minutes=0.0001", f"train.max_steps={MANY_STEPS}")
+    with Workers(config, tmp_path / "run", tmp_path / "logs", *budget) as workers:
         results = workers.wait()
     assert_all_exit_zero(results)
     (chief_reason, step), (worker_reason, worker_step) = [stop_message(stderr) for _, stderr in results]
@@ -86,7 +86,7 @@ def test_workers_started_with_different_settings_refuse_to_start(tmp_path):
     """Another seed on one worker would train silently otherwise (another model size: a TensorFlow error deep in a
     collective); where the data is stored may differ."""
     config = config_file(tmp_path, "multi_worker", checkpoint_every=4)
-    other = {1: ("train.seed=7", f"data.cache_dir={tmp_path / 'elsewhere'}")}
+    other = {1: ("train.seed=7", f"data.cache_dir={tmp_path / 'elsewhere'}", "train.max_minutes=5")}
     with Workers(config, tmp_path / "run", tmp_path / "logs", worker_overrides=other) as workers:
         results = workers.wait()
     for code, stderr in results:

@@ -13,7 +13,7 @@ Per row: throughput (`sentences_per_sec`, `tokens_per_sec`), `compile_seconds` (
 run of the same batches: tracing, graph optimisation and XLA compilation), `peak_memory_mb` of the timed run
 (`benchmarks.memory.measure_peak`: sampled RSS on a CPU) and, for streaming use (`translate.py` one line at a time),
 `latency_ms_p50` / `latency_ms_p95` over `latency_sentences` sentences translated one by one (after their shapes
-were warmed up too); `bleu` (sacreBLEU, `nmt.evaluation.score_corpus`, against the test references) for the rows
+were warmed up too); `bleu` (sacreBLEU, `nmt.scores.score_corpus`, against the test references) for the rows
 that decode the whole sentence set (the cached ones). Every row names its `engine` ("tensorflow" here),
 `compute_type`, `beam_size`, `alpha` (None for greedy) and `patience` (None: our beam search stops exactly). The
 cached rows and their hypotheses are kept in `context.results["decode"]` for `benchmarks.decode_engines` (the
@@ -76,7 +76,7 @@ def bleu(
 ) -> float:
     """Corpus BLEU (sacreBLEU, the signature `evaluate.py` reports; case-insensitive for a `data.lowercase` run),
     rounded to 2 digits."""
-    from nmt.evaluation import score_corpus
+    from nmt.scores import score_corpus
 
     return round(score_corpus(hypotheses, references, target_language, lowercase)["bleu"], 2)
 

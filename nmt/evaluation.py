@@ -1,8 +1,8 @@
 """Corpus evaluation of a run directory: decode a split (or a pair of files), score with sacreBLEU, measure the loss.
 
 Quality protocol (DESIGN.md): BLEU and chrF from sacreBLEU on detokenized, cased hypotheses against the raw
-references, with the signature. `bleu_lc_tok` is a second, clearly labelled BLEU on lowercased text with the 13a
-tokenizer, only for comparison with papers that report lowercased tokenized BLEU; never mix the two. A run trained
+references, with the signature. `bleu_lc_tok` is a second, clearly labelled BLEU on lowercased, tokenized text (13a, or the
+target language's tokenizer: `nmt.scores`), only for comparison with papers that report lowercased tokenized BLEU; never mix the two. A run trained
 on lowercased text (`data.lowercase`) writes lowercase, so its BLEU and chrF are scored case-insensitively (the
 signature says `case:lc`, the record `lowercase: true`); its BLEU then equals `bleu_lc_tok`.
 
@@ -15,11 +15,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import re
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from nmt.scores import score_corpus
 from nmt.text_io import LineWriter, one_line
 from nmt.validation import cut_pairs, pairs_loss_dataset, perplexity, validation_loss
 
@@ -41,61 +41,6 @@ __all__ = [
 
 class EvaluationError(ValueError):
     """A problem with what was asked to evaluate (e.g. source and reference files of different lengths)."""
-
-
-# sacreBLEU's own tokenizer for a target language (`BLEU(trg_lang=...)`); 13a, its default, for every other one.
-LANGUAGE_TOKENIZERS = {"zh": "zh", "ja": "ja-mecab", "ko": "ko-mecab"}
-
-
-@functools.cache
-def bleu_tokenizer(target_language: str) -> str:
-    """The tokenizer sacreBLEU's BLEU uses for `target_language` (e.g. "de", "ja", "zh-TW"); 13a, with a warning
-    naming what to install, where that tokenizer's extra dependencies (MeCab for ja and ko) are missing: the
-    signature then says tok:13a, which is what was measured."""
-    from sacrebleu.metrics import BLEU
-
-    tokenize = LANGUAGE_TOKENIZERS.get(re.split(r"[-_]", target_language.lower())[0], "13a")
-    try:
-        BLEU(tokenize=tokenize)
-    except (ImportError, RuntimeError) as err:
-        extra = target_language.lower()[:2]
-        log.warning(
-            "BLEU for %r: sacreBLEU's tokenizer %s is not installed (%s; pip install 'sacrebleu[%s]'): scoring with "
-            "13a instead (the signature says so; not comparable with %s scores)", target_language, tokenize, err,
-            extra, tokenize,
-        )  # fmt: skip
-        return "13a"
-    return tokenize
-
-
-def score_corpus(
-    hypotheses: Sequence[str], references: Sequence[str], target_language: str = "", lowercase: bool = False
-) -> dict:
-    """sacreBLEU BLEU (cased, detokenized, sacreBLEU's tokenizer for the target language: `bleu_tokenizer`), chrF
-    and the lowercased tokenized BLEU, with signatures.
-
-    `lowercase`: the hypotheses come from a model trained on lowercased text; BLEU and chrF ignore case."""
-    from sacrebleu.metrics import BLEU, CHRF
-
-    if len(hypotheses) != len(references):
-        raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references")
-    hypotheses, references = list(hypotheses), [list(references)]
-    tokenize = bleu_tokenizer(target_language)
-    bleu_metric, chrf_metric = BLEU(tokenize=tokenize, lowercase=lowercase), CHRF(lowercase=lowercase)
-    lc_metric = BLEU(lowercase=True, tokenize=tokenize)
-    bleu = bleu_metric.corpus_score(hypotheses, references)
-    chrf = chrf_metric.corpus_score(hypotheses, references)
-    lc = lc_metric.corpus_score(hypotheses, references)
-    return {
-        "bleu": bleu.score,
-        "chrf": chrf.score,
-        "signature": str(bleu_metric.get_signature()),
-        "bleu_detail": str(bleu),
-        "chrf_signature": str(chrf_metric.get_signature()),
-        "bleu_lc_tok": lc.score,
-        "bleu_lc_tok_signature": str(lc_metric.get_signature()),
-        **({"lowercase": True} if lowercase else {}),
-    }
 
 
 def write_hypotheses(path: str | Path, hypotheses: Sequence[str]) -> None:

@@ -62,7 +62,7 @@ class Trainer(TrainerEvaluation):
     """Trains `config` into `run_dir`: `setup()`, then `train()`.
 
     `scorer(hypotheses, references) -> {"bleu", "chrf", "signature"}` scores the validation translations
-    (default: sacreBLEU, `nmt.evaluation.score_corpus`, for the target language); the best-weights and
+    (default: sacreBLEU, `nmt.scores.score_corpus`, for the target language); the best-weights and
     early-stopping bookkeeping follow its "bleu". `clock()` (seconds) times the steps for the training clock.
     """
 

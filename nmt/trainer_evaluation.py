@@ -154,7 +154,7 @@ class TrainerEvaluation:
     def _score(self, hypotheses: list[str], references: list[str]) -> dict:
         if self.scorer is not None:
             return self.scorer(hypotheses, references)
-        from nmt.evaluation import score_corpus
+        from nmt.scores import score_corpus
 
         return score_corpus(hypotheses, references, self.config.data.target, self.config.data.lowercase)
 

@@ -5,7 +5,7 @@
 # Usage: eval.sh RUN...   (appends to student.eval.jsonl and bootstrap.jsonl here)
 set -x
 cd "$(dirname "$0")/../.."
-D=docs/distill-2026-12-06-zen4-round2
+D=${EVAL_DIR:-docs/distill-2026-12-06-zen4-round2}   # where the records go (the mixed-targets folder reuses this script)
 date -u
 for K in "$@"; do
   for S in validation test; do

@@ -17,3 +17,6 @@ wc -l $MIX/*    # 58,000 training lines per side
 # 2026-12-06 07:18 UTC-, beside two read-only reviews (no timing is a result)
 python train.py --config configs/base.yaml --model-dir runs/kdmix-12k --set data.dataset=folder data.folder=$MIX \
     train.max_minutes=0 train.max_steps=12000
+# The second seed: started 2026-12-06 09:32 UTC, still training when that session ended; the same command resumes it
+python train.py --config configs/base.yaml --model-dir runs/kdmix-12k-s1235 --set data.dataset=folder \
+    data.folder=$MIX train.max_minutes=0 train.max_steps=12000 train.seed=1235

@@ -324,6 +324,39 @@ def repair_checkpoint_state(directory: Path) -> str:
     if not directory.is_dir():
         return ""
     remove_partial_saves(directory)
+    problem, complete = _state_problem(directory)
+    if not problem or not complete:
+        return ""
+    names = [f"ckpt-{step}" for step in complete]
+    times = [Path(directory, f"{name}.index").stat().st_mtime for name in names]
+    tf.compat.v1.train.update_checkpoint_state(
+        str(directory), names[-1], all_model_checkpoint_paths=names, all_model_checkpoint_timestamps=times
+    )
+    return (
+        f"{directory / 'checkpoint'} {problem}: rewritten from the checkpoints present "
+        f"({', '.join(names)}); resuming from the newest"
+    )
+
+
+def checkpoint_to_resume(directory: Path) -> str | None:
+    """The checkpoint prefix a run resumes from in `directory` once `repair_checkpoint_state` has run there, found
+    without writing anything: what the other workers of a multi-worker run read from the chief's directory, which
+    the chief may not have repaired yet (they would otherwise find no state file and resume from step 0)."""
+    import tensorflow as tf
+
+    directory = Path(directory)
+    if not directory.is_dir():
+        return None
+    problem, complete = _state_problem(directory)
+    if problem and complete:
+        return str(directory / f"ckpt-{complete[-1]}")
+    return tf.train.latest_checkpoint(str(directory))
+
+
+def _state_problem(directory: Path) -> tuple[str, list[int]]:
+    """(what is wrong with the state file, "" if nothing; the steps of the complete checkpoints on disk)."""
+    import tensorflow as tf
+
     complete = sorted(
         checkpoint_step(index.with_suffix(""))
         for index in directory.glob("ckpt-*.index")
@@ -338,19 +371,9 @@ def repair_checkpoint_state(directory: Path) -> str:
         named = list(state.all_model_checkpoint_paths) or [state.model_checkpoint_path]
         present = [p for p in named if Path(directory, os.path.basename(p) + ".index").is_file()]
         if state.model_checkpoint_path in present:
-            return ""
+            return "", complete
         problem = f"names {os.path.basename(state.model_checkpoint_path)}, which is gone"
-    if not complete:
-        return ""
-    names = [f"ckpt-{step}" for step in complete]
-    times = [Path(directory, f"{name}.index").stat().st_mtime for name in names]
-    tf.compat.v1.train.update_checkpoint_state(
-        str(directory), names[-1], all_model_checkpoint_paths=names, all_model_checkpoint_timestamps=times
-    )
-    return (
-        f"{directory / 'checkpoint'} {problem}: rewritten from the checkpoints present "
-        f"({', '.join(names)}); resuming from the newest"
-    )
+    return problem, complete
 
 
 def restore_errors() -> tuple[type[BaseException], ...]:

@@ -33,6 +33,7 @@ from nmt.run_dir import (
     RunDir,
     RunDirError,
     checkpoint_step,
+    checkpoint_to_resume,
     first_line,
     remove_partial_saves,
     repair_checkpoint_state,
@@ -214,7 +215,7 @@ class Trainer(TrainerEvaluation):
         latest = (
             self.manager.latest_checkpoint
             if self.chief
-            else tf.train.latest_checkpoint(str(self.run_dir.checkpoint_dir))
+            else checkpoint_to_resume(self.run_dir.checkpoint_dir)  # the chief's, even before its repair
         )
         if not latest:
             return 0

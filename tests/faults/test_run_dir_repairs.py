@@ -16,7 +16,7 @@ import pytest
 import tensorflow as tf
 
 import train as train_cli
-from nmt.run_dir import repair_checkpoint_state, write_atomic
+from nmt.run_dir import checkpoint_to_resume, repair_checkpoint_state, write_atomic
 from tests.faults.helpers import CHECKPOINT_EVERY, MAX_STEPS, snapshot, snapshot_run
 
 
@@ -43,11 +43,17 @@ def test_a_damaged_checkpoint_state_file_is_rewritten_from_the_checkpoints(refer
     (
         checkpoints / f"ckpt-{MAX_STEPS + CHECKPOINT_EVERY}_temp"
     ).mkdir()  # a half-written save is not a checkpoint
+    # What a multi-worker run's other workers read from the chief's directory, before the chief repairs it: the
+    # checkpoint the repair will name, nothing written.
+    before = snapshot(checkpoints)
+    assert checkpoint_to_resume(checkpoints) == str(checkpoints / f"ckpt-{kept[-1]}")
+    assert snapshot(checkpoints) == before
     message = repair_checkpoint_state(checkpoints)
     assert f"{state} " in message and f"ckpt-{kept[-1]}); resuming from the newest" in message
     assert _steps(checkpoints) == kept
     assert not list(checkpoints.glob("*_temp"))  # the half-written save went too
     assert tf.train.latest_checkpoint(str(checkpoints)) == str(checkpoints / f"ckpt-{kept[-1]}")
+    assert checkpoint_to_resume(checkpoints) == str(checkpoints / f"ckpt-{kept[-1]}")  # and after the repair
     manager = tf.train.CheckpointManager(tf.train.Checkpoint(), str(checkpoints), max_to_keep=len(kept))
     assert [
         int(p.rsplit("-", 1)[-1]) for p in manager.checkpoints

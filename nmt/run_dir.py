@@ -125,11 +125,10 @@ class RunDir:
             state = dirs[name] / "checkpoint"
             if not state.is_file():  # nothing saved there (or a save killed before TensorFlow's state file)
                 continue
+            # TensorFlow reports an unparsable text state as None, but raises on binary bytes
             try:
                 prefix = tf.train.latest_checkpoint(str(dirs[name]))
-            except (
-                UnicodeDecodeError
-            ):  # TensorFlow reports an unparsable text state as None, not binary bytes
+            except UnicodeDecodeError:
                 prefix = None
             if prefix:
                 return prefix

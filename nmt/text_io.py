@@ -115,7 +115,7 @@ def written_in_place(path: str) -> bool:
             return True
         if not os.path.islink(link):
             break
-        link = os.path.join(os.path.dirname(link), os.readlink(link))
+        link = os.path.normpath(os.path.join(os.path.dirname(link), os.readlink(link)))
     return os.path.exists(path) and not os.path.isfile(path)
 
 

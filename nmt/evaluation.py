@@ -3,9 +3,9 @@
 Quality protocol (DESIGN.md): BLEU and chrF from sacreBLEU on detokenized, cased hypotheses against the raw
 references, with the signature. `bleu_lc_tok` is a second, clearly labelled BLEU on lowercased, tokenized text
 (13a, or the target language's tokenizer: `nmt.scores`), only for comparison with papers that report lowercased
-tokenized BLEU; never mix the two. A run trained
-on lowercased text (`data.lowercase`) writes lowercase, so its BLEU and chrF are scored case-insensitively (the
-signature says `case:lc`, the record `lowercase: true`); its BLEU then equals `bleu_lc_tok`.
+tokenized BLEU; never mix the two. A run trained on lowercased text (`data.lowercase`) writes lowercase, so its
+BLEU and chrF are scored case-insensitively (the signature says `case:lc`, the record `lowercase: true`); its BLEU
+then equals `bleu_lc_tok`.
 
 The hypotheses file holds exactly the strings that were scored (one per line, `text_io.one_line`), so
 `sacrebleu.corpus_bleu(open(hyp).read().splitlines(), [references])` reproduces `bleu`.

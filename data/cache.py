@@ -12,7 +12,7 @@ buckets) nor of where things are stored (data_dir, manual_dir, cache_dir):
 Everything is written into `<final>.partial` and renamed when complete, so a killed preparation leaves nothing
 that is taken as complete; the next preparation removes the leftover and starts that item again. An exclusive
 `fcntl` lock per key keeps two preparations on one machine from writing the same item. On a multi-worker run only
-the chief prepares; the others `wait_for` the final directory.
+the chief prepares; the others read what it made once it is done (`require`: the trainer has them wait for it).
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ import logging
 import os
 import re
 import shutil
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -35,8 +34,6 @@ from data.errors import DataError
 log = logging.getLogger(__name__)
 
 CACHE_ENV = "NMT_DATA_CACHE"
-WAIT_ENV = "NMT_DATA_WAIT_SECONDS"
-DEFAULT_WAIT_SECONDS = 24 * 3600
 PREPARE_FORMAT = 1  # bump when the preparation changes the tokens or the layout
 TOKENIZER_SEED = 1234
 
@@ -135,20 +132,10 @@ def publish(partial: Path, final: Path) -> None:
     os.replace(partial, final)
 
 
-def wait_for(path: Path, what: str, complete=Path.exists, poll: float = 2.0) -> None:
-    """Blocks until `complete(path)` (a non-chief worker waiting for the chief's preparation)."""
-    timeout = float(os.environ.get(WAIT_ENV, DEFAULT_WAIT_SECONDS))
-    start = time.monotonic()
-    logged = False
-    while not complete(path):
-        waited = time.monotonic() - start
-        if waited > timeout:
-            raise DataError(
-                f"waited {waited:.0f} s for the chief worker to prepare {what} at {path}; it never appeared. "
-                f"Is data.cache_dir ({path.parent}) shared by all workers? Is the chief running? "
-                f"(${WAIT_ENV} sets the timeout)"
-            )
-        if not logged:
-            log.info("waiting for the chief worker to prepare %s at %s", what, path)
-            logged = True
-        time.sleep(poll)
+def require(path: Path, what: str, complete=Path.exists) -> None:
+    """Raises DataError unless `complete(path)`: a non-chief worker reads what the chief prepared, never prepares."""
+    if not complete(path):
+        raise DataError(
+            f"{what} is not at {path}, where the chief worker has prepared it: data.cache_dir ({path.parent}) "
+            "must be one directory shared by every worker (e.g. on a network filesystem)"
+        )

@@ -40,14 +40,14 @@ def _threads() -> int:
 def cached_tokenizer(cfg: DataConfig, *, chief: bool = True):
     """The tokenizer of this corpus and these settings: loaded from the cache, else trained into it.
 
-    A non-chief worker waits for the chief's instead of training it.
+    A non-chief worker reads the chief's (it starts once the chief has prepared) instead of training it.
     """
     from data.tokenizer import Tokenizer, train_tokenizer
 
     inputs = cache.tokenizer_key_inputs(cfg, split_identity(cfg, cfg.train_split))
     final = cache.tokenizer_dir(cfg, inputs)
     if not final.exists() and not chief:
-        cache.wait_for(final, "the tokenizer")
+        cache.require(final, "the tokenizer")
     if not final.exists():
         with cache.exclusive(final):
             if not final.exists():
@@ -136,7 +136,7 @@ def prepare_split(
 ) -> Path:
     """The directory of `split` tokenized with `tokenizer`, preparing it first if it is not in the cache.
 
-    A non-chief worker waits for the chief to prepare it. Returns the complete split directory, and adds `split`
+    A non-chief worker reads what the chief prepared (DataError if it is not there). Returns the complete split directory, and adds `split`
     to the set `made` (if given) when this call prepared it (not another process it waited for).
     """
     inputs = cache.split_key_inputs(cfg, split_identity(cfg, split), tokenizer.fingerprint)
@@ -145,7 +145,7 @@ def prepare_split(
         log.info("split %s already prepared: %s", split, final)
         return final
     if not chief:
-        cache.wait_for(final, f"split {split!r}", complete=lambda path: (path / MANIFEST).is_file())
+        cache.require(final, f"split {split!r}", complete=lambda path: (path / MANIFEST).is_file())
         return final
     with cache.exclusive(final):
         if read_manifest(final) is None:

@@ -307,6 +307,43 @@ class StopControl:
                 "with the same --config and --set values (only where the data is stored and the time budget may differ)"
             )
 
+    def chief_first(self, chief: bool, work, what: str):
+        """`work()`'s result: on a single process at once; on a multi-worker run first on the chief, then on the
+        other workers once the chief's has succeeded (two collectives). `what` names the work in messages.
+
+        The chief prepares the data while the others wait in a collective without a time limit (a large corpus
+        takes as long as it takes; a chief that dies is seen by TensorFlow's health checks of the cluster). A
+        chief whose work failed raises its error and the others raise WorkersDisagree; then a worker whose own
+        work failed (e.g. it does not see the chief's data) raises its error and the others WorkersDisagree
+        naming it, so no worker is left waiting in a collective the others never join.
+        """
+        if not self.multi_worker:
+            return work()
+
+        def attempt():
+            try:
+                return work(), None
+            except Exception as err:  # noqa: BLE001 - told to the other workers, then raised
+                return None, err
+
+        result, error = attempt() if chief else (None, None)
+        chief_done = gather_from_workers(self.strategy, [0.0 if error else 1.0])[:, 0]
+        if error is not None:
+            raise error
+        if not chief_done.all():
+            raise WorkersDisagree(f"the chief worker could not {what} (see its log)")
+        if not chief:
+            result, error = attempt()
+        done = gather_from_workers(self.strategy, [0.0 if error else 1.0])[:, 0]
+        if error is not None:
+            raise error
+        if not done.all():
+            failed = sorted({worker_of_replica(self.strategy, i) for i in range(len(done)) if not done[i]})
+            raise WorkersDisagree(
+                f"worker {', '.join(map(str, failed))} could not {what} after the chief did (see its log)"
+            )
+        return result
+
     def check_same_step(self, step: int, where) -> None:
         """Multi-worker (a collective): raises WorkersDisagree unless every worker restored step `step`."""
         if not self.multi_worker:

@@ -25,7 +25,7 @@ from nmt.best_weights import BestWeights
 from nmt.budget import BatchChanged, TrainingPlan
 from nmt.cluster import is_chief
 from nmt.config import Config
-from nmt.distribute import StopControl, WorkersDisagree, make_strategy, replica_batches, worker_part
+from nmt.distribute import StopControl, WorkersDisagree, make_strategy, replica_batches
 from nmt.final_weights import AveragingSnapshots
 from nmt.optimizer import adam
 from nmt.precision import device_kind, resolve_autocluster, resolve_precision, resolve_xla, set_policy
@@ -41,6 +41,7 @@ from nmt.run_dir import (
 )
 from nmt.summaries import drop_events_after, write_train_summaries
 from nmt.train_step import TrainStep
+from nmt.trainer_data import training_data
 from nmt.trainer_evaluation import TrainerEvaluation
 
 log = logging.getLogger("nmt.train")
@@ -79,9 +80,7 @@ class Trainer(TrainerEvaluation):
     # ------------------------------------------------------------------------------------------------------------
     # Set-up
     def setup(self) -> None:
-        from data.pipeline import make_eval_dataset, make_train_dataset
-        from data.prepare import prepare
-        from nmt.init_from import load_parent_weights, parent_run, run_tokenizer
+        from nmt.init_from import load_parent_weights, parent_run
         from transformer.model import build_model
 
         cfg = self.config
@@ -106,28 +105,18 @@ class Trainer(TrainerEvaluation):
             "on" if self.xla else "fusible ops only (matmuls stay TensorFlow's)" if self.autocluster else "off",
         )  # fmt: skip
 
-        # The tokenizer and the tokenized splits come from the data cache (data.prepare: trained and tokenized once,
-        # by the chief; other workers wait for them). The run directory keeps its own copy of the tokenizer.
         # TensorFlow's multi-worker convention: non-chief workers write nothing into the run directory (they save
         # throw-away checkpoints into a private temporary directory, removed at exit) but restore the chief's.
         self.private_dir = None if self.chief else Path(tempfile.mkdtemp(prefix="nmt-worker-"))
         if self.private_dir is not None:
             atexit.register(_remove_tree, self.private_dir)
-        self.tokenizer = run_tokenizer(cfg, self.run_dir, chief=self.chief)  # init_from: the parent's
-        prepare(cfg.data, tokenizer=self.tokenizer, chief=self.chief)
-
-        # data.batch_tokens is a per-replica budget: the global batch grows with the replicas (more devices, more
-        # tokens per step, and the learning rate follows: nmt.budget); every worker plans the same global batches,
-        # reads only its replicas' part of each, and each local replica takes its rows (nmt.distribute).
+        try:
+            data = training_data(cfg, self.run_dir, self.strategy, self.stop, self.chief)
+        except WorkersDisagree as err:
+            raise TrainingError(str(err)) from None
+        self.tokenizer, self.part = data.tokenizer, data.part
+        self.train_dataset, self.eval_dataset, self.iterator = data.train, data.validation, data.iterator
         replicas = self.strategy.num_replicas_in_sync
-        global_data = dataclasses.replace(cfg.data, batch_tokens=cfg.data.batch_tokens * replicas)
-        self.part = worker_part(self.strategy)  # None, or this worker's share of each batch (logged)
-        self.train_dataset = make_train_dataset(
-            global_data, self.tokenizer, seed=cfg.train.seed, repeat=True, part=self.part
-        )
-        self.eval_dataset = make_eval_dataset(cfg.data, self.tokenizer, cfg.data.validation_split)
-        # A plain iterator, checkpointable (tf.distribute's DistributedIterator is not).
-        self.iterator = iter(self.train_dataset)
 
         with self.strategy.scope():
             self.model = build_model(

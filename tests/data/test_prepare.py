@@ -240,20 +240,24 @@ def test_the_cache_key_changes_exactly_when_the_tokens_may_change(tmp_path):
     assert edited[0] != tokenizer_key and edited[1] != split_key
 
 
-def test_non_chief_waits_for_the_chief_and_times_out_clearly(tmp_path, monkeypatch):
+def test_non_chief_reads_what_the_chief_prepared_and_never_prepares(tmp_path):
+    """The trainer starts the other workers' preparation once the chief's is done (StopControl.chief_first): what
+    they do not find is a cache they do not share with the chief."""
     from data.prepare import cached_tokenizer, prepare_split
 
     cfg = folder_cfg(tmp_path)
-    monkeypatch.setenv(cache.WAIT_ENV, "0")
-    with pytest.raises(DataError, match=r"waited \d+ s for the chief worker to prepare the tokenizer"):
+    with pytest.raises(
+        DataError, match=r"the tokenizer is not at .*must be one directory shared by every worker"
+    ):
         cached_tokenizer(cfg, chief=False)
+    assert not any(Path(cfg.cache_dir).glob("tokenizer-*"))
     tokenizer, splits = prepare(cfg, progress=False)
     assert cached_tokenizer(cfg, chief=False).fingerprint == tokenizer.fingerprint
     assert prepare_split(cfg, tokenizer, "train", chief=False) == splits["train"]
-    with pytest.raises(DataError, match=r"waited \d+ s for the chief worker to prepare split 'train'"):
-        prepare_split(
-            dataclasses.replace(cfg, cache_dir=str(tmp_path / "empty")), tokenizer, "train", chief=False
-        )
+    empty = tmp_path / "empty"
+    with pytest.raises(DataError, match=rf"split 'train' is not at {re.escape(str(empty))}/.*data.cache_dir"):
+        prepare_split(dataclasses.replace(cfg, cache_dir=str(empty)), tokenizer, "train", chief=False)
+    assert not any(empty.glob("*"))
 
 
 def test_resume_mid_epoch_on_a_split_read_from_file_equals_the_uninterrupted_iterator(tmp_path):

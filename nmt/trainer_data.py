@@ -1,0 +1,46 @@
+"""What a training run reads: its tokenizer, and the training and validation datasets of this worker.
+
+The tokenizer and the tokenized splits come from the data cache (data.prepare: trained and tokenized once). On a
+multi-worker run the chief prepares them while the others wait in a collective, then the others read what it made
+(`nmt.distribute.StopControl.chief_first`): a chief that fails, or a worker that does not see the chief's cache,
+stops every worker with a message instead of leaving one waiting. The run directory keeps its own copy of the
+tokenizer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from nmt.distribute import StopControl, worker_part
+
+
+@dataclasses.dataclass
+class TrainingData:
+    tokenizer: object
+    part: tuple[int, int, int] | None  # this worker's share of every global batch (None: all of it)
+    train: object  # tf.data.Dataset of global batches (this worker's part of each), repeated
+    validation: object  # tf.data.Dataset of the validation split
+    iterator: object  # over `train`: plain, checkpointable (tf.distribute's DistributedIterator is not)
+
+
+def training_data(cfg, run_dir, strategy, stop: StopControl, chief: bool) -> TrainingData:
+    """The run's tokenizer and datasets, prepared first if the cache lacks them (by the chief alone)."""
+    from data.pipeline import make_eval_dataset, make_train_dataset
+    from data.prepare import prepare
+    from nmt.init_from import run_tokenizer
+
+    def prepare_data():
+        tokenizer = run_tokenizer(cfg, run_dir, chief=chief)  # init_from: the parent's
+        prepare(cfg.data, tokenizer=tokenizer, chief=chief)
+        return tokenizer
+
+    tokenizer = stop.chief_first(chief, prepare_data, "prepare the data")
+    # data.batch_tokens is a per-replica budget: the global batch grows with the replicas (more devices, more
+    # tokens per step, and the learning rate follows: nmt.budget); every worker plans the same global batches,
+    # reads only its replicas' part of each, and each local replica takes its rows (nmt.distribute).
+    replicas = strategy.num_replicas_in_sync
+    global_data = dataclasses.replace(cfg.data, batch_tokens=cfg.data.batch_tokens * replicas)
+    part = worker_part(strategy)  # None, or this worker's share of each batch (logged)
+    train = make_train_dataset(global_data, tokenizer, seed=cfg.train.seed, repeat=True, part=part)
+    validation = make_eval_dataset(cfg.data, tokenizer, cfg.data.validation_split)
+    return TrainingData(tokenizer, part, train, validation, iter(train))

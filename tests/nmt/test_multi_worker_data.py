@@ -1,0 +1,44 @@
+"""Two local `train.py` workers (TF_CONFIG) and the data only the chief prepares (`StopControl.chief_first`): a
+chief that cannot prepare it, or a worker that does not see what the chief prepared, stops both workers with a
+message naming the problem. Before, the other worker waited 24 hours for files that never came (and the chief
+waited with it in its first collective).
+
+Marked slow (pairs of training processes); test_distribute.py's kill-and-restart test stays in `make test`.
+"""
+
+import pytest
+
+from tests.nmt.multi_worker import Workers
+from tests.nmt.test_distribute import config_file
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_chief_that_cannot_prepare_the_data_stops_the_other_worker_too(tmp_path):
+    config = config_file(tmp_path, "multi_worker")
+    (tmp_path / "a-file").write_text("not a directory\n", encoding="utf-8")
+    chief_cache = {0: (f"data.cache_dir={tmp_path / 'a-file'}",)}
+    with Workers(config, tmp_path / "run", tmp_path / "logs", worker_overrides=chief_cache) as workers:
+        (code, chief), (worker_code, worker) = workers.wait()
+    assert code == 1, chief[-3000:]
+    assert "train.py: data error: cannot write into the data cache" in chief
+    assert worker_code == 1, worker[-3000:]
+    assert "train.py: training failed: the chief worker could not prepare the data (see its log)" in worker
+    assert "Traceback" not in chief + worker
+    assert not (tmp_path / "run").exists()  # the chief's new run was undone
+
+
+def test_a_worker_that_does_not_see_the_chiefs_data_cache_stops_both(tmp_path):
+    config = config_file(tmp_path, "multi_worker")
+    elsewhere = tmp_path / "not-shared"
+    own_cache = {1: (f"data.cache_dir={elsewhere}",)}  # as on another host without a shared filesystem
+    with Workers(config, tmp_path / "run", tmp_path / "logs", worker_overrides=own_cache) as workers:
+        (code, chief), (worker_code, worker) = workers.wait()
+    assert worker_code == 1, worker[-3000:]
+    # the tokenizer is read from the chief's copy in the run directory; the first split is not found
+    assert f"train.py: data error: split 'train' is not at {elsewhere}/" in worker
+    assert "must be one directory shared by every worker" in worker
+    assert code == 1, chief[-3000:]
+    assert "train.py: training failed: worker 1 could not prepare the data after the chief did" in chief
+    assert "Traceback" not in chief + worker
+    assert not (tmp_path / "run").exists()

@@ -15,7 +15,7 @@ import math
 import tensorflow as tf
 from tqdm import tqdm
 
-from nmt.distribute import EvaluationInterrupted
+from nmt.distribute import EvaluationInterrupted, gather_from_workers
 from nmt.final_weights import average_if_better
 from nmt.run_dir import save_model_weights
 from nmt.summaries import write_validation_summaries
@@ -68,10 +68,17 @@ class TrainerEvaluation:
         """The message of a run that wrote and evaluated its final weights at this step, else "".
 
         Its rerun (the same command again) ends there instead of evaluating the same weights again and appending a
-        second "final" record. A single process only: the workers of a multi-worker run decide together, and run
-        the final evaluation again.
+        second "final" record. The workers of a multi-worker run (which read the chief's run directory) decide
+        together, in a collective: all of them end there, or none.
         """
-        if self.stop.multi_worker or not self.resumed_from or int(self.pending_evaluation.numpy()):
+        if not self.stop.multi_worker:
+            return self._finished_message()
+        self._agree_on_stop()  # whether the time budget is spent, on the clocks of all workers (a collective)
+        message = self._finished_message()
+        return message if gather_from_workers(self.strategy, [float(bool(message))]).all() else ""
+
+    def _finished_message(self) -> str:
+        if not self.resumed_from or int(self.pending_evaluation.numpy()):
             return ""
         if self._budget_left() and not self._patience_spent():
             return ""

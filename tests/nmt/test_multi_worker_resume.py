@@ -6,6 +6,7 @@ Marked slow (several pairs of training processes). The kill-and-restart test, wh
 test_distribute.py; this module uses the same tiny config.
 """
 
+import json
 import signal
 import time
 
@@ -80,6 +81,17 @@ def test_time_budget_spent_stops_both_workers_at_the_same_step(tmp_path):
     assert chief_reason == worker_reason == "finished"
     assert step == worker_step and 1 <= step < MANY_STEPS
     assert latest_step(tmp_path / "run") == step
+
+    # The same command again: both workers end at once, the final weights are not evaluated a second time.
+    with Workers(config, tmp_path / "run", tmp_path / "rerun", *budget) as workers:
+        results = workers.wait()
+    assert_all_exit_zero(results)
+    for _, stderr in results:
+        assert f"train.py: already finished at step {step}: validation loss " in stderr
+    finals = [
+        r for r in map(json.loads, (tmp_path / "run" / "metrics.jsonl").open()) if r.get("tag") == "final"
+    ]
+    assert len(finals) == 1
 
 
 def test_workers_started_with_different_settings_refuse_to_start(tmp_path):

@@ -166,10 +166,16 @@ def replica_batches(strategy, batch: dict, part: tuple[int, int, int] | None):
     return strategy.experimental_distribute_values_from_function(replica_slice)
 
 
-def worker_of_replica(strategy, replica: int) -> int:
-    """The index of the worker that runs global replica `replica` (every worker has as many replicas: its
-    `worker_devices`, the local devices under MultiWorkerMirroredStrategy)."""
-    return replica // max(len(strategy.extended.worker_devices), 1)
+def worker_of_replica(strategy, replica: int) -> str:
+    """The TF_CONFIG task that runs global replica `replica`, as messages name it: `worker 1`, or `chief 0` when
+    the cluster has a chief task (then TensorFlow counts it first and `worker 0` second). Every worker has as many
+    replicas: its `worker_devices`, the local devices under MultiWorkerMirroredStrategy."""
+    from nmt.cluster import cluster_task
+
+    worker = replica // max(len(strategy.extended.worker_devices), 1)
+    if "chief" in cluster_task()[2]:
+        return "chief 0" if worker == 0 else f"worker {worker - 1}"
+    return f"worker {worker}"
 
 
 class WorkersDisagree(RuntimeError):
@@ -268,7 +274,7 @@ class StopControl:
             self.agreed = int(rows[signalled, 0])
             worker = worker_of_replica(self.strategy, signalled)
             name = signal.Signals(self.agreed).name
-            log.warning("worker %d received %s: all workers stop after step %d", worker, name, step)
+            log.warning("%s received %s: all workers stop after step %d", worker, name, step)
         return float(rows[:, 1].max())
 
     def signal_name(self) -> str:
@@ -300,7 +306,7 @@ class StopControl:
         prints = [int(row[0]) for row in rows]
         if len(set(prints)) > 1:
             shown = ", ".join(
-                f"worker {worker_of_replica(self.strategy, i)}: {p:012x}" for i, p in enumerate(prints)
+                f"{worker_of_replica(self.strategy, i)}: {p:012x}" for i, p in enumerate(prints)
             )
             raise WorkersDisagree(
                 f"the workers were started with different configs (fingerprints {shown}); start every worker "
@@ -338,9 +344,11 @@ class StopControl:
         if error is not None:
             raise error
         if not done.all():
-            failed = sorted({worker_of_replica(self.strategy, i) for i in range(len(done)) if not done[i]})
+            failed = dict.fromkeys(
+                worker_of_replica(self.strategy, i) for i in range(len(done)) if not done[i]
+            )
             raise WorkersDisagree(
-                f"worker {', '.join(map(str, failed))} could not {what} after the chief did (see its log)"
+                f"{' and '.join(failed)} could not {what} after the chief did (see its log)"
             )
         return result
 
@@ -350,9 +358,7 @@ class StopControl:
             return
         steps = [int(row[0]) for row in gather_from_workers(self.strategy, [step])]
         if len(set(steps)) > 1:
-            shown = ", ".join(
-                f"worker {worker_of_replica(self.strategy, i)}: {s}" for i, s in enumerate(steps)
-            )
+            shown = ", ".join(f"{worker_of_replica(self.strategy, i)}: {s}" for i, s in enumerate(steps))
             raise WorkersDisagree(
                 f"the workers would resume from different steps ({shown}); every worker must see the chief's "
                 f"checkpoints in {where}: give all of them the same --model-dir on storage they share"

@@ -223,3 +223,26 @@ def test_a_repeated_signal_stops_a_single_process_at_once_but_not_a_worker():
         assert control.received == signal.SIGTERM and control.agreed is None
     finally:
         StopControl.uninstall(previous)
+
+
+@pytest.mark.parametrize("chief", [False, True])
+@pytest.mark.parametrize("devices", [1, 2])
+def test_replicas_are_named_by_the_tf_config_task_that_runs_them(monkeypatch, chief, devices):
+    """TensorFlow's own numbering of the tasks (multi_worker_util.id_in_cluster: a chief task first) is the
+    reference; messages name the task as TF_CONFIG does."""
+    import json
+    from types import SimpleNamespace
+
+    from tensorflow.python.distribute import multi_worker_util
+
+    from nmt.distribute import worker_of_replica
+
+    cluster = {"worker": ["127.0.0.1:1", "127.0.0.1:2"]} | ({"chief": ["127.0.0.1:3"]} if chief else {})
+    tasks = [("chief", 0)] * chief + [("worker", 0), ("worker", 1)]
+    strategy = SimpleNamespace(extended=SimpleNamespace(worker_devices=[f"cpu:{i}" for i in range(devices)]))
+    for kind, index in tasks:
+        tf_config = {"cluster": cluster, "task": {"type": kind, "index": index}}
+        monkeypatch.setenv("TF_CONFIG", json.dumps(tf_config))
+        first = multi_worker_util.id_in_cluster(cluster, kind, index) * devices
+        for replica in range(first, first + devices):
+            assert worker_of_replica(strategy, replica) == f"{kind} {index}"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import tensorflow as tf
 
-from nmt.run_dir import checkpoint_step, drop_checkpoints
+from nmt.checkpoints import checkpoint_step, drop_checkpoints
 
 
 class BestWeights:

@@ -353,8 +353,9 @@ def _loss_model(model_dir, translator, weights: str) -> tuple:
     With `weights` "auto", the checkpoint the export was made from if it is in `model_dir`; else the
     `weights` of the run directory. No weights at all: (None, a `loss_note`), and the record's loss is null.
     """
+    from nmt.checkpoints import restore_model_weights
     from nmt.final_weights import load_run_weights
-    from nmt.run_dir import RunDir, RunDirError, restore_model_weights
+    from nmt.run_dir import RunDir, RunDirError
     from transformer.model import build_model
 
     exported = translator.weights

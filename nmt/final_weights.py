@@ -13,14 +13,8 @@ from collections.abc import Callable
 import numpy as np
 import tensorflow as tf
 
-from nmt.run_dir import (
-    CANDIDATES,
-    RunDirError,
-    drop_checkpoints,
-    first_line,
-    restore_errors,
-    restore_model_weights,
-)
+from nmt.checkpoints import drop_checkpoints, first_line, restore_errors, restore_model_weights
+from nmt.run_dir import CANDIDATES, RunDirError
 
 log = logging.getLogger("nmt.train")
 

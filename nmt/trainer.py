@@ -23,15 +23,7 @@ from tqdm import tqdm
 
 from nmt.best_weights import BestWeights
 from nmt.budget import BatchChanged, TrainingPlan
-from nmt.cluster import is_chief
-from nmt.config import Config
-from nmt.distribute import StopControl, WorkersDisagree, make_strategy, replica_batches
-from nmt.final_weights import AveragingSnapshots
-from nmt.optimizer import adam
-from nmt.precision import device_kind, resolve_autocluster, resolve_precision, resolve_xla, set_policy
-from nmt.run_dir import (
-    RunDir,
-    RunDirError,
+from nmt.checkpoints import (
     checkpoint_step,
     checkpoint_to_resume,
     first_line,
@@ -39,6 +31,13 @@ from nmt.run_dir import (
     repair_checkpoint_state,
     restore_errors,
 )
+from nmt.cluster import is_chief
+from nmt.config import Config
+from nmt.distribute import StopControl, WorkersDisagree, make_strategy, replica_batches
+from nmt.final_weights import AveragingSnapshots
+from nmt.optimizer import adam
+from nmt.precision import device_kind, resolve_autocluster, resolve_precision, resolve_xla, set_policy
+from nmt.run_dir import RunDir, RunDirError
 from nmt.summaries import drop_events_after, write_train_summaries
 from nmt.train_step import TrainStep
 from nmt.trainer_data import training_data

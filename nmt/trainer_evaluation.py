@@ -15,9 +15,9 @@ import math
 import tensorflow as tf
 from tqdm import tqdm
 
+from nmt.checkpoints import save_model_weights
 from nmt.distribute import EvaluationInterrupted, gather_from_workers
 from nmt.final_weights import average_if_better
-from nmt.run_dir import save_model_weights
 from nmt.summaries import write_validation_summaries
 
 log = logging.getLogger("nmt.train")

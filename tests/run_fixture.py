@@ -197,9 +197,10 @@ def make_tiny_run_dir(tmp_path: Path, *, seed: int | None = None, max_steps: int
     import tensorflow as tf
 
     from data.tokenizer import Tokenizer, train_tokenizer
+    from nmt.checkpoints import save_model_weights
     from nmt.config import config_from_dict
     from nmt.losses import smoothed_cross_entropy
-    from nmt.run_dir import RunDir, save_model_weights, write_atomic
+    from nmt.run_dir import RunDir, write_atomic
     from transformer.model import build_model
 
     seed = fixture_seed() if seed is None else seed
@@ -273,7 +274,15 @@ def make_tiny_run_dir(tmp_path: Path, *, seed: int | None = None, max_steps: int
 
 
 _CACHE: dict[str, Path] = {}
-_SOURCES = ("tests/run_fixture.py", "transformer", "data", "nmt/config.py", "nmt/run_dir.py", "nmt/losses.py")
+_SOURCES = (
+    "tests/run_fixture.py",
+    "transformer",
+    "data",
+    "nmt/config.py",
+    "nmt/run_dir.py",
+    "nmt/checkpoints.py",
+    "nmt/losses.py",
+)
 
 
 def _sources_hash() -> str:

@@ -67,7 +67,7 @@ def metrics(model_dir: Path) -> list[dict]:
 
 def weights_of(model_dir: Path, prefixes: list[str]) -> list[list[np.ndarray]]:
     """The model weights stored in each checkpoint prefix (weights-only or training checkpoints alike)."""
-    from nmt.run_dir import restore_model_weights
+    from nmt.checkpoints import restore_model_weights
     from nmt.translator import Translator
 
     model = Translator.from_run_dir(model_dir, weights="latest").model

@@ -70,7 +70,8 @@ def reference_model_parts(reference_copy):
 
 @pytest.mark.parametrize("which", ["final", "latest"])
 def test_restore_of_mismatched_weights_raises_rundirerror(reference_model_parts, which):
-    from nmt.run_dir import RunDirError, restore_model_weights
+    from nmt.checkpoints import restore_model_weights
+    from nmt.run_dir import RunDirError
     from transformer.model import build_model
 
     run_dir, config, tokenizer = reference_model_parts
@@ -82,7 +83,8 @@ def test_restore_of_mismatched_weights_raises_rundirerror(reference_model_parts,
 
 
 def test_restore_of_truncated_weights_raises_rundirerror(reference_model_parts):
-    from nmt.run_dir import RunDirError, restore_model_weights
+    from nmt.checkpoints import restore_model_weights
+    from nmt.run_dir import RunDirError
     from transformer.model import build_model
 
     run_dir, config, tokenizer = reference_model_parts

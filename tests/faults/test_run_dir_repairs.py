@@ -16,7 +16,8 @@ import pytest
 import tensorflow as tf
 
 import train as train_cli
-from nmt.run_dir import checkpoint_to_resume, repair_checkpoint_state, write_atomic
+from nmt.checkpoints import checkpoint_to_resume, repair_checkpoint_state
+from nmt.run_dir import write_atomic
 from tests.faults.helpers import CHECKPOINT_EVERY, MAX_STEPS, snapshot, snapshot_run
 
 

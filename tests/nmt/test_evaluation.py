@@ -102,7 +102,8 @@ def test_the_loss_says_how_many_pairs_it_cut(tiny_run_dir, tmp_path, caplog):
 def load_run(run_dir):
     """(config, tokenizer, model with the run's final weights)."""
     from data.tokenizer import Tokenizer
-    from nmt.run_dir import RunDir, restore_model_weights
+    from nmt.checkpoints import restore_model_weights
+    from nmt.run_dir import RunDir
     from transformer.model import build_model
 
     run_dir = RunDir(run_dir)

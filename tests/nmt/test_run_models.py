@@ -24,7 +24,7 @@ def perturbed_copy(run_dir, copy, seed=7, scale=0.05):
     same tokenizer."""
     import shutil
 
-    from nmt.run_dir import checkpoint_step, save_model_weights
+    from nmt.checkpoints import checkpoint_step, save_model_weights
 
     shutil.copytree(run_dir, copy)
     model = Translator.from_run_dir(copy).model

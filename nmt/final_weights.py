@@ -35,7 +35,8 @@ class AveragingSnapshots:
 
     With a fraction, the model weights at the steps of the averaging window (`window_steps`), the last
     `average_last` kept in `directory`. Resuming reopens the directory: its snapshots are kept, but those of
-    steps after the resumed checkpoint (`roll_back`).
+    steps after the resumed checkpoint (`roll_back`), and those before the window of the plan in force (another
+    plan's, after a re-plan) go when its first snapshot is taken.
     """
 
     def __init__(self, model, directory, train):
@@ -62,6 +63,10 @@ class AveragingSnapshots:
             return
         first, spacing = window_steps(total_steps, self.fraction, self.count)
         if step >= first and (step - first) % spacing == 0:
+            # Snapshots before this window are of another plan (a re-plan or a resume with more steps moved the
+            # window later): they are not averaged with this one's.
+            if drop_checkpoints(self.directory, lambda s: s >= first):
+                self.manager = self._open()
             self.manager.save(checkpoint_number=step)
 
     def final_paths(self, step: int, checkpoints: list[str]) -> list[str]:

@@ -132,3 +132,18 @@ def test_a_resume_drops_the_snapshots_of_lost_steps_and_the_window_goes_on(tmp_p
     assert snapshot_steps(resumed) == [37, 40, 43, 46]
     assert sorted(int(p.name[5:-6]) for p in (tmp_path / "average").glob("ckpt-*.index")) == [37, 40, 43, 46]
     assert resumed.roll_back(46) == []
+
+
+def test_snapshots_of_an_earlier_window_are_not_averaged_after_a_re_plan(tmp_path):
+    """A plan of 100 steps (window (86, 7)) re-planned to 200 (window (174, 13)) after two snapshots; the run
+    stops early at 180: only the new window's snapshot and the last weights are averaged."""
+    model, _ = _model_and_checkpoints(tmp_path, [0.0])
+    snapshots = AveragingSnapshots(model, tmp_path / "average", window_config(3, 0.2))
+    for step in range(80, 95):
+        snapshots.save_if_due(step, 100)
+    assert snapshot_steps(snapshots) == [86, 93]
+    for step in range(95, 181):
+        snapshots.save_if_due(step, 200)
+    assert snapshot_steps(snapshots) == [174]
+    assert [int(p.name[5:-6]) for p in (tmp_path / "average").glob("ckpt-*.index")] == [174]
+    assert [p.rsplit("-", 1)[1] for p in snapshots.final_paths(180, checkpoints=[])] == ["174", "180"]

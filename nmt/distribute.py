@@ -17,6 +17,7 @@ import functools
 import logging
 import platform
 import signal
+import threading
 
 from common.config_tree import ConfigError
 from nmt.cluster import ClusterError, multi_worker_strategy
@@ -103,6 +104,27 @@ def _gather_function(strategy, timeout: float):
         return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(rows, args=(value,)), axis=None)
 
     return run
+
+
+def interruptibly(function):
+    """`function()`, run in a thread while this one waits in Python: signal handlers (which run in the main thread,
+    between Python instructions) are heard during a long blocking call such as a collective. A handler's exception
+    (KeyboardInterrupt) ends the wait; the thread, a daemon, is left to the process's exit."""
+    outcome = {}
+
+    def run():
+        try:
+            outcome["value"] = function()
+        except BaseException as err:  # noqa: BLE001 - raised again in the waiting thread
+            outcome["error"] = err
+
+    thread = threading.Thread(target=run, name="nmt-interruptible", daemon=True)
+    thread.start()
+    while thread.is_alive():
+        thread.join(0.2)
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
 
 
 def worker_part(strategy) -> tuple[int, int, int] | None:
@@ -333,7 +355,9 @@ class StopControl:
                 return None, err
 
         result, error = attempt() if chief else (None, None)
-        chief_done = gather_from_workers(self.strategy, [0.0 if error else 1.0])[:, 0]
+        # The others may wait here as long as the chief works: in Python (a thread runs the collective), so that
+        # SIGINT/SIGTERM stop them meanwhile.
+        chief_done = interruptibly(lambda: gather_from_workers(self.strategy, [0.0 if error else 1.0]))[:, 0]
         if error is not None:
             raise error
         if not chief_done.all():

@@ -42,3 +42,48 @@ def test_a_worker_that_does_not_see_the_chiefs_data_cache_stops_both(tmp_path):
     assert "train.py: training failed: worker 1 could not prepare the data after the chief did" in chief
     assert "Traceback" not in chief + worker
     assert not (tmp_path / "run").exists()
+
+
+def test_a_worker_waiting_for_the_chiefs_preparation_stops_on_sigint(tmp_path):
+    """The chief held in its preparation (another process holds the tokenizer's cache lock): worker 1, waiting for
+    it, stops on SIGINT at once (exit 130) instead of when the chief is done; the chief, once released, names it."""
+    import fcntl
+    import signal
+    import time
+
+    from data import cache
+    from data.stream import split_identity
+    from nmt.config import load_config
+    from tests.faults.helpers import RUN_TIMEOUT
+
+    config = config_file(tmp_path, "multi_worker")
+    shared = f"data.cache_dir={tmp_path / 'cache'}"
+    data = load_config(config, [shared]).data
+    final = cache.tokenizer_dir(
+        data, cache.tokenizer_key_inputs(data, split_identity(data, data.train_split))
+    )
+    final.parent.mkdir(parents=True)
+    with open(final.with_name(final.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        with Workers(config, tmp_path / "run", tmp_path / "logs", shared) as workers:
+            deadline = time.monotonic() + RUN_TIMEOUT  # a hang guard, not a timing
+            while "another process is preparing" not in workers.procs[0].stderr():
+                assert time.monotonic() < deadline and workers.procs[0].running(), workers.procs[0].stderr()[
+                    -3000:
+                ]
+                time.sleep(0.05)
+            time.sleep(
+                1.0
+            )  # worker 1 is in its wait by now (or still before it: the signal stops it either way)
+            workers.procs[1].signal(signal.SIGINT)
+            worker_code = workers.procs[1].wait(
+                waiting_for="worker 1 to stop on SIGINT, the chief still held"
+            )
+            assert workers.procs[0].running()
+            fcntl.flock(lock, fcntl.LOCK_UN)
+            (code, chief), (_, worker) = workers.wait()
+    assert worker_code == 130, worker[-3000:]
+    assert "train.py: interrupted before training started" in worker
+    assert code == 1, chief[-3000:]
+    assert "train.py: training failed: lost contact with worker 1" in chief
+    assert not (tmp_path / "run").exists()

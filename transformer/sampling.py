@@ -9,12 +9,15 @@ fairseq's ``--sampling --sampling-topk`` and CTranslate2's ``sampling_topk/topp/
 next token is drawn from ``softmax(log_probs / temperature)`` restricted to the ``topk`` most likely tokens (0: the
 whole vocabulary), then to the smallest set of those whose probability reaches ``topp`` (1.0: no cut), renormalised.
 
-The draw is inverse-CDF sampling with one uniform number per sentence and step, made by an integer hash of
-``(seed, row id, step)``: a sentence's random numbers do not depend on which sentences share its batch, on the batch
-order, on dropping finished sentences, on the cache or on XLA, and the same seed gives the same samples. The draws
-are then the same up to the floating-point rounding of the model's probabilities, which those change: a number that
-falls within that rounding of a boundary between two tokens can draw the other one (none of 120 lines at top-k 10;
-a few in a hundred over the whole vocabulary at temperature 1.3: docs/sampling-reproducibility-2026-12-06).
+The draw is the Gumbel-max trick: the candidate with the largest ``log p / temperature + g``, with ``g =
+-log(-log u)`` and one uniform number ``u`` per sentence, step and token, made by an integer hash of
+``(seed, row id, step, token id)``: a sentence's random numbers do not depend on which sentences share its batch, on
+the batch order, on dropping finished sentences, on the cache or on XLA, and the same seed gives the same samples.
+The draws are then the same up to the floating-point rounding of the model's probabilities, which those change:
+a draw changes only where the two largest perturbed values lie within that rounding of each other, whatever the
+number of candidates. (Inverse-CDF sampling, used before, changed a draw wherever its number fell within the rounding
+of any boundary of the cumulative distribution, a chance that grows with the number of candidates: over the whole
+vocabulary at temperature 1.3, 10 of 120 lines differed between XLA and not. docs/sampling-reproducibility-2026-12-06.)
 Scores stay the model's: the sum of the chosen tokens' log-probabilities before temperature and cuts, as `--score`
 computes them.
 """
@@ -25,7 +28,7 @@ import tensorflow as tf
 
 from common.sampling import Sampling
 
-__all__ = ["Sampling", "filtered_probabilities", "mix", "picker", "sample", "uniform"]
+__all__ = ["Sampling", "filtered_logits", "filtered_probabilities", "mix", "picker", "sample", "uniform"]
 
 _MASK = 0xFFFFFFFF
 # The multiplier of a well-mixing 32-bit integer hash (H. Mueller); under 2^27, so int64 products never overflow
@@ -46,7 +49,7 @@ def picker(sampling: Sampling, row_ids, seed=None):
 
     def pick(log_probs, step, rows):
         keys = tf.gather(row_keys, rows)
-        return sample(log_probs, uniform(keys, step), sampling)
+        return sample(log_probs, uniform(keys, step, tf.shape(log_probs)[-1]), sampling)
 
     return pick
 
@@ -58,17 +61,24 @@ def mix(x):
     return tf.bitwise.bitwise_xor(tf.bitwise.right_shift(x, 16), x)
 
 
-def uniform(keys, step):
-    """One float32 in [0, 1) per key (M,) int64 at `step` (scalar int), 24 random bits each."""
+def uniform(keys, step, size):
+    """Floats (M, size) in (0, 1), 23 random bits each, from 2^-24 to 1 - 2^-24 (both exact in float32, so the
+    Gumbel noise is finite): for each key (M,) int64 at `step` (scalar int), one per token id 0..size-1."""
     step_key = mix((tf.cast(step, tf.int64) + 1) * _GOLDEN & _MASK)
-    bits = mix(tf.bitwise.bitwise_xor(keys, step_key))
-    return tf.cast(tf.bitwise.right_shift(bits, 8), tf.float32) * (1.0 / (1 << 24))
+    row_step = mix(tf.bitwise.bitwise_xor(keys, step_key))
+    token_keys = mix((tf.range(1, tf.cast(size, tf.int64) + 1, dtype=tf.int64) * _GOLDEN) & _MASK)
+    return unit_interval(mix(tf.bitwise.bitwise_xor(row_step[:, tf.newaxis], token_keys[tf.newaxis, :])))
 
 
-def filtered_probabilities(log_probs, sampling: Sampling):
-    """``(probs (M, K), token_ids (M, K) or None)``: the renormalised distribution to draw from over K candidates,
-    the top-k ones sorted by probability (``token_ids`` maps them back; None when K is the whole vocabulary, in
-    vocabulary order). Tokens cut by top-p have probability 0."""
+def unit_interval(bits):
+    """32-bit hashes (int64) -> float32 in (0, 1): their top 23 bits, centred in their interval."""
+    return (tf.cast(tf.bitwise.right_shift(bits, 9), tf.float32) + 0.5) * (1.0 / (1 << 23))
+
+
+def filtered_logits(log_probs, sampling: Sampling):
+    """``(scaled (M, K), token_ids (M, K) or None)``: the candidates' log-probabilities over the temperature, up to a
+    constant per row, -inf for the tokens cut by top-p or impossible; the top-k candidates sorted by probability
+    (``token_ids`` maps them back; None when K is the whole vocabulary, in vocabulary order)."""
     log_probs = tf.cast(log_probs, tf.float32)
     # A temperature under 1e-6 draws as 1e-6 does: the most likely token (greedy search), where dividing by a
     # denormal that the CPU flushes to 0 would give NaN.
@@ -81,26 +91,30 @@ def filtered_probabilities(log_probs, sampling: Sampling):
         k = sampling.topk or tf.shape(scaled)[-1]
         k = tf.minimum(k, tf.shape(scaled)[-1])
         scaled, token_ids = tf.math.top_k(scaled, k=k)
-    probs = tf.nn.softmax(scaled, axis=-1)
     if sampling.topp < 1.0:
-        before = tf.math.cumsum(probs, axis=-1, exclusive=True)
-        probs = tf.where(before < sampling.topp, probs, 0.0)  # the most likely token is always kept
-        probs /= tf.reduce_sum(probs, axis=-1, keepdims=True)
-    return probs, token_ids
+        before = tf.math.cumsum(tf.nn.softmax(scaled, axis=-1), axis=-1, exclusive=True)
+        scaled = tf.where(
+            before < sampling.topp, scaled, float("-inf")
+        )  # the most likely token is always kept
+    return scaled, token_ids
+
+
+def filtered_probabilities(log_probs, sampling: Sampling):
+    """``(probs (M, K), token_ids (M, K) or None)``: the renormalised distribution `sample` draws from (see
+    `filtered_logits`); tokens cut by top-p have probability 0."""
+    scaled, token_ids = filtered_logits(log_probs, sampling)
+    return tf.nn.softmax(scaled, axis=-1), token_ids
 
 
 def sample(log_probs, u, sampling: Sampling):
-    """Tokens (M,) int32 drawn from `log_probs` (M, V) under `sampling`, by inverse CDF at `u` (M,) in [0, 1)."""
-    probs, token_ids = filtered_probabilities(log_probs, sampling)
-    cumulative = tf.math.cumsum(probs, axis=-1)
-    target = u * cumulative[:, -1]
-    # The first candidate whose cumulative probability exceeds the target (it has a probability > 0); rounding can
-    # leave none exceeding it when u is within 2^-24 of 1: then the last candidate with a probability > 0.
-    index = tf.reduce_sum(tf.cast(cumulative <= target[:, tf.newaxis], tf.int32), axis=-1)
-    last = (
-        tf.shape(probs)[-1] - 1 - tf.argmax(tf.reverse(probs, axis=[-1]) > 0.0, axis=-1, output_type=tf.int32)
-    )
-    index = tf.minimum(index, last)
+    """Tokens (M,) int32 drawn from `log_probs` (M, V) under `sampling` by the Gumbel-max trick, with `u` (M, V) in
+    (0, 1): one number per token id (`uniform`), so a token's draw does not depend on the candidates' order."""
+    scaled, token_ids = filtered_logits(log_probs, sampling)
+    u = tf.cast(u, tf.float32)
+    if token_ids is not None:
+        u = tf.gather(u, token_ids, axis=1, batch_dims=1)
+    gumbel = -tf.math.log(-tf.math.log(u))
+    index = tf.argmax(scaled + gumbel, axis=-1, output_type=tf.int32)
     if token_ids is None:
         return index
     return tf.gather(token_ids, index, axis=1, batch_dims=1)

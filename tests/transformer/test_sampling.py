@@ -10,7 +10,7 @@ import tensorflow as tf
 from nmt.batch_decoding import decode_batch
 from tests.transformer.model_configs import tiny_config
 from transformer.model import build_model
-from transformer.sampling import Sampling, filtered_probabilities, mix, picker, sample, uniform
+from transformer.sampling import Sampling, filtered_probabilities, mix, picker, sample, uniform, unit_interval
 from transformer.vocab import BOS_ID, EOS_ID, PAD_ID
 
 
@@ -64,7 +64,7 @@ def test_draws_follow_the_filtered_distribution(topk, topp, temperature):
     log_probs = logits - np.log(np.exp(logits).sum())
     sampling = Sampling(topk=topk, topp=topp, temperature=temperature)
     draws = 40_000
-    u = uniform(mix(tf.range(1, draws + 1, dtype=tf.int64)), tf.constant(3))
+    u = uniform(mix(tf.range(1, draws + 1, dtype=tf.int64)), tf.constant(3), 12)
     tokens = sample(tf.constant(np.repeat(log_probs, draws, axis=0)), u, sampling).numpy()
     frequencies = np.bincount(tokens, minlength=12) / draws
     expected = numpy_distribution(log_probs.astype(np.float64), topk, topp, temperature)[0]
@@ -73,32 +73,56 @@ def test_draws_follow_the_filtered_distribution(topk, topp, temperature):
 
 
 def test_uniform_numbers_are_uniform_and_reproducible():
-    keys = mix(tf.range(1, 50_001, dtype=tf.int64))
-    u = uniform(keys, tf.constant(0)).numpy()
-    assert u.min() >= 0.0 and u.max() < 1.0
-    counts = np.bincount((u * 10).astype(int), minlength=10)
+    keys = mix(tf.range(1, 5_001, dtype=tf.int64))
+    u = uniform(keys, tf.constant(0), 10).numpy()  # 50,000 numbers: 5,000 keys x 10 token ids
+    assert u.shape == (5_000, 10) and u.min() > 0.0 and u.max() < 1.0
+    counts = np.bincount((u * 10).astype(int).ravel(), minlength=10)
     assert np.abs(counts - 5_000).max() < 300  # binomial sd ~67 per bin
-    np.testing.assert_array_equal(u, uniform(keys, tf.constant(0)).numpy())
-    other_step = uniform(keys, tf.constant(1)).numpy()
-    assert abs(np.corrcoef(u, other_step)[0, 1]) < 0.02 and (u != other_step).mean() > 0.99
+    np.testing.assert_array_equal(u, uniform(keys, tf.constant(0), 10).numpy())
+    for other in (uniform(keys, tf.constant(1), 10).numpy(), u[:, ::-1]):  # another step; another token id
+        assert abs(np.corrcoef(u.ravel(), other.ravel())[0, 1]) < 0.02 and (u != other).mean() > 0.99
+    np.testing.assert_array_equal(uniform(keys, tf.constant(0), 4).numpy(), u[:, :4])  # a token's own number
+    # the extremes are 2^-24 and 1 - 2^-24 (their Gumbel noise finite), reached by the hashes of some token ids
+    extremes = unit_interval(tf.constant([0, 2**32 - 1], tf.int64)).numpy()
+    assert extremes.tolist() == [2**-24, 1.0 - 2**-24]
+    assert np.isfinite(-np.log(-np.log(extremes))).all()
 
 
 @pytest.mark.parametrize("temperature", [1e-40, 0.5, 1.0, 1e8])
 def test_forced_and_forbidden_tokens_hold_at_any_temperature(temperature):
     """Once a sentence reaches its length limit, every other token's log-probability is about -1e9: the draw is EOS.
     PAD and BOS (forbidden, about -1e9) are never drawn; a temperature near 0 draws the most likely token."""
-    u = tf.constant([0.0, 0.5, 1.0 - 2**-24])
+    # a number per token: the extremes uniform gives (2^-24 and 1 - 2^-24), and random ones
+    u = np.random.default_rng(0).uniform(size=(3, 10)).astype(np.float32)
+    u[0, ::2], u[1, 1::2] = 2**-24, 1.0 - 2**-24
     forced = np.full((3, 10), -1.0e9, np.float32)
     forced[:, EOS_ID] = 0.0
     free = np.tile(np.log(np.linspace(1, 2, 10) / np.linspace(1, 2, 10).sum()), (3, 1)).astype(np.float32)
     free[:, [PAD_ID, BOS_ID]] = -1.0e9
     for topk, topp in ((0, 1.0), (5, 1.0), (0, 0.3)):
         sampling = Sampling(topk=topk, topp=topp, temperature=temperature)
-        assert sample(tf.constant(forced), u, sampling).numpy().tolist() == [EOS_ID] * 3
-        drawn = sample(tf.constant(free), u, sampling).numpy()
+        assert sample(tf.constant(forced), tf.constant(u), sampling).numpy().tolist() == [EOS_ID] * 3
+        drawn = sample(tf.constant(free), tf.constant(u), sampling).numpy()
         assert not set(drawn.tolist()) & {PAD_ID, BOS_ID}
         if temperature < 1e-30:
             assert drawn.tolist() == [9] * 3  # the most likely
+
+
+def test_draws_over_a_large_vocabulary_are_the_same_with_xla_and_without():
+    """2,000 draws from log-probabilities over 8,000 tokens at temperature 1.3, compiled by XLA and by TensorFlow:
+    at most one differs. Inverse-CDF sampling (the sampler before) changed 5 here: the two compute the cumulative
+    distribution's float32 sum in different orders, and a draw flips where its number falls within that rounding of
+    any of the 8,000 boundaries (over a sentence's steps, 10 of 120 sampled lines differed)."""
+    rng = np.random.default_rng(2)
+    rows, vocab = 2_000, 8_000
+    logits = rng.normal(scale=3.0, size=(1, vocab))
+    log_probs = tf.constant(np.repeat(logits - np.log(np.exp(logits).sum()), rows, axis=0).astype(np.float32))
+    sampling = Sampling(topk=0, temperature=1.3)
+    u = uniform(mix(tf.range(1, rows + 1, dtype=tf.int64)), tf.constant(0), vocab)
+    drawn = tf.function(lambda lp, u: sample(lp, u, sampling))(log_probs, u).numpy()
+    compiled = tf.function(lambda lp, u: sample(lp, u, sampling), jit_compile=True)(log_probs, u).numpy()
+    assert (drawn != compiled).sum() <= 1
+    assert len(set(drawn.tolist())) > 500  # the whole vocabulary is drawn from
 
 
 def test_every_seed_has_its_own_numbers():

@@ -48,8 +48,10 @@ def picker(sampling: Sampling, row_ids, seed=None):
     row_keys = mix(tf.bitwise.bitwise_xor(tf.cast(row_ids, tf.int64) & _MASK, seed_key))
 
     def pick(log_probs, step, rows):
-        keys = tf.gather(row_keys, rows)
-        return sample(log_probs, uniform(keys, step, tf.shape(log_probs)[-1]), sampling)
+        scaled, token_ids = filtered_logits(log_probs, sampling)
+        # numbers for the candidates only: the top-k, or the whole vocabulary (one row of ids, broadcast)
+        ids = tf.range(tf.shape(log_probs)[-1])[tf.newaxis] if token_ids is None else token_ids
+        return _gumbel_max(scaled, token_ids, uniform(tf.gather(row_keys, rows), step, ids))
 
     return pick
 
@@ -61,13 +63,17 @@ def mix(x):
     return tf.bitwise.bitwise_xor(tf.bitwise.right_shift(x, 16), x)
 
 
-def uniform(keys, step, size):
-    """Floats (M, size) in (0, 1), 23 random bits each, from 2^-24 to 1 - 2^-24 (both exact in float32, so the
-    Gumbel noise is finite): for each key (M,) int64 at `step` (scalar int), one per token id 0..size-1."""
+def uniform(keys, step, token_ids):
+    """Floats in (0, 1), 23 random bits each, from 2^-24 to 1 - 2^-24 (both exact in float32, so the Gumbel noise is
+    finite): for each key (M,) int64 at `step` (scalar int), one per token id of `token_ids` (M, K), or (1, K) for
+    the same ids in every row; an int `token_ids` stands for ids 0..token_ids-1. A token's number depends on its id
+    alone, not on its place among the candidates."""
+    if isinstance(token_ids, int):
+        token_ids = tf.range(token_ids)[tf.newaxis]
     step_key = mix((tf.cast(step, tf.int64) + 1) * _GOLDEN & _MASK)
     row_step = mix(tf.bitwise.bitwise_xor(keys, step_key))
-    token_keys = mix((tf.range(1, tf.cast(size, tf.int64) + 1, dtype=tf.int64) * _GOLDEN) & _MASK)
-    return unit_interval(mix(tf.bitwise.bitwise_xor(row_step[:, tf.newaxis], token_keys[tf.newaxis, :])))
+    token_keys = mix((tf.cast(token_ids, tf.int64) + 1) * _GOLDEN & _MASK)
+    return unit_interval(mix(tf.bitwise.bitwise_xor(row_step[:, tf.newaxis], token_keys)))
 
 
 def unit_interval(bits):
@@ -113,8 +119,12 @@ def sample(log_probs, u, sampling: Sampling):
     u = tf.cast(u, tf.float32)
     if token_ids is not None:
         u = tf.gather(u, token_ids, axis=1, batch_dims=1)
-    gumbel = -tf.math.log(-tf.math.log(u))
-    index = tf.argmax(scaled + gumbel, axis=-1, output_type=tf.int32)
+    return _gumbel_max(scaled, token_ids, u)
+
+
+def _gumbel_max(scaled, token_ids, u):
+    """The candidate (a token id) with the largest `scaled` (M, K) plus Gumbel noise from `u` (M, K)."""
+    index = tf.argmax(scaled - tf.math.log(-tf.math.log(u)), axis=-1, output_type=tf.int32)
     if token_ids is None:
         return index
     return tf.gather(token_ids, index, axis=1, batch_dims=1)

@@ -6,15 +6,17 @@
     make bench BENCH_ARGS="--only input_scale --input-scale-pairs 500000"
     python bench.py --only train --precisions mixed_bfloat16 --xla off --train-batch-tokens 1024,2048,4096
 
-Records: {"bench": "train"} per precision x XLA (and per --train-batch-tokens x --train-bucket-steps value: the
-batch-shape sweep) (our TrainStep vs a stock-Keras reference of the same size, tokens/s, ratio, MFU, the matmul-only
-lower bound and overhead ratio), {"bench": "train_ema"} (the cost of `train.ema_decay` per step: our step with and
-without the EMA, the main job's precision), {"bench": "decode"} per search x cache x XLA, {"bench": "decode_ensemble"}
-per search (the cost of `--ensemble`: the model twice over against it alone), {"bench": "decode_sampling"} (top-k 10
-against greedy search), then {"bench": "decode"} per search in CTranslate2 (float32, int8, patiences) and
-TensorFlow int8, with BLEU, speed-ups and paired bootstraps, and
-{"bench": "decode_targets"} (benchmarks/decode_engines.py), {"bench": "attention"} per variant x length,
-{"bench": "input"}, {"bench": "input_scale"} per synthetic corpus size (preparation pairs/s, cache size, first
+Records: first {"bench": "run"} (the command line, git commit, config and overrides, model settings, options, versions
+and the machine: CPU model and ISA flags, cores, memory, `load_average_at_start`), then {"bench": "train"} per
+precision x XLA (and per --train-batch-tokens x --train-bucket-steps value: the batch-shape sweep) (our TrainStep vs
+a stock-Keras reference of the same size, tokens/s, ratio, MFU, the matmul-only lower bound and overhead ratio;
+model settings the reference does not model are refused), {"bench": "train_ema"} (the cost of `train.ema_decay` per
+step: our step with and without the EMA, the main job's precision), {"bench": "decode"} per search x cache x XLA,
+{"bench": "decode_ensemble"} per search (the cost of `--ensemble`: the model twice over against it alone),
+{"bench": "decode_sampling"} (top-k 10 against greedy search), then {"bench": "decode"} per search in CTranslate2
+(float32, int8, patiences) and TensorFlow int8, with BLEU, speed-ups and paired bootstraps, and
+{"bench": "decode_targets"} (benchmarks/decode_engines.py), {"bench": "attention"} per variant x length (each in
+a process of its own: peak memory of the first run), {"bench": "input"}, {"bench": "input_scale"} per synthetic corpus size (preparation pairs/s, cache size, first
 batch cold/warm, peak RSS), {"bench": "refusal"} (train.py refusing a run directory in use), and last
 {"bench": "timing"} (each benchmark's wall seconds; "complete": false when stopped early). Logs go to stderr. Exit
 codes: 0 ok, 2 bad arguments or config.
@@ -46,7 +48,12 @@ def _switch(text: str) -> bool:
 
 def _xla_setting(text: str) -> bool | str:
     """on/off, or fusible (the train rows' `train.xla: fusible`)."""
-    return "fusible" if text.lower() == "fusible" else _switch(text)
+    if text.lower() == "fusible":
+        return "fusible"
+    try:
+        return _switch(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected on, off or fusible, got {text!r}") from None
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -126,7 +133,7 @@ def options_from_args(args):
 def main(argv=None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
-    from benchmarks.runner import check_options
+    from benchmarks.runner import check_config, check_options
     from nmt.config import ConfigError, load_config
 
     options = options_from_args(args)
@@ -139,6 +146,11 @@ def main(argv=None) -> int:
         config = load_config(options.config, options.overrides)
     except ConfigError as err:
         print(f"bench.py: config error: {err}", file=sys.stderr)
+        return 2
+    try:
+        check_config(options, config)
+    except ValueError as err:
+        print(f"bench.py: {err}", file=sys.stderr)
         return 2
     # the defaults fall back (no trained runs/base: an untrained model, a temporary tokenizer); a path given is used
     if args.run_dir is not None and not (Path(args.run_dir) / "config.yaml").is_file():
@@ -159,7 +171,7 @@ def main(argv=None) -> int:
 
     from benchmarks.runner import run_benchmarks
 
-    run_benchmarks(options, config=config)
+    run_benchmarks(options, config=config, argv=["bench.py", *(sys.argv[1:] if argv is None else argv)])
     return 0
 
 

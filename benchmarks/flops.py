@@ -12,10 +12,16 @@ Training FLOPs per batch (Kaplan et al., 2020; Chowdhery et al., 2022, appendix 
   (the full square, as computed) and cross ``(T, S)``.
 
 Padding and the softmax / LayerNorm / optimizer arithmetic are not counted: MFU measures useful matmul work.
+
+The peak (`matmul_peak_gflops`): the best rate over a few matmul shapes (`peak_shapes`: one square, three nearer a
+training step's), each the best of several calls. One 2048^3 product, best of 5, was what it used to be: the step's
+own matmuls ran faster than it (matmul-only fractions 1.06 and 1.10), so MFU was overstated. The train rows also
+take a matmul-only bound that ran faster still as their peak (`row_peak`), and say which one defined it.
 """
 
 from __future__ import annotations
 
+import math
 import time
 
 import numpy as np
@@ -61,23 +67,50 @@ def train_flops(batches: list[dict], *, non_embedding: int, d_model: int, num_la
     )
 
 
-def matmul_peak_gflops(precision: str, *, size: int = 2048, repeats: int = 5) -> float:
-    """Best GFLOP/s of a ``(size, size) @ (size, size)`` matmul in the compute dtype of `precision`.
+def peak_shapes(size: int = 2048) -> list[tuple[int, int, int]]:
+    """``(m, k, n)`` of the products the peak is measured on: the square ``size^3`` and three shapes nearer a training
+    step's (for 2048: 2048x2048x512, 4096x1024x1024, and 2048x256x1024, the feed-forward of base.yaml's d_model 256
+    on 2048 rows); ``m x k`` times ``k x n``."""
+    half, quarter, eighth = (max(size // part, 1) for part in (2, 4, 8))
+    return [(size, size, size), (size, size, quarter), (2 * size, half, half), (size, eighth, half)]
 
-    The best of `repeats` timed calls after one warm-up call, in a `tf.function` (no XLA).
+
+def matmul_peaks(precision: str, *, size: int = 2048, repeats: int = 8) -> dict[str, float]:
+    """GFLOP/s of each `peak_shapes(size)` product in the compute dtype of `precision`, keyed "MxKxN".
+
+    Each the best of `repeats` timed calls after one warm-up call, in a `tf.function` (no XLA); the shapes take
+    turns, so a drift in the machine's load reaches all of them.
     """
     dtype = COMPUTE_DTYPES[precision]
-    a = tf.cast(tf.random.normal((size, size)), dtype)
-    b = tf.cast(tf.random.normal((size, size)), dtype)
 
     @tf.function
     def matmul(x, y):
         return tf.reduce_sum(tf.cast(tf.matmul(x, y)[:1, :1], tf.float32))  # a tiny output: time the matmul
 
-    matmul(a, b).numpy()
-    best = float("inf")
+    operands = {}
+    for m, k, n in peak_shapes(size):
+        a = tf.cast(tf.random.normal((m, k)), dtype)
+        b = tf.cast(tf.random.normal((k, n)), dtype)
+        matmul(a, b).numpy()  # traces this shape
+        operands[(m, k, n)] = (a, b)
+    best = dict.fromkeys(operands, float("inf"))
     for _ in range(repeats):
-        start = time.perf_counter()
-        matmul(a, b).numpy()
-        best = min(best, time.perf_counter() - start)
-    return 2.0 * size**3 / best / 1e9
+        for shape, (a, b) in operands.items():
+            start = time.perf_counter()
+            matmul(a, b).numpy()
+            best[shape] = min(best[shape], time.perf_counter() - start)
+    return {"x".join(map(str, shape)): 2.0 * math.prod(shape) / best[shape] / 1e9 for shape in operands}
+
+
+def matmul_peak_gflops(precision: str, *, size: int = 2048, repeats: int = 8) -> float:
+    """The measured matmul peak: the best GFLOP/s of `matmul_peaks`."""
+    return max(matmul_peaks(precision, size=size, repeats=repeats).values())
+
+
+def row_peak(measured_gflops: float, matmul_only_gflops: float) -> tuple[float, str]:
+    """(peak GFLOP/s, what defined it) of a train row: the measured peak (`matmul_peak_gflops`), or the row's
+    matmul-only bound's best rate (`benchmarks.matmul_bound`) where that is higher: matmuls that ran faster than
+    the "peak" show it was none, and a utilisation against it would be overstated."""
+    if matmul_only_gflops > measured_gflops:
+        return matmul_only_gflops, "matmul_only"
+    return measured_gflops, "measured"

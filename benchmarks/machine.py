@@ -28,12 +28,26 @@ def _memory_gib() -> int | None:
     return None
 
 
-def machine_facts() -> dict:
-    """{"cpu_model", "cpus", "avx512f", "avx512_bf16", "amx_bf16", "memory_gib", "gpu", "load_average", "onednn"}.
+# CPU features deciding which matmul kernels run (Eigen's AVX2/FMA or AVX-512 paths, oneDNN's bf16 and int8, AMX)
+ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile")
 
-    `cpus`: the cores this process may use; `gpu`: the first GPU's name (None without one); `load_average`: the
-    1-minute load when called (an idle machine shows about 0; measurements under load are not comparable);
-    `onednn`: whether this process runs TensorFlow's oneDNN kernels (`nmt.cli.onednn_enabled`).
+
+def _number(text: str | None) -> int | None:
+    try:
+        return int(text) if text is not None else None
+    except ValueError:
+        return None
+
+
+def machine_facts() -> dict:
+    """{"cpu_model", "cpu_vendor", "cpu_family", "cpu_model_number", "cpu_stepping", "cpus", one bool per `ISA_FLAGS`,
+    "memory_gib", "gpu", "load_average", "onednn"}.
+
+    `cpu_model`: the full model name /proc/cpuinfo gives (a virtual machine may give little: "AMD EPYC"), so the
+    family / model / stepping numbers tell the generation; `cpus`: the cores this process may use; the ISA flags:
+    whether the CPU reports each; `gpu`: the first GPU's name (None without one); `load_average`: the 1-minute load
+    when called (an idle machine shows about 0; measurements under load are not comparable); `onednn`: whether this
+    process runs TensorFlow's oneDNN kernels (`nmt.cli.onednn_enabled`).
     """
     import tensorflow as tf
 
@@ -45,10 +59,12 @@ def machine_facts() -> dict:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return {
         "cpu_model": info.get("model name", "unknown"),
+        "cpu_vendor": info.get("vendor_id"),
+        "cpu_family": _number(info.get("cpu family")),
+        "cpu_model_number": _number(info.get("model")),
+        "cpu_stepping": _number(info.get("stepping")),
         "cpus": cores,
-        "avx512f": "avx512f" in flags,
-        "avx512_bf16": "avx512_bf16" in flags,
-        "amx_bf16": "amx_bf16" in flags,
+        **{flag: flag in flags for flag in ISA_FLAGS},
         "memory_gib": _memory_gib(),
         "gpu": tf.config.experimental.get_device_details(gpus[0]).get("device_name", "GPU") if gpus else None,
         "load_average": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,

@@ -22,12 +22,17 @@ optimizer update, embedding lookups), and the model's other attention variants (
 are listed as full attention). Shared Q/K/V projections (`share_qkv`) still run one matmul per use, so they are
 listed once per use.
 
-The bound: `MatmulOnly` runs these products (operands: fixed random tensors, created once and shared by the products
-of the same operand shape, so they may be warmer in cache than the step's own) as one `tf.function` per distinct
-batch shape, in the row's compute dtype (bfloat16 for mixed_bfloat16, float16 for mixed_float16, float32
-otherwise), one after another (control dependencies; each matmul already uses every intra-op thread), jit-compiled
-when the row is. Every product is returned by the function, so neither Grappler nor XLA can drop or shrink one. Its
-time per step is what the step would take if everything but the matmuls were free.
+The bound: `MatmulOnly` runs these products as one `tf.function` per distinct batch shape, in the row's compute dtype
+(bfloat16 for mixed_bfloat16, float16 for mixed_float16, float32 otherwise), one after another (control
+dependencies; each matmul already uses every intra-op thread), jit-compiled when the row is. Operands: one fixed
+random tensor per operand shape holds the values (so memory does not grow with the number of products; they may be
+warmer in cache than the step's own), but every product reads its own input of the function: a distinct tensor
+object on that buffer (`tf.identity`; a variable for operands small enough that `tf.function` would inline them as
+constants). Products of equal shapes on one input would be merged by XLA's common-subexpression elimination (16 of
+201 dots left in a step, before); on distinct inputs none is (tests/benchmarks/test_matmul_bound.py counts the dots
+of the optimized HLO, and the MatMul nodes of Grappler's graph). Every product is returned by the function, so
+neither Grappler nor XLA can drop or shrink one. Its time per step is what the step would take if everything but
+the matmuls were free.
 
 FLOPs: ``2 m k n`` per product. Against `benchmarks.flops.train_flops` (the MFU count): both count
 ``6 x weights x rows`` and ``12 d x lengths^2`` per attention, but the MFU count uses non-padding lengths, the
@@ -190,7 +195,7 @@ class MatmulOnly:
         self.steps = [batch_matmuls(b, model_config, vocab_size, masked=masked) for b in batches]
         self.flops = sum(matmul_flops(step) for step in self.steps)
         compute_dtype = COMPUTE_DTYPES[precision]
-        self.operands: dict = {}  # (shape, dtype name) -> the random operand every product of that shape uses
+        self.operands: dict = {}  # (shape, dtype name) -> the random values of every operand of that shape
         self.functions: dict = {}  # one per distinct step: tuple of its Matmuls -> tf.function
         for step in self.steps:
             key = tuple(step)
@@ -206,7 +211,13 @@ class MatmulOnly:
         return done
 
 
+# tf.function captures eager tensors of at most this many elements by value, as constants (func_graph's
+# _EAGER_CONST_THRESHOLD): products of constants could be folded at trace or compile time.
+CAPTURED_BY_VALUE = 128
+
+
 def _operand(shape: tuple[int, ...], dtype, operands: dict) -> tf.Tensor:
+    """The random values of every operand of this shape and dtype (made once, kept in `operands`)."""
     key = (shape, dtype.name)
     if key not in operands:
         seed = [len(operands), 7]
@@ -214,12 +225,29 @@ def _operand(shape: tuple[int, ...], dtype, operands: dict) -> tf.Tensor:
     return operands[key]
 
 
+def _product_input(shape: tuple[int, ...], dtype, operands: dict):
+    """An input of one product: its own tensor object (its own function input) with `_operand`'s values.
+
+    `tf.identity` of an eager CPU tensor shares its buffer: no memory per product. A small operand would be captured
+    as a constant, so it gets a variable of its own instead (a few hundred bytes).
+    """
+    values = _operand(shape, dtype, operands)
+    if values.shape.num_elements() <= CAPTURED_BY_VALUE:
+        return tf.Variable(values, trainable=False)
+    return tf.identity(values)
+
+
 def _matmul_function(matmuls: list[Matmul], compute_dtype, operands: dict, *, jit_compile: bool):
-    """A `tf.function` computing `matmuls` one after another; returns (all products, a scalar of the last one)."""
+    """A `tf.function` computing `matmuls` one after another; returns (all products, a scalar of the last one).
+
+    Each product multiplies inputs of its own (`_product_input`), so no two can be merged into one.
+    """
     inputs = []
     for matmul in matmuls:
         dtype = tf.float32 if matmul.float32 else compute_dtype
-        inputs.append((_operand(matmul.a_shape, dtype, operands), _operand(matmul.b_shape, dtype, operands)))
+        inputs.append(
+            (_product_input(matmul.a_shape, dtype, operands), _product_input(matmul.b_shape, dtype, operands))
+        )
 
     @tf.function(jit_compile=jit_compile)
     def run():

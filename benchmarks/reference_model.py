@@ -157,3 +157,23 @@ def parameter_difference(model_config) -> int:
     # Self-attention projections that are the `wq` layer itself (encoder and decoder self-attention).
     shared = {"none": 0, "qk": 1, "all": 2}[model_config.share_qkv]
     return difference - shared * 2 * layers * (d * d + d)
+
+
+def unmodelled_settings(model_config) -> list[str]:
+    """`--set` style descriptions of the settings of `model_config` that change our model's computation and that the
+    reference does not have (empty: a like-for-like comparison; `norm` and `share_qkv` are modelled, up to
+    `parameter_difference`). The train rows refuse them: their ratio would compare unlike models, and their FLOP
+    counts (`benchmarks.flops`, `benchmarks.matmul_bound`) assume full attention."""
+    c = model_config
+    found = []
+    if c.attention != "full":
+        found.append(f"model.attention={c.attention} (the reference and the FLOP counts use full attention)")
+    if c.attention_dropout > 0:
+        found.append(
+            f"model.attention_dropout={c.attention_dropout} (the reference has no attention dropout)"
+        )
+    if c.ffn_dropout is not None and c.ffn_dropout != c.dropout:
+        found.append(f"model.ffn_dropout={c.ffn_dropout} (the reference's is model.dropout={c.dropout})")
+    if not c.residual:
+        found.append("model.residual=false (the reference has residual connections)")
+    return found

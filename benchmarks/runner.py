@@ -1,7 +1,10 @@
 """Runs the selected benchmarks in one process, in a fixed order (`BENCHES`: train, train_ema, decode, ...).
 
 Settings live in `BenchOptions`; `BenchOptions.quick()` is the ~1-minute smoke (configs/tiny.yaml, float32 without
-XLA, a few batches and sentences, short attention lengths).
+XLA, a few batches and sentences, short attention lengths). `check_options` and `check_config` refuse what cannot be
+measured (bench.py: exit 2). The records open with `{"bench": "run"}` (`run_header`: command line, commit, config,
+model, options, versions, machine facts with the load average before the first benchmark) and close with
+`{"bench": "timing"}` (wall seconds per benchmark, the same machine facts).
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from pathlib import Path
 from benchmarks.common import BenchContext, JsonLines
 
 log = logging.getLogger("benchmarks")
+
+ROOT = Path(__file__).resolve().parents[1]  # the repository: its commit goes into the first record
 
 BENCHES = ("train", "train_ema", "decode", "attention", "input", "input_scale", "refusal")
 DECODE_ENGINES = ("ctranslate2", "tensorflow_int8")  # benchmarks.decode_engines.ENGINES, without its imports
@@ -123,10 +128,17 @@ def compatible_tokenizer_dir(config, run_dir: str | Path) -> Path | None:
     return None
 
 
+# Options holding lists of values to run, each at least one value (an empty one, e.g. `--beams ,`, ran nothing)
+LISTS = ("precisions", "xla", "beams", "attention_lengths", "ct2_patience", "input_scale_pairs")
+
+
 def check_options(options: BenchOptions) -> None:
-    """ValueError naming the first unknown benchmark or precision."""
+    """ValueError naming the first unknown benchmark or precision, empty list or value out of range."""
     from benchmarks.flops import COMPUTE_DTYPES
 
+    for name in LISTS + (("decode_xla",) if options.decode_xla is not None else ()):
+        if not getattr(options, name):
+            raise ValueError(f"--{name.replace('_', '-')} is empty: give at least one value")
     for kind, given, known in (
         ("benchmark", options.only, BENCHES),
         ("precision", options.precisions, COMPUTE_DTYPES),
@@ -160,21 +172,90 @@ def check_options(options: BenchOptions) -> None:
             )
     if not (math.isfinite(options.memory_budget_mb) and options.memory_budget_mb > 0):
         raise ValueError(f"--memory-budget-mb must be a positive number, got {options.memory_budget_mb}")
+    if not all(math.isfinite(patience) and patience >= 1 for patience in options.ct2_patience):
+        raise ValueError(f"--ct2-patience must all be at least 1, got {options.ct2_patience}")
 
 
-def run_benchmarks(options: BenchOptions, emit=None, config=None) -> list[dict]:
+def check_config(options: BenchOptions, config) -> None:
+    """ValueError when the train rows would run on model settings the stock-Keras reference does not model."""
+    from benchmarks.reference_model import unmodelled_settings
+
+    unmodelled = unmodelled_settings(config.model) if "train" in options.only else []
+    if unmodelled:
+        raise ValueError(
+            f"the train rows compare our model with a stock-Keras reference that does not model "
+            f"{'; '.join(unmodelled)}: drop the setting or leave out train (--only)"
+        )
+
+
+def git_commit(root: Path = ROOT) -> tuple[str | None, bool | None]:
+    """(HEAD's commit, whether tracked files differ from it) of the repository at `root`; (None, None) without git."""
+    import subprocess
+
+    def git(*args):
+        done = subprocess.run(["git", "--no-optional-locks", "-C", str(root), *args], capture_output=True,
+                              text=True, timeout=30)  # fmt: skip
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    try:
+        commit = git("rev-parse", "HEAD")
+        status = git("status", "--porcelain", "--untracked-files=no") if commit else None
+    except (OSError, subprocess.SubprocessError):
+        return None, None
+    return commit, (None if status is None else bool(status))
+
+
+def run_header(options: BenchOptions, config, argv, machine: dict) -> dict:
+    """The first record of a run: what ran, on what code, model and machine (`machine`: sampled at its start)."""
+    import platform
+
+    import keras
+    import tensorflow as tf
+
+    commit, dirty = git_commit()
+    model = config.model
+    return {
+        "bench": "run",
+        "argv": list(argv),
+        "commit": commit,
+        "commit_dirty": dirty,  # tracked files changed since the commit
+        "config": options.config,
+        "overrides": list(options.overrides),
+        "model": {name: getattr(model, name) for name in ("d_model", "num_heads", "d_ff", "num_layers")},
+        "model_config": dataclasses.asdict(model),
+        "data": {
+            name: getattr(config.data, name)
+            for name in ("dataset", "vocab_size", "max_length", "batch_tokens")
+        },
+        "options": {
+            name: list(v) if isinstance(v, tuple) else v for name, v in dataclasses.asdict(options).items()
+        },
+        "python": platform.python_version(),
+        "tensorflow": tf.__version__,
+        "keras": keras.__version__,
+        "machine": machine,
+    }
+
+
+def run_benchmarks(options: BenchOptions, emit=None, config=None, argv=None) -> list[dict]:
     """Runs `options.only`; every record goes to `emit` (default: JSON lines on stdout). Returns the records.
 
-    `config`: an already loaded `nmt.config.Config` (else `options.config` with `options.overrides`).
+    `config`: an already loaded `nmt.config.Config` (else `options.config` with `options.overrides`). `argv`: the
+    command line, for the first record (`run_header`; default `sys.argv`).
     """
+    from benchmarks.machine import machine_facts
     from nmt.config import load_config
 
     check_options(options)
     emit = emit or JsonLines(sys.stdout)
     config = config or load_config(options.config, options.overrides)
+    check_config(options, config)
+    # Sampled once, before any benchmark: the load average then is the machine's, not this run's own.
+    machine = machine_facts()
+    machine["load_average_at_start"] = machine.pop("load_average")
+    records = [emit(run_header(options, config, sys.argv if argv is None else argv, machine))]
     tokenizer_dir = options.tokenizer_dir or compatible_tokenizer_dir(config, options.run_dir)
     context = BenchContext(config, Path(tokenizer_dir) if tokenizer_dir else None)
-    records = []
     seconds: dict[str, float] = {}  # wall time per benchmark, for the closing "timing" record
     started = time.perf_counter()
     complete = False
@@ -288,9 +369,7 @@ def run_benchmarks(options: BenchOptions, emit=None, config=None) -> list[dict]:
     finally:
         context.close()
         # how long each benchmark took on this machine (make bench's wall time, README); also when stopped early
-        from benchmarks.machine import machine_facts
-
         timing = {"bench": "timing", "complete": complete, "seconds": seconds}
         timing["total_seconds"] = round(time.perf_counter() - started, 1)
-        records.append(emit({**timing, "machine": machine_facts()}))
+        records.append(emit({**timing, "machine": machine}))
     return records

@@ -12,9 +12,16 @@ Keras' own), on the same fixed list of Multi30k batches from
     tokens/s = target tokens of the batches / pass seconds, median over the rounds
 
 MFU divides the model FLOPs/s (`benchmarks.flops`) by a matmul peak measured in the same process, in the compute
-dtype of the precision. Batches: the first `num_batches` of the seeded epoch whose shape is among the epoch's
-`max_shapes` most common shapes, so XLA compiles at most `max_shapes` programs per model, on the shapes training
-meets most.
+dtype of the precision (`matmul_peak_gflops`: the best of a few shapes), or by the row's matmul-only rate (its best
+round) where that is higher (`row_peak`): `peak_gflops` is the one used, `measured_peak_gflops` and
+`measured_peak_by_shape` the measurement, `peak_source` says which ("measured" or "matmul_only"), so no fraction of
+the peak exceeds 1 for the matmuls. Batches: the first `num_batches` of the seeded epoch whose shape is among the
+epoch's `max_shapes` most common shapes, so XLA compiles at most `max_shapes` programs per model, on the shapes
+training meets most.
+
+Model settings the reference does not model (`benchmarks.reference_model.unmodelled_settings`: local or chunked
+attention, attention dropout, ...) are refused: the ratio would compare unlike models and the FLOP counts assume
+full attention.
 
 The matmul-only lower bound (`benchmarks.matmul_bound`): the step's matmuls alone (same shapes and compute dtype,
 forward and backward, jit-compiled when the row is), timed in the same rounds as a third entry after ours and the
@@ -37,13 +44,14 @@ import tensorflow as tf
 from benchmarks.common import PRECISIONS, BenchContext, median, rounded, timed
 from benchmarks.flops import (
     count_parameters,
-    matmul_peak_gflops,
+    matmul_peaks,
     non_embedding_parameters,
+    row_peak,
     target_tokens,
     train_flops,
 )
 from benchmarks.matmul_bound import MatmulOnly
-from benchmarks.reference_model import build_reference_model, parameter_difference
+from benchmarks.reference_model import build_reference_model, parameter_difference, unmodelled_settings
 
 log = logging.getLogger("benchmarks")
 
@@ -166,6 +174,9 @@ def bench_train(
     """
     cfg = config or context.config
     model_cfg = cfg.model
+    unmodelled = unmodelled_settings(model_cfg)
+    if unmodelled:
+        raise ValueError(f"train rows: the stock-Keras reference does not model {'; '.join(unmodelled)}")
     vocab_size = context.tokenizer.target_vocab_size
     batches = sample_batches(context, num_batches=num_batches, max_shapes=max_shapes, config=cfg)
     tokens = sum(target_tokens(b) for b in batches)
@@ -175,7 +186,8 @@ def bench_train(
     records = []
     try:
         for precision in precisions:
-            peak = matmul_peak_gflops(precision, size=peak_size)
+            measured_by_shape = matmul_peaks(precision, size=peak_size)
+            measured_peak = max(measured_by_shape.values())
             ours, reference = build_pair(context, precision, cfg)
             non_embedding = non_embedding_parameters(
                 ours,
@@ -220,6 +232,7 @@ def bench_train(
                 step_seconds = median(seconds["ours"]) / len(batches)
                 bound_seconds = median(seconds["matmul_only"]) / len(batches)
                 bound_gflops = bound.flops / median(seconds["matmul_only"]) / 1e9
+                peak, peak_source = row_peak(measured_peak, bound.flops / min(seconds["matmul_only"]) / 1e9)
                 ours_rate = tokens / median(seconds["ours"])
                 reference_rate = tokens / median(seconds["reference"])
                 record = {
@@ -232,6 +245,9 @@ def bench_train(
                     "mfu": rounded(flops / median(seconds["ours"]) / (peak * 1e9), 4),
                     "reference_mfu": rounded(flops / median(seconds["reference"]) / (peak * 1e9), 4),
                     "peak_gflops": rounded(peak),
+                    "peak_source": peak_source,  # "measured" or "matmul_only" (its best round: faster)
+                    "measured_peak_gflops": rounded(measured_peak),
+                    "measured_peak_by_shape": {shape: rounded(g) for shape, g in measured_by_shape.items()},
                     "model_gflops_per_pass": rounded(flops / 1e9, 2),
                     "step_seconds": rounded(step_seconds, 6),
                     "matmul_only_seconds": rounded(bound_seconds, 6),  # per step, same batches

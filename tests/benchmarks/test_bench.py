@@ -7,6 +7,7 @@ the Post-LN default; `parameter_difference` otherwise).
 import dataclasses
 import io
 import json
+from pathlib import Path
 
 import pytest
 
@@ -101,9 +102,10 @@ def test_quick_benchmarks_emit_json_lines_with_the_required_fields(tiny):
         attention_repeats=1,
     )
     stream = io.StringIO()
-    records = run_benchmarks(options, emit=JsonLines(stream), config=config)
+    records = run_benchmarks(options, emit=JsonLines(stream), config=config, argv=["bench.py", "--quick"])
     lines = [json.loads(line) for line in stream.getvalue().splitlines()]
     assert lines == records and all("bench" in r for r in lines)
+    _check_header(lines[0], config, options)
     by_bench = {
         name: [r for r in lines if r["bench"] == name] for name in ("train", "decode", "attention", "input")
     }
@@ -115,6 +117,16 @@ def test_quick_benchmarks_emit_json_lines_with_the_required_fields(tiny):
         assert record["compiled_shapes"] == {"ours": 1, "reference": 1}
     for key in ("tokens_per_sec", "reference_tokens_per_sec", "ratio", "mfu", "peak_gflops"):
         assert isinstance(train[key], NUMBER) and train[key] > 0, key
+    # The peak: the best of the measured shapes, or the matmul-only rate where that is faster.
+    for record in by_bench["train"]:
+        measured = record["measured_peak_by_shape"]
+        assert list(measured) == ["128x128x128", "128x128x32", "256x64x64", "128x16x64"]
+        assert record["measured_peak_gflops"] == max(measured.values())
+        assert record["peak_gflops"] >= record["measured_peak_gflops"]
+        assert record["peak_source"] in ("measured", "matmul_only")
+        if record["peak_source"] == "measured":
+            assert record["peak_gflops"] == record["measured_peak_gflops"]
+        assert 0 < record["matmul_only_peak_fraction"] <= 1
     assert train["params"] == train["reference_params"] and train["expected_param_difference"] == 0
     assert train["non_embedding_params"] < train["params"] + 48 * 32  # embeddings out, tied projection in
     for record in by_bench["train"]:  # the matmul-only lower bound, timed in the same rounds
@@ -171,7 +183,8 @@ def test_quick_benchmarks_emit_json_lines_with_the_required_fields(tiny):
     (pipeline,) = by_bench["input"]
     assert pipeline["tokens_per_sec"] > 0 and pipeline["target_tokens"] > 0
     assert pipeline["train_tokens_per_sec"] == train["tokens_per_sec"]
-    assert pipeline["ratio"] == pytest.approx(pipeline["tokens_per_sec"] / train["tokens_per_sec"], rel=0.01)
+    ratio = pipeline["tokens_per_sec"] / train["tokens_per_sec"]  # the record's is rounded to 2 decimals
+    assert pipeline["ratio"] == pytest.approx(ratio, rel=0.01, abs=0.005)
 
     (refusal,) = [
         r for r in lines if r["bench"] == "refusal"
@@ -181,6 +194,7 @@ def test_quick_benchmarks_emit_json_lines_with_the_required_fields(tiny):
 
     timing = lines[-1]  # last: each benchmark's wall seconds, in run order, within the total
     assert timing["bench"] == "timing" and timing["complete"] is True and timing["machine"]["cpus"]
+    assert timing["machine"] == lines[0]["machine"]  # sampled once, before the first benchmark
     assert list(timing["seconds"]) == ["train", "train_ema", "decode", "attention", "input", "refusal"]
     assert all(seconds > 0 for seconds in timing["seconds"].values())
     assert sum(timing["seconds"].values()) <= timing["total_seconds"] + 0.1 * len(timing["seconds"])
@@ -206,9 +220,65 @@ def test_a_stopped_bench_still_says_how_long_each_benchmark_ran(tiny, monkeypatc
     with pytest.raises(KeyboardInterrupt):
         run_benchmarks(options, emit=JsonLines(stream), config=config)
     lines = [json.loads(line) for line in stream.getvalue().splitlines()]
-    assert {r["bench"] for r in lines[:-1]} == {"attention"}  # refusal never ran
+    assert lines[0]["bench"] == "run"
+    assert {r["bench"] for r in lines[1:-1]} == {"attention"}  # refusal never ran
     assert lines[-1]["bench"] == "timing" and lines[-1]["complete"] is False
     assert list(lines[-1]["seconds"]) == ["attention", "input"]
+
+
+def _check_header(header, config, options):
+    """The first record describes the run: command line, commit (as git itself says), config, model, machine."""
+    import subprocess
+
+    from benchmarks.machine import ISA_FLAGS
+    from benchmarks.runner import ROOT
+
+    assert header["bench"] == "run" and header["argv"] == ["bench.py", "--quick"]
+    done = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True)
+    assert header["commit"] == (done.stdout.strip() if done.returncode == 0 else None)
+    assert header["config"] == options.config and header["overrides"] == list(options.overrides)
+    model = config.model
+    assert header["model"] == {
+        "d_model": model.d_model, "num_heads": model.num_heads, "d_ff": model.d_ff, "num_layers": model.num_layers
+    }  # fmt: skip
+    assert header["options"]["precisions"] == list(options.precisions)
+    machine = header["machine"]
+    assert all(isinstance(machine[flag], bool) for flag in ISA_FLAGS)
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():  # the first processor's flags, as the kernel lists them
+        first = cpuinfo.read_text().split("\n\n")[0]
+        fields = dict(line.split(":", 1) for line in first.splitlines() if ":" in line)
+        fields = {key.strip(): value.strip() for key, value in fields.items()}
+        assert {flag for flag in ISA_FLAGS if machine[flag]} == set(fields["flags"].split()) & set(ISA_FLAGS)
+        assert machine["cpu_model"] == fields["model name"]
+        assert machine["cpu_family"] == int(fields["cpu family"])
+        assert machine["cpu_model_number"] == int(fields["model"])
+    assert "load_average" not in machine and isinstance(machine["load_average_at_start"], NUMBER)
+
+
+def test_attention_peak_memory_holds_the_scores_of_full_attention():
+    """Full attention at L = 2048 materialises float32 scores of heads x L x L x 4 bytes (64 MB with 4 heads): the
+    recorded peak must be at least that. Before, the peak was read on a later call, after the first call's memory
+    was freed and kept for reuse: 2 MB."""
+    from benchmarks.attention_memory import bench_attention
+
+    length, heads = 2048, 4
+    (record,) = bench_attention(
+        lambda r: r, lengths=(length,), variants=("full",), num_heads=heads, repeats=1, memory_budget_mb=1e6
+    )
+    assert record["status"] == "ok" and record["memory_method"]
+    assert record["peak_memory_mb"] >= 1 * heads * length * length * 4 / 2**20
+
+
+def test_matmul_peak_shapes_and_the_peak_of_a_row():
+    from benchmarks.flops import matmul_peaks, peak_shapes, row_peak
+
+    assert peak_shapes(2048) == [(2048, 2048, 2048), (2048, 2048, 512), (4096, 1024, 1024), (2048, 256, 1024)]
+    assert min(min(shape) for shape in peak_shapes(2)) >= 1
+    peaks = matmul_peaks("float32", size=32, repeats=1)
+    assert list(peaks) == ["32x32x32", "32x32x8", "64x16x16", "32x4x16"] and min(peaks.values()) > 0
+    assert row_peak(100.0, 80.0) == (100.0, "measured")
+    assert row_peak(100.0, 120.0) == (120.0, "matmul_only")  # matmuls ran faster than the "peak": it was none
 
 
 def test_flops_count_attention_on_real_lengths():

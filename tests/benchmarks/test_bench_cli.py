@@ -2,6 +2,8 @@
 
 import pytest
 
+UNMODELLED = "the train rows compare our model with a stock-Keras reference that does not model "
+
 
 def test_bench_cli_rejects_unknown_benchmark(capsys):
     import bench
@@ -26,6 +28,21 @@ def test_bench_cli_rejects_unknown_benchmark(capsys):
         (["--attention-lengths", "0"], "--attention-lengths must all be at least 1"),
         (["--run-dir", "/nonexistent/run"], "--run-dir /nonexistent/run: not a run directory"),
         (["--tokenizer-dir", "/nonexistent"], "--tokenizer-dir /nonexistent: no SentencePiece model there"),
+        # Empty lists ran nothing of theirs and the run still said "complete": true
+        (["--precisions", ","], "--precisions is empty: give at least one value"),
+        (["--xla", ","], "--xla is empty: give at least one value"),
+        (["--beams", ","], "--beams is empty: give at least one value"),
+        (["--attention-lengths", ","], "--attention-lengths is empty: give at least one value"),
+        (["--ct2-patience", ","], "--ct2-patience is empty: give at least one value"),
+        (["--decode-xla", ","], "--decode-xla is empty: give at least one value"),
+        (["--input-scale-pairs", ","], "--input-scale-pairs is empty: give at least one value"),
+        # A traceback after the TensorFlow decode rows, before
+        (["--ct2-patience", "0,-1"], "--ct2-patience must all be at least 1, got (0.0, -1.0)"),
+        (["--ct2-patience", "2,nan"], "--ct2-patience must all be at least 1"),
+        # Train rows against a reference that runs full attention without attention dropout, before
+        (["--only", "train", "--set", "model.attention=local"], f"{UNMODELLED}model.attention=local (the"),
+        (["--set", "model.attention=chunked"], f"{UNMODELLED}model.attention=chunked"),
+        (["--set", "model.attention_dropout=0.1"], f"{UNMODELLED}model.attention_dropout=0.1 (the reference"),
     ],
 )
 def test_bench_cli_refuses_values_it_cannot_measure(capsys, args, message):
@@ -68,6 +85,43 @@ def test_bench_cli_xla_settings_and_fusible_is_for_the_train_rows_only():
     assert exit_info.value.code == 2
 
 
+def test_bench_cli_xla_refusal_names_fusible(capsys):
+    """`--xla maybe` was refused with "expected on or off" though fusible is accepted; --decode-xla takes on/off."""
+    import bench
+
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--xla", "maybe"])
+    assert "expected on, off or fusible, got 'maybe'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--decode-xla", "fusible"])
+    assert "expected on or off, got 'fusible'" in capsys.readouterr().err
+
+
+def test_settings_the_reference_does_not_model_refuse_the_train_rows_only():
+    """The check against the reference's own construction: the model settings `build_reference_model` reads are
+    the only ones it follows; the others must leave the computation unchanged, or be refused."""
+    import dataclasses
+
+    from benchmarks.reference_model import unmodelled_settings
+    from benchmarks.runner import BenchOptions, check_config
+    from nmt.config import config_from_dict
+
+    config = config_from_dict({"model": {"attention": "local", "attention_dropout": 0.1}})
+    with pytest.raises(ValueError, match="model.attention=local .*; model.attention_dropout=0.1"):
+        check_config(BenchOptions(only=("train",)), config)
+    check_config(BenchOptions(only=("decode", "attention")), config)  # no train rows: nothing compared
+    plain = config_from_dict({})
+    assert unmodelled_settings(plain.model) == []
+    for change, found in (
+        ({"ffn_dropout": 0.0}, "model.ffn_dropout=0.0"),
+        ({"ffn_dropout": plain.model.dropout}, None),  # what the reference does anyway
+        ({"residual": False}, "model.residual=false"),
+        ({"attention": "chunked", "chunk_size": 16}, "model.attention=chunked"),
+    ):
+        settings = unmodelled_settings(dataclasses.replace(plain.model, **change))
+        assert settings == [] if found is None else settings[0].startswith(found), (change, settings)
+
+
 def test_bench_cli_input_scale_pairs(capsys):
     import bench
 
@@ -87,7 +141,8 @@ def test_make_bench_writes_json_lines_only_on_stdout(tmp_path):
     done = run_make("bench", "BENCH_ARGS=--quick --only refusal", tmp_path=tmp_path)
     assert done.returncode == 0, done.stderr.decode()[-2000:]
     records = [json.loads(line) for line in done.stdout.decode().splitlines()]
-    assert [record["bench"] for record in records] == ["refusal", "timing"]
+    assert [record["bench"] for record in records] == ["run", "refusal", "timing"]
+    assert records[0]["argv"] == ["bench.py", "--quick", "--only", "refusal"]
     assert "bench.py --quick --only refusal" in done.stderr.decode()  # the command, said on stderr
 
 

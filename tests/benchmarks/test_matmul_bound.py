@@ -9,6 +9,7 @@ import dataclasses
 import io
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -182,6 +183,45 @@ def test_matmul_only_compiles_under_xla():
     assert products[-1].dtype == tf.float32 and function.experimental_get_tracing_count() == 1
 
 
+def _hlo_matmuls(function) -> int:
+    """Matrix products in XLA's optimized HLO of `function`: dot instructions and oneDNN matmul custom calls."""
+    hlo = function.experimental_get_compiler_ir()(stage="optimized_hlo")
+    return len(re.findall(r"= \S+ dot\(|custom_call_target=\"__onednn\$matmul", hlo))
+
+
+def _grappler_matmuls(function) -> int:
+    """MatMul / BatchMatMul nodes of `function`'s graph after Grappler's default optimizations."""
+    import tensorflow as tf
+    from tensorflow.core.protobuf import config_pb2
+    from tensorflow.python.grappler import tf_optimizer
+
+    graph = function.get_concrete_function().graph
+    meta = tf.compat.v1.train.export_meta_graph(graph_def=graph.as_graph_def(), graph=graph)
+    fetch = meta.collection_def["train_op"].node_list.value
+    for output in graph.outputs:
+        fetch.append(output.name)
+    optimized = tf_optimizer.OptimizeGraph(config_pb2.ConfigProto(), meta)
+    return sum("MatMul" in node.op for node in optimized.node)
+
+
+@pytest.mark.parametrize("xla", [True, False])
+def test_every_listed_product_survives_the_optimizers(xla):
+    """Products of equal shapes are not merged: the optimized program has one matmul per listed product.
+
+    Before, the products of one operand shape shared one tensor: XLA's common-subexpression elimination left 33
+    dots of the 135 products listed here, Grappler 134 MatMul nodes. Operands above and below the size tf.function
+    captures as a constant (128 elements) are both present."""
+    batch = _batch(4, 6, 5, pad_target=1)  # (24, 8) rows and (8, 6, 4) heads: big; (8, 8) weights: small
+    bound = MatmulOnly([batch], TINY, VOCAB, precision="float32", xla=xla, masked=not xla)
+    ((matmuls, function),) = bound.functions.items()
+    sizes = {math.prod(shape) for m in matmuls for shape in (m.a_shape, m.b_shape)}
+    assert min(sizes) <= 128 < max(sizes)
+    distinct = {(m.a_shape, m.b_shape, m.transpose_a, m.transpose_b) for m in matmuls}
+    assert len(distinct) < len(matmuls)  # a program that merged equal products would have fewer
+    count = _hlo_matmuls(function) if xla else _grappler_matmuls(function)
+    assert count == len(matmuls)
+
+
 def test_bench_cli_batch_shape_sweep_options():
     import bench
 
@@ -240,7 +280,9 @@ def test_sweep_emits_one_train_row_per_batch_tokens_value(tmp_path):
     stream = io.StringIO()
     records = run_benchmarks(options, emit=JsonLines(stream), config=config)
     assert [json.loads(line) for line in stream.getvalue().splitlines()] == records
-    *records, timing = records  # the closing record: wall seconds per benchmark run
+    # The run's description first; the closing record: wall seconds per benchmark run
+    header, *records, timing = records
+    assert header["bench"] == "run" and header["options"]["train_batch_tokens"] == [128, 256]
     assert timing["bench"] == "timing" and timing["complete"] is True and list(timing["seconds"]) == ["train"]
     assert [(r["bench"], r["batch_tokens"], r["precision"], r["xla"]) for r in records] == [
         ("train", 128, "float32", False),

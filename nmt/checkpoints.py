@@ -21,6 +21,18 @@ def save_model_weights(model, directory: Path, step: int) -> str:
     return manager.save(checkpoint_number=step)
 
 
+def checkpoint_digest(prefix: str) -> str | None:
+    """SHA-256 of a checkpoint's index file (`<prefix>.index`: its tensors' names, shapes and the CRC-32C of each
+    tensor's bytes), so other weights give another digest; None when there is no such file (weights computed, not
+    stored: an average, the EMA)."""
+    import hashlib
+
+    try:
+        return hashlib.sha256(Path(f"{prefix}.index").read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
 def checkpoint_step(prefix: str) -> int:
     """The step of a checkpoint prefix named ckpt-STEP (CheckpointManager's `checkpoint_number`)."""
     return int(str(prefix).rsplit("-", 1)[-1])

@@ -250,6 +250,10 @@ def check_engine(args) -> None:
         raise CliError(
             "--engine ctranslate2 needs --engine-dir DIR (made by export.py --format ctranslate2)", 2
         )
+    ignored = [name for name, given in (("--xla", getattr(args, "xla", "auto") != "auto"),
+               ("--no-cache", getattr(args, "no_cache", False))) if given]  # fmt: skip
+    if ignored:
+        raise CliError(f"{' and '.join(ignored)} go(es) with --engine tensorflow", exit_code=2)
     from nmt.ctranslate2_export import ExportError, read_export_metadata
 
     try:

@@ -47,7 +47,13 @@ import numpy as np
 from common.cpu import int8_saturates
 from common.special_ids import EOS_ID, PAD_ID
 from nmt.batch_decoding import output_limits, source_ids
-from nmt.ctranslate2_export import COMPUTE_TYPES, ExportError, import_ctranslate2, read_export_metadata
+from nmt.ctranslate2_export import (
+    COMPUTE_TYPES,
+    METADATA,
+    ExportError,
+    import_ctranslate2,
+    read_export_metadata,
+)
 
 log = logging.getLogger(__name__)
 
@@ -183,7 +189,15 @@ class CTranslate2Translator:
         except (RuntimeError, ValueError) as err:  # a truncated or corrupt model.bin, an unknown compute type
             raise EngineError(f"cannot load the CTranslate2 model in {self.engine_dir}: {err}") from err
         self._source_pieces = _vocabulary(self.engine_dir, "source")
-        self._target_ids = {piece: i for i, piece in enumerate(_vocabulary(self.engine_dir, "target"))}
+        target_pieces = _vocabulary(self.engine_dir, "target")
+        sizes = {"source": len(self._source_pieces), "target": len(target_pieces)}
+        for side, size in (self.metadata.get("vocab") or {}).items():
+            if sizes.get(side, size) != size:
+                raise EngineError(
+                    f"a damaged CTranslate2 export: {self.engine_dir} has {sizes[side]} {side} vocabulary entries, "
+                    f"its {METADATA} says {size} (make it again with export.py --format ctranslate2)"
+                )
+        self._target_ids = {piece: i for i, piece in enumerate(target_pieces)}
 
     @classmethod
     def from_run_dir(cls, model_dir: str | Path, engine_dir: str | Path, **kwargs) -> CTranslate2Translator:
@@ -194,6 +208,7 @@ class CTranslate2Translator:
         run_dir = RunDir(model_dir).require()
         config = run_dir.load_config()
         tokenizer = Tokenizer.load(run_dir.tokenizer_dir)
+        _check_weights_of(run_dir, engine_dir)
         kwargs.setdefault("max_source_length", config.model.max_length)
         if kwargs.get("inter_threads") is None:  # the run's eval.streams, as the TensorFlow engine's streams
             kwargs["inter_threads"] = config.eval.streams or None
@@ -356,3 +371,28 @@ class CTranslate2Translator:
             ids[row, : len(output)] = output
         texts = self.tokenizer.detokenize_target(tf.constant(ids)).numpy()
         return [text.decode("utf-8", errors="replace") for text in texts]
+
+
+def _check_weights_of(run_dir, engine_dir) -> None:
+    """ExportError unless the export at `engine_dir` was made from weights stored in `run_dir` (final, best or the
+    latest checkpoint; by `weights_digest`, so a moved or copied run still matches). The tokenizer check alone lets
+    another run with the same tokenizer (a fine-tuned child, another seed) pass. Exports without a digest (made
+    before it was recorded, or from weights computed at export: an average, the EMA) are not checked."""
+    from nmt.checkpoints import checkpoint_digest
+    from nmt.run_dir import RunDirError
+
+    metadata = read_export_metadata(Path(engine_dir))
+    digest = metadata.get("weights_digest")
+    if not digest:
+        return
+    stored = []
+    for which in ("final", "best", "latest"):
+        try:
+            stored.append(checkpoint_digest(run_dir.weights_prefix(which)))
+        except RunDirError:  # none saved there, or damaged: not the export's
+            continue
+    if digest not in stored:
+        raise ExportError(
+            f"the CTranslate2 export {engine_dir} was made from other weights ({metadata.get('weights')}) than "
+            f"any stored in {run_dir.path} (final, best, latest): export the run directory you translate with"
+        )

@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from common.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from nmt.checkpoints import checkpoint_digest
 from nmt.publish import publish_directory, staging_directory
 
 log = logging.getLogger(__name__)
@@ -115,6 +116,17 @@ def read_export_metadata(path: str | Path) -> dict:
             f"a damaged CTranslate2 export: {path / METADATA} has no key {missing[0]!r} "
             "(make it again with export.py --format ctranslate2)"
         )
+    counts = [
+        ("position_table", metadata["position_table"]),
+        ("max_source_length", metadata["max_source_length"]),
+    ]
+    counts += [(f"vocab.{side}", n) for side, n in (metadata.get("vocab") or {}).items()]
+    for key, value in counts:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ExportError(
+                f"a damaged CTranslate2 export: {path / METADATA} has {key} {value!r}, not a positive integer "
+                "(make it again with export.py --format ctranslate2)"
+            )
     return metadata
 
 
@@ -271,6 +283,8 @@ def _metadata(
         "special_ids": {"pad": PAD_ID, "unk": UNK_ID, "bos": BOS_ID, "eos": EOS_ID},
         "forbidden_ids": [PAD_ID, BOS_ID],
         "weights": weights,
+        # the weights' identity, whatever the run directory is called now (nmt.ctranslate2_engine checks it)
+        "weights_digest": checkpoint_digest(weights) if weights else None,
     }
     if eval_config is not None:
         record["eval"] = {

@@ -290,6 +290,11 @@ def ct2_export(tiny_run_dir, tmp_path_factory):
         ("translate.py", ["--engine", "ctranslate2", "--engine-dir", "{tmp}/nope"], "no such directory"),
         (
             "translate.py",
+            ["--engine", "ctranslate2", "--engine-dir", "{tmp}/nope", "--xla", "on", "--no-cache"],
+            "--xla and --no-cache go(es) with --engine tensorflow",
+        ),
+        (
+            "translate.py",
             ["--engine", "ctranslate2", "--engine-dir", "{tmp}/nope", "--weights", "best"],
             "--weights best goes with --engine tensorflow",
         ),
@@ -327,6 +332,45 @@ def test_engine_usage_errors_exit_2(script, args, message, tiny_run_dir, tmp_pat
     last = done.stderr.decode().strip().splitlines()[-1]
     assert last.startswith("error: ") and message in last
     assert listing(tiny_run_dir) == before and list(tmp_path.iterdir()) == []
+
+
+def test_an_export_of_other_weights_is_refused_a_moved_run_is_not(tiny_run_dir, ct2_export, tmp_path):
+    """The export records its weights' digest: a run directory with the same tokenizer but without those weights
+    (another seed, a fine-tuned child; here a copy whose final/ went) is refused, a copy of the same run is not."""
+    import shutil
+
+    from nmt.ctranslate2_engine import CTranslate2Translator, ExportError
+
+    moved = shutil.copytree(tiny_run_dir, tmp_path / "moved")
+    assert CTranslate2Translator.from_run_dir(moved, ct2_export).weights.startswith(str(tiny_run_dir))
+    shutil.rmtree(moved / "final")  # what the export was made from
+    with pytest.raises(ExportError, match="was made from other weights .* than any stored in"):
+        CTranslate2Translator.from_run_dir(moved, ct2_export)
+    done = cli("translate.py", "--model-dir", moved, "--engine", "ctranslate2", "--engine-dir", ct2_export)
+    assert done.returncode == 2 and "export the run directory you translate with" in done.stderr.decode()
+
+
+def test_a_damaged_export_that_is_still_json_is_one_clear_error(tiny_run_dir, ct2_export, tmp_path):
+    """A length that is not a number: exit 2 before loading; a vocabulary cut short: exit 1 (no traceback)."""
+    import json
+    import shutil
+
+    from nmt.ctranslate2_export import METADATA
+
+    bad_meta = shutil.copytree(ct2_export, tmp_path / "bad_meta")
+    metadata = json.loads((bad_meta / METADATA).read_text(encoding="utf-8"))
+    (bad_meta / METADATA).write_text(json.dumps(dict(metadata, position_table="x")), encoding="utf-8")
+    short = shutil.copytree(ct2_export, tmp_path / "short")
+    vocabulary = next(short.glob("*vocabulary.json"))
+    vocabulary.write_text(
+        json.dumps(json.loads(vocabulary.read_text(encoding="utf-8"))[:10]), encoding="utf-8"
+    )
+    for export, code, message in ((bad_meta, 2, "has position_table 'x'"), (short, 1, "vocabulary entries")):
+        done = cli(
+            "translate.py", "--model-dir", tiny_run_dir, "--engine", "ctranslate2", "--engine-dir", export
+        )
+        stderr = done.stderr.decode()
+        assert done.returncode == code and message in stderr and "Traceback" not in stderr, stderr[-2000:]
 
 
 def test_missing_ctranslate2_is_one_clear_error(tiny_run_dir, ct2_export, monkeypatch):

@@ -201,7 +201,8 @@ def worker_of_replica(strategy, replica: int) -> str:
 
 
 class WorkersDisagree(RuntimeError):
-    """The workers of a multi-worker run would resume from different checkpoints."""
+    """The workers of a multi-worker run cannot go on together: other configs, other checkpoints to resume from, or
+    the data the chief prepares failed on one of them (`StopControl.chief_first`)."""
 
 
 class EvaluationInterrupted(BaseException):

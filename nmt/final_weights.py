@@ -36,7 +36,7 @@ class AveragingSnapshots:
     With a fraction, the model weights at the steps of the averaging window (`window_steps`), the last
     `average_last` kept in `directory`. Resuming reopens the directory: its snapshots are kept, but those of
     steps after the resumed checkpoint (`roll_back`), and those before the window of the plan in force (another
-    plan's, after a re-plan) go when its first snapshot is taken.
+    plan's, after a re-plan or a resume with another plan) go as soon as the plan is known.
     """
 
     def __init__(self, model, directory, train):
@@ -44,6 +44,7 @@ class AveragingSnapshots:
         self.enabled = self.fraction > 0 and self.count > 1
         self.checkpoint, self.directory = tf.train.Checkpoint(model=model), directory
         self.manager = self._open() if self.enabled else None
+        self._planned = None  # the planned steps the snapshots are kept for (`save_if_due`)
 
     def _open(self) -> tf.train.CheckpointManager:
         return tf.train.CheckpointManager(self.checkpoint, str(self.directory), self.count)
@@ -62,11 +63,13 @@ class AveragingSnapshots:
         if not (self.enabled and total_steps):
             return
         first, spacing = window_steps(total_steps, self.fraction, self.count)
-        if step >= first and (step - first) % spacing == 0:
-            # Snapshots before this window are of another plan (a re-plan or a resume with more steps moved the
-            # window later): they are not averaged with this one's.
+        if total_steps != self._planned:  # the first call of this process, or a re-plan
+            # Snapshots before this plan's window are another plan's (a re-plan, or a resume with more steps, moved
+            # the window later): they are not averaged with this one's, even if the run stops before its window.
+            self._planned = total_steps
             if drop_checkpoints(self.directory, lambda s: s >= first):
                 self.manager = self._open()
+        if step >= first and (step - first) % spacing == 0:
             self.manager.save(checkpoint_number=step)
 
     def final_paths(self, step: int, checkpoints: list[str]) -> list[str]:

@@ -135,14 +135,19 @@ def test_a_resume_drops_the_snapshots_of_lost_steps_and_the_window_goes_on(tmp_p
 
 
 def test_snapshots_of_an_earlier_window_are_not_averaged_after_a_re_plan(tmp_path):
-    """A plan of 100 steps (window (86, 7)) re-planned to 200 (window (174, 13)) after two snapshots; the run
-    stops early at 180: only the new window's snapshot and the last weights are averaged."""
+    """A plan of 100 steps (window (86, 7)) re-planned to 200 (window (174, 13)) after two snapshots: the old
+    window's are dropped at once; a stop at 180 averages the new window's snapshot and the last weights only."""
     model, _ = _model_and_checkpoints(tmp_path, [0.0])
     snapshots = AveragingSnapshots(model, tmp_path / "average", window_config(3, 0.2))
     for step in range(80, 95):
         snapshots.save_if_due(step, 100)
     assert snapshot_steps(snapshots) == [86, 93]
-    for step in range(95, 181):
+    for step in range(95, 151):
+        snapshots.save_if_due(step, 200)
+    assert snapshot_steps(snapshots) == [] and not list((tmp_path / "average").glob("ckpt-*.index"))
+    # stopped at 150 (early stopping, a time budget spent), before the new window: the training checkpoints
+    assert snapshots.final_paths(150, checkpoints=["ckpt-140", "ckpt-150"]) == ["ckpt-140", "ckpt-150"]
+    for step in range(151, 181):
         snapshots.save_if_due(step, 200)
     assert snapshot_steps(snapshots) == [174]
     assert [int(p.name[5:-6]) for p in (tmp_path / "average").glob("ckpt-*.index")] == [174]

@@ -374,25 +374,25 @@ class CTranslate2Translator:
 
 
 def _check_weights_of(run_dir, engine_dir) -> None:
-    """ExportError unless the export at `engine_dir` was made from weights stored in `run_dir` (final, best or the
-    latest checkpoint; by `weights_digest`, so a moved or copied run still matches). The tokenizer check alone lets
-    another run with the same tokenizer (a fine-tuned child, another seed) pass. Exports without a digest (made
-    before it was recorded, or from weights computed at export: an average, the EMA) are not checked."""
+    """ExportError unless the export at `engine_dir` was made from weights stored in `run_dir` (any checkpoint it
+    holds: final, best, the training checkpoints, the averaging snapshots; by `weights_digest`, so a moved or copied
+    run still matches). The tokenizer check alone lets another run with the same tokenizer (a fine-tuned child,
+    another seed) pass. Exports without a digest (made before it was recorded, or from weights computed at export:
+    an average, the EMA) are not checked."""
     from nmt.checkpoints import checkpoint_digest
-    from nmt.run_dir import RunDirError
 
     metadata = read_export_metadata(Path(engine_dir))
-    digest = metadata.get("weights_digest")
+    digest, weights = metadata.get("weights_digest"), str(metadata.get("weights"))
     if not digest:
         return
-    stored = []
-    for which in ("final", "best", "latest"):
-        try:
-            stored.append(checkpoint_digest(run_dir.weights_prefix(which)))
-        except RunDirError:  # none saved there, or damaged: not the export's
-            continue
-    if digest not in stored:
+    if digest in {checkpoint_digest(index.with_suffix("")) for index in run_dir.path.rglob("ckpt-*.index")}:
+        return
+    if Path(weights).parent.parent.resolve() == run_dir.path.resolve():
         raise ExportError(
-            f"the CTranslate2 export {engine_dir} was made from other weights ({metadata.get('weights')}) than "
-            f"any stored in {run_dir.path} (final, best, latest): export the run directory you translate with"
+            f"the CTranslate2 export {engine_dir} was made from {weights}, which {run_dir.path} no longer holds "
+            "(trained on since, or the checkpoint rotated away): export it again"
         )
+    raise ExportError(
+        f"the CTranslate2 export {engine_dir} was made from other weights ({weights}) than any stored in "
+        f"{run_dir.path}: export the run directory you translate with"
+    )

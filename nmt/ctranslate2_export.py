@@ -116,6 +116,11 @@ def read_export_metadata(path: str | Path) -> dict:
             f"a damaged CTranslate2 export: {path / METADATA} has no key {missing[0]!r} "
             "(make it again with export.py --format ctranslate2)"
         )
+    if not isinstance(metadata.get("vocab", {}), dict):
+        raise ExportError(
+            f"a damaged CTranslate2 export: {path / METADATA} has vocab {metadata['vocab']!r}, not a mapping "
+            "(make it again with export.py --format ctranslate2)"
+        )
     counts = [
         ("position_table", metadata["position_table"]),
         ("max_source_length", metadata["max_source_length"]),

@@ -286,9 +286,24 @@ def report_failure(err: Exception, run_dir: RunDir, removed: bool, multi_worker:
     return None
 
 
+def _exit(code: int) -> None:
+    """sys.exit, but for a process that gave up a pending collective (`nmt.distribute.abandoned_collective`): its
+    exit handlers run, then `os._exit` skips the interpreter's teardown, which TensorFlow's threads can abort."""
+    distribute = sys.modules.get("nmt.distribute")
+    if distribute is not None and distribute.abandoned_collective:
+        import atexit
+
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
     try:
-        sys.exit(main())
+        code = main()
     except KeyboardInterrupt:  # before main's own handling (the imports above, argument parsing)
         print("train.py: interrupted before training started (nothing was written)", file=sys.stderr)
-        sys.exit(130)
+        code = 130
+    _exit(code)

@@ -119,6 +119,29 @@ def is_chief(distribute: str) -> bool:
     return task_type == "worker" and index == 0 and "chief" not in cluster
 
 
+def chief_watch(every: float = 5.0, clock=time.monotonic):
+    """A check for the others' long waits on the chief (`nmt.distribute.interruptibly`): raises ClusterError once
+    the chief's TF_CONFIG port stops answering (its process gone: killed, or stopped by a signal before joining the
+    wait), looking at most every `every` seconds. TensorFlow's own watch over the cluster does not see a dead chief
+    in a pending collective: the chief hosts the coordination service its heartbeats go to."""
+    _, _, cluster = cluster_task()
+    kind = "chief" if "chief" in cluster else "worker"
+    address = split_address(cluster[kind][0])
+    last = [clock()]
+
+    def check() -> None:
+        if clock() - last[0] < every:
+            return
+        last[0] = clock()
+        if (why := reach(address)) is not None:
+            raise ClusterError(
+                f"{task_name(kind, 0, cluster)} stopped answering ({why}) while this worker waited for it: see its "
+                "log. Restart every worker with the same command"
+            )
+
+    return check
+
+
 def multi_worker_strategy(minutes: float):
     """TF_CONFIG's `MultiWorkerMirroredStrategy`, once every task of the cluster has started: each wait bounded by
     `minutes` (0: no limit), interruptible until the others have answered (`wait_for_peers`), then in TensorFlow

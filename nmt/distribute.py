@@ -20,7 +20,7 @@ import signal
 import threading
 
 from common.config_tree import ConfigError
-from nmt.cluster import ClusterError, multi_worker_strategy
+from nmt.cluster import ClusterError, chief_watch, multi_worker_strategy
 
 log = logging.getLogger("nmt.train")  # the trainer's messages
 
@@ -106,10 +106,18 @@ def _gather_function(strategy, timeout: float):
     return run
 
 
-def interruptibly(function):
-    """`function()`, run in a thread while this one waits in Python: signal handlers (which run in the main thread,
-    between Python instructions) are heard during a long blocking call such as a collective. A handler's exception
-    (KeyboardInterrupt) ends the wait; the thread, a daemon, is left to the process's exit."""
+# Set when `interruptibly` gave up a collective: the process then ends with `os._exit` after its exit handlers
+# (train.py), as TensorFlow's threads of the aborted collective can abort the interpreter's own exit
+# ("terminate called after throwing an instance of ..."; seen in one of two runs of the SIGINT test).
+abandoned_collective = False
+
+
+def interruptibly(function, check=None):
+    """`function()` (a collective), run in a thread while this one waits in Python: signal handlers (which run in
+    the main thread, between Python instructions) are heard during it. A handler's exception (KeyboardInterrupt), or
+    one `check()` raises (called while waiting), ends the wait: this process's collectives are aborted so that the
+    thread leaves TensorFlow before the interpreter's exit (a thread still inside it then aborts the process:
+    "FATAL: exception not rethrown"). For a wait before `StopControl.install` (its handlers only record a signal)."""
     outcome = {}
 
     def run():
@@ -120,8 +128,21 @@ def interruptibly(function):
 
     thread = threading.Thread(target=run, name="nmt-interruptible", daemon=True)
     thread.start()
-    while thread.is_alive():
-        thread.join(0.2)
+    try:
+        while thread.is_alive():
+            thread.join(0.2)
+            if check is not None and thread.is_alive():
+                check()
+    except BaseException:
+        global abandoned_collective
+        abandoned_collective = True
+        if thread.is_alive():
+            from tensorflow.python.eager import context  # no public API aborts pending collectives
+
+            context.context().abort_collective_ops(14, "this worker stopped waiting")  # 14: UNAVAILABLE
+            thread.join(30.0)
+        raise
+
     if "error" in outcome:
         raise outcome["error"]
     return outcome["value"]
@@ -358,7 +379,11 @@ class StopControl:
         result, error = attempt() if chief else (None, None)
         # The others may wait here as long as the chief works: in Python (a thread runs the collective), so that
         # SIGINT/SIGTERM stop them meanwhile.
-        chief_done = interruptibly(lambda: gather_from_workers(self.strategy, [0.0 if error else 1.0]))[:, 0]
+        if not chief:
+            log.info("waiting for the chief worker to prepare the data")
+        watch = None if chief else chief_watch()  # a chief that dies while preparing ends the others' wait
+        gathered = interruptibly(lambda: gather_from_workers(self.strategy, [0.0 if error else 1.0]), watch)
+        chief_done = gathered[:, 0]
         if error is not None:
             raise error
         if not chief_done.all():

@@ -8,7 +8,7 @@ softmax; local attention keeps a band of ``3 * window`` keys per query. Both are
 
 Each (variant, length) runs in a Python process of its own (`python -m benchmarks.attention_memory`): one call on
 a short input first (TensorFlow's one-off start-up allocations), then the length's function traced without running
-(`get_concrete_function`), then the peak memory of its first run (`benchmarks.memory.measure_peak`: sampled RSS on a
+(`get_concrete_function`), then the peak memory of its first run (`benchmarks.memory.measure_peak`: the peak RSS on a
 CPU), then the timed calls. Memory a process freed is kept for reuse (by malloc, or by oneDNN's pool), so a later
 call, or a point after a larger one in the same process (and after the train and decode benchmarks), shows little
 of it: full attention at L=1024 grew RSS by 31 MB on its first run and was recorded as 1 MB on its second.

@@ -11,7 +11,7 @@ hypotheses (re-tokenized, EOS not counted).
 
 Per row: throughput (`sentences_per_sec`, `tokens_per_sec`), `compile_seconds` (the warm-up minus a second, compiled
 run of the same batches: tracing, graph optimisation and XLA compilation), `peak_memory_mb` of the timed run
-(`benchmarks.memory.measure_peak`: sampled RSS on a CPU) and, for streaming use (`translate.py` one line at a time),
+(`benchmarks.memory.measure_peak`: the peak RSS on a CPU) and, for streaming use (`translate.py` one line at a time),
 `latency_ms_p50` / `latency_ms_p95` over `latency_sentences` sentences translated one by one (after their shapes
 were warmed up too); `bleu` (sacreBLEU, `nmt.scores.score_corpus`, against the test references) for the rows
 that decode the whole sentence set (the cached ones). Every row names its `engine` ("tensorflow" here),

@@ -270,6 +270,26 @@ def test_attention_peak_memory_holds_the_scores_of_full_attention():
     assert record["peak_memory_mb"] >= 1 * heads * length * length * 4 / 2**20
 
 
+def test_peak_memory_of_a_call_is_the_kernels_high_water_mark():
+    """100 MB written and freed inside the call: its peak is at least that, however loaded the machine (the kernel
+    keeps the high-water mark; a sampler could miss a short peak)."""
+    import sys
+
+    import numpy as np
+
+    from benchmarks.memory import RSS_HIGH_WATER, measure_peak
+
+    def allocate():
+        block = np.ones(100 * 2**20, np.uint8)  # written: resident
+        return int(block[::4096].sum())
+
+    peak_mb, method, result = measure_peak(allocate)
+    assert result == 100 * 2**20 // 4096
+    if sys.platform.startswith("linux"):
+        assert method == RSS_HIGH_WATER
+    assert peak_mb >= 99
+
+
 def test_matmul_peak_shapes_and_the_peak_of_a_row():
     from benchmarks.flops import matmul_peaks, peak_shapes, row_peak
 

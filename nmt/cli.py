@@ -253,7 +253,8 @@ def check_engine(args) -> None:
     ignored = [name for name, given in (("--xla", getattr(args, "xla", "auto") != "auto"),
                ("--no-cache", getattr(args, "no_cache", False))) if given]  # fmt: skip
     if ignored:
-        raise CliError(f"{' and '.join(ignored)} go(es) with --engine tensorflow", exit_code=2)
+        verb = "goes" if len(ignored) == 1 else "go"
+        raise CliError(f"{' and '.join(ignored)} {verb} with --engine tensorflow", exit_code=2)
     from nmt.ctranslate2_export import ExportError, read_export_metadata
 
     try:

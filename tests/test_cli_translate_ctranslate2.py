@@ -35,7 +35,7 @@ def ct2_export(tiny_run_dir, tmp_path_factory):
         (
             "translate.py",
             ["--engine", "ctranslate2", "--engine-dir", "{tmp}/nope", "--xla", "on", "--no-cache"],
-            "--xla and --no-cache go(es) with --engine tensorflow",
+            "--xla and --no-cache go with --engine tensorflow",
         ),
         (
             "translate.py",

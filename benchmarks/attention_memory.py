@@ -85,10 +85,19 @@ def _measure_in_child(variant: str, length: int, **settings) -> dict:
     for name, value in settings.items():
         args += [f"--{name.replace('_', '-')}", str(value)]
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")}
-    done = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT)
-    if done.returncode != 0:
-        raise RuntimeError(f"attention {variant} L={length}: exit {done.returncode}\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    try:
+        done = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        raise PointFailed(f"no result within {TIMEOUT} s") from None
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise PointFailed(f"exit {done.returncode}: {last[:300]}")
+    return json.loads(lines[-1])
+
+
+class PointFailed(RuntimeError):
+    """The process measuring one point failed (out of memory, killed, timed out): recorded, the others go on."""
 
 
 def bench_attention(
@@ -127,7 +136,13 @@ def bench_attention(
                 record.update(status="skipped: exceeds budget", seconds=None, peak_memory_mb=None)
                 records.append(emit(record))
                 continue
-            point = _measure_in_child(variant, length, **settings)
+            try:
+                point = _measure_in_child(variant, length, **settings)
+            except PointFailed as err:
+                log.warning("attention %s at %d tokens: %s", variant, length, err)
+                record.update(status=f"failed: {err}", seconds=None, peak_memory_mb=None)
+                records.append(emit(record))
+                continue
             seconds = point["seconds"]
             record.update(
                 status="ok",

@@ -270,6 +270,15 @@ def test_attention_peak_memory_holds_the_scores_of_full_attention():
     assert record["peak_memory_mb"] >= 1 * heads * length * length * 4 / 2**20
 
 
+def test_a_point_whose_process_fails_is_recorded_and_the_others_go_on():
+    """d_model 256 over 3 heads fails in the point's process: a record saying so, no traceback, the run goes on."""
+    from benchmarks.attention_memory import bench_attention
+
+    records = bench_attention(lambda r: r, lengths=(64,), variants=("full", "local"), num_heads=3, repeats=1)
+    assert [r["status"].split(":")[0] for r in records] == ["failed", "failed"]
+    assert all(r["peak_memory_mb"] is None and "exit 1" in r["status"] for r in records)
+
+
 def test_peak_memory_of_a_call_is_the_kernels_high_water_mark():
     """100 MB written and freed inside the call: its peak is at least that, however loaded the machine (the kernel
     keeps the high-water mark; a sampler could miss a short peak)."""

@@ -362,7 +362,8 @@ class StopControl:
         other workers once the chief's has succeeded (two collectives). `what` names the work in messages.
 
         The chief prepares the data while the others wait in a collective without a time limit (a large corpus
-        takes as long as it takes; a chief that dies is seen by TensorFlow's health checks of the cluster). A
+        takes as long as it takes), in Python (`interruptibly`: SIGINT/SIGTERM heard), watching the chief's port (a
+        chief that dies ends the wait: TensorFlow's error, or `nmt.cluster.chief_watch`'s). A
         chief whose work failed raises its error and the others raise WorkersDisagree; then a worker whose own
         work failed (e.g. it does not see the chief's data) raises its error and the others WorkersDisagree
         naming it, so no worker is left waiting in a collective the others never join.
@@ -377,11 +378,9 @@ class StopControl:
                 return None, err
 
         result, error = attempt() if chief else (None, None)
-        # The others may wait here as long as the chief works: in Python (a thread runs the collective), so that
-        # SIGINT/SIGTERM stop them meanwhile.
         if not chief:
-            log.info("waiting for the chief worker to prepare the data")
-        watch = None if chief else chief_watch()  # a chief that dies while preparing ends the others' wait
+            log.info("waiting for the chief worker to %s", what)
+        watch = None if chief else chief_watch()
         gathered = interruptibly(lambda: gather_from_workers(self.strategy, [0.0 if error else 1.0]), watch)
         chief_done = gathered[:, 0]
         if error is not None:

@@ -378,14 +378,16 @@ def _check_weights_of(run_dir, engine_dir) -> None:
     holds: final, best, the training checkpoints, the averaging snapshots; by `weights_digest`, so a moved or copied
     run still matches). The tokenizer check alone lets another run with the same tokenizer (a fine-tuned child,
     another seed) pass. Exports without a digest (made before it was recorded, or from weights computed at export:
-    an average, the EMA) are not checked."""
+    an average, the EMA), and run directories without weights (config and tokenizer kept to serve an export), are
+    not checked."""
     from nmt.checkpoints import checkpoint_digest
 
     metadata = read_export_metadata(Path(engine_dir))
     digest, weights = metadata.get("weights_digest"), str(metadata.get("weights"))
     if not digest:
         return
-    if digest in {checkpoint_digest(index.with_suffix("")) for index in run_dir.path.rglob("ckpt-*.index")}:
+    stored = {checkpoint_digest(index.with_suffix("")) for index in run_dir.path.rglob("ckpt-*.index")}
+    if not stored or digest in stored:  # no weights at all: a run directory kept for its config and tokenizer
         return
     if Path(weights).parent.parent.resolve() == run_dir.path.resolve():
         raise ExportError(

@@ -80,13 +80,21 @@ def test_engine_usage_errors_exit_2(script, args, message, tiny_run_dir, tmp_pat
 
 def test_an_export_of_other_weights_is_refused_a_moved_run_is_not(tiny_run_dir, ct2_export, tmp_path):
     """The export records its weights' digest: a run directory with the same tokenizer but without those weights
-    (another seed, a fine-tuned child; here a copy whose final/ went) is refused, a copy of the same run is not."""
+    (another seed, a fine-tuned child; here a copy with one weight changed) is refused, a copy of the same run is
+    not."""
 
     from nmt.ctranslate2_engine import CTranslate2Translator, ExportError
 
     moved = shutil.copytree(tiny_run_dir, tmp_path / "moved")
     assert CTranslate2Translator.from_run_dir(moved, ct2_export).weights.startswith(str(tiny_run_dir))
-    shutil.rmtree(moved / "final")  # what the export was made from
+    # Other weights in final/ (as another seed's run would hold): one weight changed
+    from nmt.checkpoints import save_model_weights
+    from nmt.run_models import load_run_models
+
+    _, _, model, _ = load_run_models(moved)
+    model.weights[0].assign(model.weights[0] + 1e-3)
+    shutil.rmtree(moved / "final")
+    save_model_weights(model, moved / "final", 110)
     with pytest.raises(ExportError, match="was made from other weights .* than any stored in"):
         CTranslate2Translator.from_run_dir(moved, ct2_export)
     done = cli("translate.py", "--model-dir", moved, "--engine", "ctranslate2", "--engine-dir", ct2_export)

@@ -341,3 +341,13 @@ def shared_tiny_run_dir(tmp_path_factory, cache=None) -> Path:
     (copy / "config.yaml").write_text(yaml.safe_dump(tree, sort_keys=False), encoding="utf-8")
     _CACHE["run"] = copy
     return copy
+
+
+def shared_ct2_export(run_dir: Path, tmp_path_factory) -> Path:
+    """One CTranslate2 export of `run_dir` (the shared tiny run) per pytest session, for the modules that use one."""
+    key = f"ct2:{run_dir}"
+    if key not in _CACHE:
+        from nmt.ctranslate2_export import export_run_dir_ctranslate2
+
+        _CACHE[key] = export_run_dir_ctranslate2(run_dir, tmp_path_factory.mktemp("ct2") / "export")
+    return _CACHE[key]

@@ -11,7 +11,7 @@ from xml.etree import ElementTree
 
 import pytest
 
-from tests.run_fixture import salads, shared_tiny_run_dir, tiny_corpus
+from tests.run_fixture import salads, shared_ct2_export, shared_tiny_run_dir, tiny_corpus
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN_DEADLINE = 600  # seconds before a process that should have reacted counts as hung
@@ -275,6 +275,4 @@ def test_bad_search_settings_exit_2(args, message, tiny_run_dir, tmp_path):
 @pytest.fixture(scope="module")
 def ct2_export(tiny_run_dir, tmp_path_factory):
     pytest.importorskip("ctranslate2")
-    from nmt.ctranslate2_export import export_run_dir_ctranslate2
-
-    return export_run_dir_ctranslate2(tiny_run_dir, tmp_path_factory.mktemp("ct2") / "export")
+    return shared_ct2_export(tiny_run_dir, tmp_path_factory)

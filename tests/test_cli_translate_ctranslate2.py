@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.run_fixture import shared_tiny_run_dir, tiny_corpus
+from tests.run_fixture import shared_ct2_export, shared_tiny_run_dir, tiny_corpus
 from tests.test_cli_translate import cli, listing
 
 
@@ -19,9 +19,7 @@ def tiny_run_dir(tmp_path_factory, request):
 @pytest.fixture(scope="module")
 def ct2_export(tiny_run_dir, tmp_path_factory):
     pytest.importorskip("ctranslate2")
-    from nmt.ctranslate2_export import export_run_dir_ctranslate2
-
-    return export_run_dir_ctranslate2(tiny_run_dir, tmp_path_factory.mktemp("ct2") / "export")
+    return shared_ct2_export(tiny_run_dir, tmp_path_factory)
 
 
 @pytest.mark.parametrize(

@@ -90,6 +90,7 @@ def adam_losses(model, autocluster, steps=range(10, 14)):
     return np.array([float(step.step([batch(i)])["loss"]) for i in steps]), step
 
 
+@pytest.mark.slow  # make test keeps the bfloat16 one (the same fusible path); make test-all runs both
 def test_fusible_float32_step_draws_the_same_dropout_masks_and_trains_the_same():
     losses, _ = adam_losses(dropout_model(), autocluster=False)
     fused, _ = adam_losses(dropout_model(), autocluster=True)

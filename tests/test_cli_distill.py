@@ -154,6 +154,7 @@ def test_a_folder_that_is_not_a_distillations_is_left_untouched(tiny_run_dir, co
     assert {p.name: p.read_bytes() for p in corpus.iterdir()} == before
 
 
+@pytest.mark.slow  # make test keeps the distill run and train.py's resume tests; make test-all runs this one
 def test_sigint_stops_and_the_same_command_resumes_to_the_uninterrupted_folder(tiny_run_dir, tmp_path):
     """A real SIGINT once some chunks are recorded: exit 130, no training targets yet; the same command again
     resumes and writes the bytes of an uninterrupted run."""

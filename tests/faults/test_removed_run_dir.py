@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import shutil
 
+import pytest
+
 from tests.faults.helpers import start_train, wait_for_checkpoint
 
 
@@ -18,6 +20,7 @@ def remove(path) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
+@pytest.mark.slow  # make test keeps the other fault tests; make test-all runs this one
 def test_removed_run_directory_stops_training_with_exit_code_3(fault_config, tmp_path):
     run_dir = tmp_path / "run"
     proc = start_train(

@@ -6,6 +6,9 @@ waited with it in its first collective).
 Marked slow (pairs of training processes); test_distribute.py's kill-and-restart test stays in `make test`.
 """
 
+import contextlib
+import fcntl
+
 import pytest
 
 from tests.nmt.multi_worker import Workers
@@ -74,25 +77,30 @@ def wait_until_preparing(workers) -> None:
         time.sleep(0.05)
 
 
-def test_a_worker_waiting_for_the_chiefs_preparation_stops_on_sigint(tmp_path):
-    """The chief held in its preparation (another process holds the tokenizer's cache lock): worker 1, waiting for
-    it, stops on SIGINT at once (exit 130) instead of when the chief is done; the chief, once released, names it."""
-    import fcntl
-    import signal
-
+@contextlib.contextmanager
+def chief_held_in_preparation(tmp_path):
+    """Two workers with a shared cache, the chief held in its preparation (this process holds the tokenizer's cache
+    lock) and worker 1 waiting for it: yields (workers, the lock's open file)."""
     config = config_file(tmp_path, "multi_worker")
     shared = f"data.cache_dir={tmp_path / 'cache'}"
     with open(tokenizer_lock(config, shared), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         with Workers(config, tmp_path / "run", tmp_path / "logs", shared) as workers:
             wait_until_preparing(workers)
-            workers.procs[1].signal(signal.SIGINT)
-            worker_code = workers.procs[1].wait(
-                waiting_for="worker 1 to stop on SIGINT, the chief still held"
-            )
-            assert workers.procs[0].running()
-            fcntl.flock(lock, fcntl.LOCK_UN)
-            (code, chief), (_, worker) = workers.wait()
+            yield workers, lock
+
+
+def test_a_worker_waiting_for_the_chiefs_preparation_stops_on_sigint(tmp_path):
+    """The chief held in its preparation (another process holds the tokenizer's cache lock): worker 1, waiting for
+    it, stops on SIGINT at once (exit 130) instead of when the chief is done; the chief, once released, names it."""
+    import signal
+
+    with chief_held_in_preparation(tmp_path) as (workers, lock):
+        workers.procs[1].signal(signal.SIGINT)
+        worker_code = workers.procs[1].wait(waiting_for="worker 1 to stop on SIGINT, the chief still held")
+        assert workers.procs[0].running()
+        fcntl.flock(lock, fcntl.LOCK_UN)
+        (code, chief), (_, worker) = workers.wait()
     assert worker_code == 130, worker[-3000:]
     assert "train.py: interrupted before training started" in worker
     assert code == 1, chief[-3000:]
@@ -103,21 +111,15 @@ def test_a_worker_waiting_for_the_chiefs_preparation_stops_on_sigint(tmp_path):
 def test_a_chief_killed_while_it_prepares_the_data_ends_the_other_workers_wait(tmp_path):
     """SIGKILL to the chief held in its preparation: worker 1 stops, naming it (TensorFlow's own watch does not see
     a dead chief there: it hosts the coordination service), and does not wait for ever."""
-    import fcntl
     import signal
 
     from tests.faults.helpers import RUN_TIMEOUT
 
-    config = config_file(tmp_path, "multi_worker")
-    shared = f"data.cache_dir={tmp_path / 'cache'}"
-    with open(tokenizer_lock(config, shared), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        with Workers(config, tmp_path / "run", tmp_path / "logs", shared) as workers:
-            wait_until_preparing(workers)
-            address = workers.addresses[0]
-            workers.procs[0].signal(signal.SIGKILL)
-            code = workers.procs[1].wait(RUN_TIMEOUT, waiting_for="worker 1 to see the chief gone")
-            worker = workers.procs[1].stderr()
+    with chief_held_in_preparation(tmp_path) as (workers, lock):
+        address = workers.addresses[0]
+        workers.procs[0].signal(signal.SIGKILL)
+        code = workers.procs[1].wait(RUN_TIMEOUT, waiting_for="worker 1 to see the chief gone")
+        worker = workers.procs[1].stderr()
     assert code == 1, worker[-3000:]
     # TensorFlow's own error (the chief's connection reset) or the watch's (a host gone without a word)
     assert (

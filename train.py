@@ -287,10 +287,10 @@ def report_failure(err: Exception, run_dir: RunDir, removed: bool, multi_worker:
 
 
 def _exit(code: int) -> None:
-    """sys.exit, but for a process that gave up a pending collective (`nmt.distribute.abandoned_collective`): its
+    """sys.exit, but for a process that gave up a pending collective (`nmt.collectives.abandoned_collective`): its
     exit handlers run, then `os._exit` skips the interpreter's teardown, which TensorFlow's threads can abort."""
-    distribute = sys.modules.get("nmt.distribute")
-    if distribute is not None and distribute.abandoned_collective:
+    collectives = sys.modules.get("nmt.collectives")
+    if collectives is not None and collectives.abandoned_collective:
         import atexit
 
         atexit._run_exitfuncs()

@@ -120,7 +120,7 @@ def is_chief(distribute: str) -> bool:
 
 
 def chief_watch(every: float = 5.0, clock=time.monotonic):
-    """A check for the others' long waits on the chief (`nmt.distribute.interruptibly`): raises ClusterError once
+    """A check for the others' long waits on the chief (`nmt.collectives.interruptibly`): raises ClusterError once
     the chief's TF_CONFIG port stops answering (its process gone: killed, or stopped by a signal before joining the
     wait), looking at most every `every` seconds. TensorFlow's own watch over the cluster does not see a dead chief
     in a pending collective: the chief hosts the coordination service its heartbeats go to."""

@@ -16,7 +16,8 @@ import tensorflow as tf
 from tqdm import tqdm
 
 from nmt.checkpoints import save_model_weights
-from nmt.distribute import EvaluationInterrupted, gather_from_workers
+from nmt.collectives import gather_from_workers
+from nmt.distribute import EvaluationInterrupted
 from nmt.final_weights import average_if_better
 from nmt.summaries import write_validation_summaries
 

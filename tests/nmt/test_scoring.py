@@ -137,9 +137,12 @@ def test_streams_of_different_lengths_stop_after_the_complete_pairs(ours):
     assert len(got) == 3 and raised.value.shorter == "translations"
     with pytest.raises(LengthMismatch, match="the sources end after line 4"):
         list(score_stream(ours, iter(sources[:4]), iter(targets), chunk_size=3))
-    assert list(score_stream(ours, iter(sources), iter(targets), chunk_size=2)) == score_lines(
-        ours, sources, targets
-    )
+    streamed = list(score_stream(ours, iter(sources), iter(targets), chunk_size=2))
+    whole = score_lines(ours, sources, targets)
+    # Chunks of 2 are padded to other lengths than the 5 lines at once: the same sums, not the same last bits (one
+    # Zen 3 gave -0.1371224 against -0.1371223).
+    assert [tokens for _, tokens in streamed] == [tokens for _, tokens in whole]
+    np.testing.assert_allclose([s for s, _ in streamed], [s for s, _ in whole], rtol=1e-5, atol=1e-6)
 
 
 def score_cli(tiny_run_dir, *args, stdin=b""):

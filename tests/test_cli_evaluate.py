@@ -125,7 +125,9 @@ def test_evaluate_refuses_negative_streams(tiny_run_dir):
     assert caught.value.exit_code == 2
 
 
-@pytest.mark.parametrize("source", ["/dev/stdin", "-"])
+@pytest.mark.parametrize(
+    "source", [pytest.param("/dev/stdin", marks=pytest.mark.slow), "-"]
+)  # make test keeps "-", the same pipe
 def test_evaluate_reads_a_pipe_once(source, tiny_run_dir, tmp_path):
     """--source from a pipe (/dev/stdin here, as <(...)) is not read twice; "-" is stdin; a BOM is dropped."""
     pairs = tiny_corpus()["test"][:4]

@@ -251,6 +251,7 @@ def test_xla_step_matches_eager_reference_and_counts_compilations():
     assert step.num_traces == 2
 
 
+@pytest.mark.slow  # ~10 s; make test keeps the XLA step against the eager reference (above)
 def test_switching_xla_on_retraces_only_the_gradients_and_keeps_training_the_same():
     switched, plain = tiny_model(), tiny_model()
     plain.set_weights(switched.get_weights())

@@ -145,7 +145,13 @@ def unlike_members():
 
 @pytest.mark.parametrize(
     "options",
-    [dict(use_cache=True), dict(use_cache=True, static_shapes=True), dict(use_cache=False)],
+    [
+        dict(use_cache=True),
+        # ~10 s each: make test keeps the default (growing) cache; the static and no-cache paths of an ensemble of
+        # alike members stay in test_greedy_decoding_follows_the_averaged_distribution
+        pytest.param(dict(use_cache=True, static_shapes=True), marks=pytest.mark.slow),
+        pytest.param(dict(use_cache=False), marks=pytest.mark.slow),
+    ],
     ids=["growing-cache", "static-cache", "no-cache"],
 )
 def test_members_of_other_architectures_decode_the_averaged_distribution(options):

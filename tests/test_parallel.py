@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.parallel import work_unit
+from tests.parallel import FIRST, run_order, work_unit
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -27,6 +27,27 @@ def test_work_units():
     assert work_unit("tests/faults/test_kill_resume.py::test_x[a]") == "tests/faults/"
     assert work_unit("tests/nmt/test_distribute.py::test_y") == "tests/nmt/test_distribute.py"
     assert work_unit("tests/test_e2e.py::TestClass::test_z") == "tests/test_e2e.py"
+
+
+def test_the_longest_units_go_first_then_the_others_by_their_number_of_tests():
+    nodeids = [
+        "tests/data/test_x.py::test_1",
+        "tests/faults/test_kill_resume.py::test_k",
+        "tests/nmt/test_many.py::test_1",
+        "tests/nmt/test_many.py::test_2",
+        "tests/nmt/test_distribute.py::test_d",
+        "tests/faults/test_graceful_stop.py::test_g",
+    ]
+    assert FIRST[:2] == ("tests/faults/", "tests/nmt/test_distribute.py")
+    assert all((ROOT / unit).exists() for unit in FIRST), [u for u in FIRST if not (ROOT / u).exists()]
+    assert run_order(nodeids) == [
+        "tests/faults/test_kill_resume.py::test_k",  # the order within a unit stays
+        "tests/faults/test_graceful_stop.py::test_g",
+        "tests/nmt/test_distribute.py::test_d",
+        "tests/nmt/test_many.py::test_1",
+        "tests/nmt/test_many.py::test_2",
+        "tests/data/test_x.py::test_1",
+    ]
 
 
 def test_two_workers_run_each_file_whole_and_the_faults_folder_whole(tmp_path):

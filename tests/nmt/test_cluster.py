@@ -184,7 +184,9 @@ def test_a_worker_whose_peer_never_starts_gives_up_naming_it_and_undoes_its_new_
     assert not run_dir.exists()
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize(
+    "signum", [pytest.param(signal.SIGINT, marks=pytest.mark.slow), signal.SIGTERM]
+)  # make test keeps SIGTERM (what a scheduler sends); the same handler
 def test_a_signal_ends_the_wait_for_the_cluster_and_undoes_the_new_run(tmp_path, signum):
     proc, run_dir, cluster = start_lone_worker(tmp_path)  # the default wait: 10 minutes
     deadline = time.monotonic() + RUN_TIMEOUT  # a hang guard, not a timing

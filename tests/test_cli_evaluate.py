@@ -127,7 +127,8 @@ def test_evaluate_refuses_negative_streams(tiny_run_dir):
 
 @pytest.mark.parametrize(
     "source", [pytest.param("/dev/stdin", marks=pytest.mark.slow), "-"]
-)  # make test keeps "-", the same pipe
+)  # a pipe given as a path (/dev/stdin, <(...)): make test keeps translate.py's, through the same helpers
+# (nmt.text_io.count_lines_if_file, nmt.cli.check_input_file); "-" takes stdin without them
 def test_evaluate_reads_a_pipe_once(source, tiny_run_dir, tmp_path):
     """--source from a pipe (/dev/stdin here, as <(...)) is not read twice; "-" is stdin; a BOM is dropped."""
     pairs = tiny_corpus()["test"][:4]

@@ -171,13 +171,7 @@ def test_alpha_is_the_length_penalty_of_the_search(tiny_run_dir, tmp_path):
     assert output.read_text().splitlines() == expected
 
 
-@pytest.mark.parametrize(
-    "args",
-    [
-        pytest.param(["--input", "/dev/stdin"], marks=pytest.mark.slow),  # make test keeps "-", the same pipe
-        ["--input", "-", "--output", "-"],
-    ],
-)
+@pytest.mark.parametrize("args", [["--input", "/dev/stdin"], ["--input", "-", "--output", "-"]])
 def test_input_from_a_pipe_is_read_once(args, tiny_run_dir):
     """A pipe (/dev/stdin here, as <(...)) is not read twice (once to count its lines); "-" is stdin/stdout."""
     pairs = tiny_corpus()["test"][:3]

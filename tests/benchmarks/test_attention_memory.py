@@ -16,25 +16,29 @@ def test_attention_peak_memory_holds_the_scores_of_full_attention():
     assert record["peak_memory_mb"] >= 1 * heads * length * length * 4 / 2**20
 
 
-def test_a_chunked_point_and_full_attention_over_the_budget():
+def test_chunked_and_local_points_and_full_attention_over_the_budget():
     """Full attention over `memory_budget_mb` is skipped (4 heads x 64^2 x 4 bytes = 0.0625 MB > 0.05) without
-    starting its process; a chunked point is measured in its own (local points: the failing test below)."""
+    starting its process; a chunked and a local point are each measured in a process of their own."""
     from benchmarks.attention_memory import bench_attention
 
     records = bench_attention(
-        lambda r: r, lengths=(64,), variants=("full", "chunked"), num_heads=4, chunk_size=32,
-        memory_budget_mb=0.05, repeats=1,
-    )  # fmt: skip
-    full, chunked = records
+        lambda r: r, lengths=(64,), num_heads=4, chunk_size=32, window=8, memory_budget_mb=0.05, repeats=1
+    )
+    full, chunked, local = records
     assert (full["variant"], full["status"], full["peak_memory_mb"]) == (
         "full",
         "skipped: exceeds budget",
         None,
     )
-    assert chunked["variant"] == "chunked" and chunked["chunk_size"] == 32 and chunked["status"] == "ok"
-    assert (
-        isinstance(chunked["seconds"], float) and chunked["peak_memory_mb"] > 0 and chunked["memory_method"]
+    assert (chunked["variant"], chunked["chunk_size"], local["variant"], local["window"]) == (
+        "chunked",
+        32,
+        "local",
+        8,
     )
+    for record in (chunked, local):
+        assert record["status"] == "ok" and isinstance(record["seconds"], float)
+        assert record["peak_memory_mb"] > 0 and record["memory_method"]
 
 
 def test_a_point_whose_process_fails_is_recorded_and_the_others_go_on():

@@ -44,28 +44,6 @@ def test_nmt_config_still_exports_data_config():
     assert load_config("tiny.yaml").data.vocab_size == load_data_config("tiny.yaml")[0].vocab_size
 
 
-def test_data_package_imports_nothing_from_nmt_or_transformer():
-    """Every import statement of data/ and of the common/ modules it uses, at any depth (lazy imports inside
-    functions too), read from the source: none names nmt or transformer. (Was a fresh process importing data.*:
-    ~14 s of TensorFlow import on a loaded 2-core machine, and blind to imports inside functions.)"""
-    import ast
-
-    found = []
-    for path in sorted([*(REPO / "data").glob("*.py"), *(REPO / "common").glob("*.py")]):
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
-            if isinstance(node, ast.Import):
-                names = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                names = [node.module or ""] if node.level == 0 else []
-            else:
-                continue
-            found += [
-                f"{path.name}:{node.lineno} {n}" for n in names if n.split(".")[0] in ("nmt", "transformer")
-            ]
-    assert len(list((REPO / "data").glob("*.py"))) > 10  # the package was read
-    assert not found, found
-
-
 @pytest.mark.parametrize(
     "override, message",
     [

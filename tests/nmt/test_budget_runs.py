@@ -331,7 +331,6 @@ def test_the_plan_sets_the_dropout_and_the_run_trains_with_it(planned_dropout_ru
     assert any(not np.array_equal(ours[k], reference[k]) for k in reference)
 
 
-@pytest.mark.slow  # ~12 s; make test keeps the resume of the plan (above) and the planned dropout (above)
 def test_a_resumed_run_takes_the_planned_dropout_from_its_checkpoint_and_ends_bit_identical(
     planned_dropout_run, tmp_path
 ):

@@ -186,7 +186,7 @@ def test_a_worker_whose_peer_never_starts_gives_up_naming_it_and_undoes_its_new_
 
 @pytest.mark.parametrize(
     "signum", [pytest.param(signal.SIGINT, marks=pytest.mark.slow), signal.SIGTERM]
-)  # make test keeps SIGTERM (what a scheduler sends); the same handler
+)  # make test keeps SIGTERM (what a scheduler sends; nmt.cli's handler raises the KeyboardInterrupt SIGINT raises)
 def test_a_signal_ends_the_wait_for_the_cluster_and_undoes_the_new_run(tmp_path, signum):
     proc, run_dir, cluster = start_lone_worker(tmp_path)  # the default wait: 10 minutes
     deadline = time.monotonic() + RUN_TIMEOUT  # a hang guard, not a timing

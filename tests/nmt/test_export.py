@@ -82,7 +82,6 @@ def test_export_refuses_to_overwrite_something_else(tiny_run_dir, tmp_path):
     assert (tmp_path / "taken" / "notes.txt").read_text() == "mine"
 
 
-@pytest.mark.slow  # ~8 s, two exports; make test keeps the export against the run directory (above)
 def test_export_to_the_current_directory(tiny_run_dir, tmp_path, monkeypatch):
     """export.py --output . (an empty current directory): written there, not a ValueError about an empty name."""
     target = tmp_path / "here"

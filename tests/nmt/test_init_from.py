@@ -141,7 +141,6 @@ def train(config_tree, run_dir, tmp_path, *extra):
     return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
 
 
-@pytest.mark.slow  # ~22 s, two train.py runs; make test keeps the start from the parent in process (above)
 def test_train_py_fine_tunes_then_resumes_without_the_parent(tiny_run_dir, tmp_path):
     parent = tmp_path / "parent"
     shutil.copytree(tiny_run_dir, parent)

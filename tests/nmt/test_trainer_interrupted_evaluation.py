@@ -211,9 +211,6 @@ def test_a_rerun_of_the_finished_run_ends_at_once_and_writes_nothing(setup, runs
 
 
 CRASH_CALL = 3  # the validation at step 6, a checkpoint step (checkpoint_every 3)
-# The crashed chain (~25 s) runs in make test-all; make test keeps the signal's chain (above) and a SIGKILL and
-# resume (tests/nmt/test_distribute.py).
-crash_chain = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
@@ -229,7 +226,6 @@ def crashed(setup, runs):
     return tmp, latest, steps, resumed
 
 
-@crash_chain
 def test_a_crash_in_a_validation_resumes_before_it_and_matches_the_uninterrupted_run(crashed, runs):
     tmp, latest, steps_before, resumed = crashed
     _, reference, _ = runs
@@ -242,7 +238,6 @@ def test_a_crash_in_a_validation_resumes_before_it_and_matches_the_uninterrupted
     assert_same_best_and_final(tmp, "crashed", resumed.model, reference.model)
 
 
-@crash_chain
 def test_a_crash_leaves_tensorboard_as_the_uninterrupted_run(crashed, runs):
     tmp = crashed[0]
     for name in ("train", "validation"):
@@ -257,7 +252,6 @@ def test_a_crash_leaves_tensorboard_as_the_uninterrupted_run(crashed, runs):
         assert [(s, float(v)) for s, v in ours[tag]] == [(s, float(v)) for s, v in theirs[tag]], tag
 
 
-@crash_chain
 def test_after_a_crash_best_holds_the_best_the_run_still_records(setup, crashed, runs):
     tmp, config = setup
     _, reference, _ = runs

@@ -19,6 +19,8 @@ background training processes then overlap the other worker's files, and it trai
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 
 FAULTS = "tests/faults/"
@@ -48,9 +50,7 @@ def work_unit(nodeid: str) -> str:
 
 def run_order(nodeids: list[str]) -> list[str]:
     """The `FIRST` units, then the others by their number of tests (most first); within a unit, the given order."""
-    counts = {}
-    for nodeid in nodeids:
-        counts[work_unit(nodeid)] = counts.get(work_unit(nodeid), 0) + 1
+    counts = Counter(map(work_unit, nodeids))
 
     def rank(nodeid):
         unit = work_unit(nodeid)

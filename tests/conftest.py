@@ -1,6 +1,7 @@
 """Shared test set-up: quiet TensorFlow, fixed seeds, CPU only, a private prepared-data cache."""
 
 import atexit
+import logging
 import os
 import shutil
 import signal
@@ -35,3 +36,14 @@ def _fixed_seeds():
     np.random.seed(1234)
     yield
     keras.mixed_precision.set_global_policy("float32")
+
+
+@pytest.fixture
+def restore_logging():
+    """The CLIs' `setup_logging` replaces the root handlers: put pytest's back after an in-process CLI call
+    (`tests.faults.helpers.run_main`)."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)

@@ -178,55 +178,27 @@ def test_evaluate_refuses_an_unknown_split_with_a_usage_error(tiny_run_dir):
     assert caught.value.exit_code == 2
 
 
-def test_export_ctranslate2_then_evaluate_with_it(tiny_run_dir, tmp_path, capsys):
+def test_export_ctranslate2_then_evaluate_with_it(tiny_run_dir, tmp_path, capsys, restore_logging):
     """export.py --format ctranslate2 --quantization int8, then evaluate.py --engine ctranslate2: same contract."""
     pytest.importorskip("ctranslate2")
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
+    from tests.test_cli_translate import in_process
+
     export = tmp_path / "ct2"
-    command = [sys.executable, "export.py", "--model-dir", str(tiny_run_dir), "--output", str(export)]
-    done = subprocess.run(
-        [*command, "--format", "ctranslate2", "--quantization", "int8"],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env=env,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.strip().splitlines()[-1] == str(export)
-    assert "reloaded, a test sentence gives" in done.stderr
+    code, captured = in_process("export.py", "--model-dir", tiny_run_dir, "--output", export, "--format",
+                                "ctranslate2", "--quantization", "int8", capsys=capsys)  # fmt: skip
+    assert code == 0, captured.err[-3000:]
+    assert captured.out.strip().splitlines()[-1] == str(export)
+    assert "reloaded, a test sentence gives" in captured.err
     metadata = json.loads((export / "nmt_export.json").read_text(encoding="utf-8"))
     assert metadata["quantization"] == "int8" and (export / "spm.model").is_file()
 
     hypotheses_file = tmp_path / "hyp.txt"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "evaluate.py",
-            "--model-dir",
-            str(tiny_run_dir),
-            "--split",
-            "test",
-            "--beam",
-            "2",
-            "--alpha",
-            "0",
-            "--engine",
-            "ctranslate2",
-            "--engine-dir",
-            str(export),
-            "--output",
-            str(hypotheses_file),
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env=env,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    record = json.loads(done.stdout.strip().splitlines()[-1])
+    code, captured = in_process(
+        "evaluate.py", "--model-dir", tiny_run_dir, "--split", "test", "--beam", 2, "--alpha", 0,
+        "--engine", "ctranslate2", "--engine-dir", export, "--output", hypotheses_file, "--json", capsys=capsys,
+    )  # fmt: skip
+    assert code == 0, captured.err[-3000:]
+    record = json.loads(captured.out.strip().splitlines()[-1])
     hypotheses = hypotheses_file.read_text(encoding="utf-8").splitlines()
     references = [t for _, t in tiny_corpus()["test"]]
     # Memorised with a margin far above int8 rounding where the CPU has VNNI (tests/run_fixture.py); with alpha 0
@@ -234,7 +206,7 @@ def test_export_ctranslate2_then_evaluate_with_it(tiny_run_dir, tmp_path, capsys
     # reference. Without VNNI int8 saturates (a warning says so) and most references stay.
     assert_int8_translations(hypotheses, references)
     assert record["int8_saturates"] == int8_saturates()
-    assert ("CPU without VNNI" in done.stderr) == record["int8_saturates"]
+    assert ("CPU without VNNI" in captured.err) == record["int8_saturates"]
     assert record["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hypotheses, [references]).score, abs=1e-9)
     assert record["engine"] == "ctranslate2" and record["engine_dir"] == str(export)
     assert record["compute_type"] == "int8_float32" and record["num_sentences"] == len(references)

@@ -1,4 +1,9 @@
-"""translate.py (and the shared CLI behaviour of evaluate.py and export.py), run as subprocesses."""
+"""translate.py (and the shared CLI behaviour of evaluate.py and export.py).
+
+Run as subprocesses where the process is under test (--help, errors before TensorFlow is imported, pipes, signals,
+make translate); otherwise `main` runs in this process through `nmt.cli.run`, the CLI's own error handling
+(`in_process`): a new process would cost ~4 s of imports per case and check nothing more.
+"""
 
 import os
 import shutil
@@ -34,6 +39,17 @@ def cli(script, *args, stdin=b"", timeout=300):
     )
 
 
+def in_process(script: str, *args, capsys):
+    """`<script>.main(args)` in this process through `nmt.cli.run`: (exit code, pytest's captured stdout/stderr).
+    Use with the `restore_logging` fixture (the CLI replaces the root logging handlers)."""
+    import importlib
+
+    from tests.faults.helpers import run_main
+
+    code = run_main(importlib.import_module(script.removesuffix(".py")), list(map(str, args)))
+    return code, capsys.readouterr()
+
+
 def listing(path: Path) -> list[str]:
     return sorted(str(p.relative_to(path)) for p in path.rglob("*"))
 
@@ -64,24 +80,23 @@ def test_missing_input_file_writes_nothing(tiny_run_dir, tmp_path):
     assert listing(tiny_run_dir) == before
 
 
-def test_bad_weights_are_reported(tiny_run_dir, tmp_path):
+def test_bad_weights_are_reported(tiny_run_dir, tmp_path, capsys, restore_logging):
     broken = tmp_path / "broken"
     shutil.copytree(tiny_run_dir, broken)
     for data in (broken / "final").glob("*.data-*"):
         data.write_bytes(b"not a checkpoint")
+    source, output = tmp_path / "in.txt", tmp_path / "out.txt"
+    source.write_text("The cat sees a ball.\n")
     before = listing(broken)
-    done = cli("translate.py", "--model-dir", broken, stdin=b"The cat sees a ball.\n")
-    assert done.returncode == 1
-    assert done.stdout == b""
-    last = done.stderr.decode().strip().splitlines()[-1]
-    assert (
-        last.startswith("error: cannot restore model weights from ")
-        and "Traceback" not in done.stderr.decode()
-    )
+    code, captured = in_process("translate.py", "--model-dir", broken, "--input", source, "--output", output,
+                                capsys=capsys)  # fmt: skip
+    assert code == 1 and not output.exists()
+    # one line, no traceback (any other exception would have failed run_main)
+    assert captured.err.strip().splitlines()[-1].startswith("error: cannot restore model weights from ")
     assert listing(broken) == before
 
 
-def test_messy_file_gives_one_line_per_line(tiny_run_dir, tmp_path):
+def test_messy_file_gives_one_line_per_line(tiny_run_dir, tmp_path, capsys, restore_logging):
     good = [s for s, _ in tiny_corpus()["test"][:4]]
     translations = [t for _, t in tiny_corpus()["test"][:4]]  # the fixture memorised these (any CPU)
     lines = [
@@ -98,19 +113,10 @@ def test_messy_file_gives_one_line_per_line(tiny_run_dir, tmp_path):
     source.write_bytes(b"\n".join(lines))
     output, plot = tmp_path / "output.txt", tmp_path / "attention.svg"
     before = listing(tiny_run_dir)
-    done = cli(
-        "translate.py",
-        "--model-dir",
-        tiny_run_dir,
-        "--input",
-        source,
-        "--output",
-        output,
-        "--plot-attention",
-        plot,
-    )
-    stderr = done.stderr.decode()
-    assert done.returncode == 0, stderr[-3000:]
+    code, captured = in_process("translate.py", "--model-dir", tiny_run_dir, "--input", source, "--output", output,
+                                "--plot-attention", plot, capsys=capsys)  # fmt: skip
+    stderr = captured.err
+    assert code == 0, stderr[-3000:]
     out = output.read_bytes().decode("utf-8").split("\n")
     assert out[-1] == "" and len(out[:-1]) == len(lines)
     out = out[:-1]
@@ -126,20 +132,14 @@ def test_messy_file_gives_one_line_per_line(tiny_run_dir, tmp_path):
     assert svg.tag == "{http://www.w3.org/2000/svg}svg" and len(cells) > 0
     assert listing(tiny_run_dir) == before  # translating writes nothing into the run directory
 
-    # stdin/stdout with --no-cache and --nbest: one line per input line, the first candidates are the same.
-    done = cli(
-        "translate.py",
-        "--model-dir",
-        tiny_run_dir,
-        "--beam",
-        2,
-        "--nbest",
-        2,
-        "--no-cache",
-        stdin=source.read_bytes(),
-    )
-    assert done.returncode == 0, done.stderr.decode()[-3000:]
-    rows = done.stdout.decode("utf-8").split("\n")
+    # --no-cache and --nbest: one line per input line, the first candidates are the same (stdin and stdout:
+    # test_input_from_a_pipe_is_read_once).
+    nbest = tmp_path / "nbest.txt"
+    code, captured = in_process("translate.py", "--model-dir", tiny_run_dir, "--input", source, "--output", nbest,
+                                "--beam", 2, "--nbest", 2, "--no-cache", capsys=capsys)  # fmt: skip
+    stderr = captured.err
+    assert code == 0, stderr[-3000:]
+    rows = nbest.read_bytes().decode("utf-8").split("\n")
     assert rows[-1] == "" and len(rows[:-1]) == len(lines)
     # Blank lines never reach the model; every other line does (2 candidates, whatever their text).
     assert rows[1] == "" and rows[5] == ""
@@ -148,7 +148,7 @@ def test_messy_file_gives_one_line_per_line(tiny_run_dir, tmp_path):
         assert len(fields) == 4 and fields[0] == out[index] and float(fields[1]) >= float(fields[3])
 
 
-def test_alpha_is_the_length_penalty_of_the_search(tiny_run_dir, tmp_path):
+def test_alpha_is_the_length_penalty_of_the_search(tiny_run_dir, tmp_path, capsys, restore_logging):
     """--alpha 3 translates as the Translator API with eval.alpha = 3 (in this process), which differs from the run's
     own eval.alpha on unseen word salads: an --alpha that did not reach the search would fail."""
     import dataclasses
@@ -163,11 +163,11 @@ def test_alpha_is_the_length_penalty_of_the_search(tiny_run_dir, tmp_path):
     translator.eval_config = dataclasses.replace(translator.eval_config, alpha=3.0)
     expected = translator.translate(lines, beam_size=4)
     assert expected != configured
-    done = cli(
+    code, captured = in_process(
         "translate.py", "--model-dir", tiny_run_dir, "--input", source, "--output", output,
-        "--beam", 4, "--alpha", 3.0, "--xla", "off",
+        "--beam", 4, "--alpha", 3.0, "--xla", "off", capsys=capsys,
     )  # fmt: skip
-    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    assert code == 0, captured.err[-2000:]
     assert output.read_text().splitlines() == expected
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.run_fixture import shared_ct2_export, shared_tiny_run_dir, tiny_corpus
-from tests.test_cli_translate import cli, listing
+from tests.test_cli_translate import cli, in_process, listing
 
 
 @pytest.fixture(scope="session")
@@ -76,7 +76,15 @@ def test_engine_usage_errors_exit_2(script, args, message, tiny_run_dir, tmp_pat
     assert listing(tiny_run_dir) == before and list(tmp_path.iterdir()) == []
 
 
-def test_an_export_of_other_weights_is_refused_a_moved_run_is_not(tiny_run_dir, ct2_export, tmp_path):
+def sentence_file(folder: Path) -> Path:
+    path = folder / "sentence.en"
+    path.write_text("The cat sees a ball.\n", encoding="utf-8")
+    return path
+
+
+def test_an_export_of_other_weights_is_refused_a_moved_run_is_not(
+    tiny_run_dir, ct2_export, tmp_path, capsys, restore_logging
+):
     """The export records its weights' digest: a run directory with the same tokenizer but without those weights
     (another seed, a fine-tuned child; here a copy with one weight changed) is refused, a copy of the same run is
     not."""
@@ -95,8 +103,9 @@ def test_an_export_of_other_weights_is_refused_a_moved_run_is_not(tiny_run_dir, 
     save_model_weights(model, moved / "final", 110)
     with pytest.raises(ExportError, match="was made from other weights .* than any stored in"):
         CTranslate2Translator.from_run_dir(moved, ct2_export)
-    done = cli("translate.py", "--model-dir", moved, "--engine", "ctranslate2", "--engine-dir", ct2_export)
-    assert done.returncode == 2 and "export the run directory you translate with" in done.stderr.decode()
+    code, captured = in_process("translate.py", "--model-dir", moved, "--engine", "ctranslate2", "--engine-dir",
+                                ct2_export, "--input", sentence_file(tmp_path), capsys=capsys)  # fmt: skip
+    assert code == 2 and "export the run directory you translate with" in captured.err
     # An export of this very run's weights, which it no longer holds: said so
     import json
 
@@ -110,7 +119,9 @@ def test_an_export_of_other_weights_is_refused_a_moved_run_is_not(tiny_run_dir, 
         CTranslate2Translator.from_run_dir(moved, own)
 
 
-def test_a_damaged_export_that_is_still_json_is_one_clear_error(tiny_run_dir, ct2_export, tmp_path):
+def test_a_damaged_export_that_is_still_json_is_one_clear_error(
+    tiny_run_dir, ct2_export, tmp_path, capsys, restore_logging
+):
     """A length that is not a number: exit 2 before loading; a vocabulary cut short: exit 1 (no traceback)."""
     import json
 
@@ -125,11 +136,11 @@ def test_a_damaged_export_that_is_still_json_is_one_clear_error(tiny_run_dir, ct
         json.dumps(json.loads(vocabulary.read_text(encoding="utf-8"))[:10]), encoding="utf-8"
     )
     for export, code, message in ((bad_meta, 2, "has position_table 'x'"), (short, 1, "vocabulary entries")):
-        done = cli(
-            "translate.py", "--model-dir", tiny_run_dir, "--engine", "ctranslate2", "--engine-dir", export
-        )
-        stderr = done.stderr.decode()
-        assert done.returncode == code and message in stderr and "Traceback" not in stderr, stderr[-2000:]
+        # (no traceback: any other exception would fail in_process)
+        exit_code, captured = in_process("translate.py", "--model-dir", tiny_run_dir, "--engine", "ctranslate2",
+                                         "--engine-dir", export, "--input", sentence_file(tmp_path),
+                                         capsys=capsys)  # fmt: skip
+        assert exit_code == code and message in captured.err, captured.err[-2000:]
 
 
 def test_missing_ctranslate2_is_one_clear_error(tiny_run_dir, ct2_export, monkeypatch):
@@ -143,7 +154,7 @@ def test_missing_ctranslate2_is_one_clear_error(tiny_run_dir, ct2_export, monkey
     assert err.value.exit_code == 1
 
 
-def test_ctranslate2_engine_messy_file(tiny_run_dir, ct2_export, tmp_path):
+def test_ctranslate2_engine_messy_file(tiny_run_dir, ct2_export, tmp_path, capsys, restore_logging):
     """The TensorFlow engine's contract: one line per line, blank lines blank, warnings, the fixture's sentences."""
     good = [s for s, _ in tiny_corpus()["test"][:3]]
     translations = [t for _, t in tiny_corpus()["test"][:3]]
@@ -171,10 +182,12 @@ def test_ctranslate2_engine_messy_file(tiny_run_dir, ct2_export, tmp_path):
         "--nbest",
         2,
     ]
-    done = cli("translate.py", "--model-dir", tiny_run_dir, *args)
-    stderr = done.stderr.decode()
-    assert done.returncode == 0, stderr[-3000:]
-    rows = done.stdout.decode("utf-8").split("\n")
+    output = tmp_path / "output.txt"
+    code, captured = in_process("translate.py", "--model-dir", tiny_run_dir, *args, "--output", output,
+                                capsys=capsys)  # fmt: skip
+    stderr = captured.err
+    assert code == 0, stderr[-3000:]
+    rows = output.read_bytes().decode("utf-8").split("\n")
     assert rows[-1] == "" and len(rows[:-1]) == len(lines)
     assert rows[1] == "" and rows[4] == ""
     for index in (0, 2, 3, 5, 6):

@@ -15,7 +15,6 @@ long anything takes; deadlines only turn a hang into a failure.
 from __future__ import annotations
 
 import dataclasses
-import logging
 import resource
 import shutil
 import signal
@@ -296,13 +295,3 @@ def _background_scenarios(request):
 @pytest.fixture(scope="session")
 def tiny_run_dir(tmp_path_factory, request) -> Path:
     return shared_tiny_run_dir(tmp_path_factory, request.config.cache)
-
-
-@pytest.fixture
-def restore_logging():
-    """The CLIs' `setup_logging` replaces the root handlers: put pytest's back after an in-process CLI call."""
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)

@@ -151,13 +151,16 @@ def score_cli(tiny_run_dir, *args, stdin=b""):
     return subprocess.run(command, input=stdin, capture_output=True, cwd=ROOT, env=env, timeout=300)
 
 
-def test_translate_py_score(tiny_run_dir, tmp_path):
+def test_translate_py_score(tiny_run_dir, tmp_path, capsys, restore_logging):
+    from tests.test_cli_translate import in_process
+
     pairs = tiny_corpus()["test"][:6]
     source, translations = tmp_path / "in.en", tmp_path / "given.de"
     source.write_text("".join(f"{s}\n" for s, _ in pairs), encoding="utf-8")
     translations.write_text("".join(f"{t}\n" for _, t in pairs), encoding="utf-8")
-    done = score_cli(tiny_run_dir, "--input", source, "--score", translations, "--output", tmp_path / "out")
-    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    code, captured = in_process("translate.py", "--model-dir", tiny_run_dir, "--input", source, "--score",
+                                translations, "--output", tmp_path / "out", capsys=capsys)  # fmt: skip
+    assert code == 0, captured.err[-2000:]
     lines = (tmp_path / "out").read_text(encoding="utf-8").splitlines()
     expected = score_lines(
         Translator.from_run_dir(tiny_run_dir), [s for s, _ in pairs], [t for _, t in pairs]
@@ -167,7 +170,8 @@ def test_translate_py_score(tiny_run_dir, tmp_path):
         [float(line.split("\t")[0]) for line in lines], [s for s, _ in expected], atol=2e-5
     )
 
-    # the translations from stdin, one line short: found while streaming, exit 1, no output file
+    # the translations from stdin (a pipe: a process of its own), one line short: found while streaming, exit 1,
+    # no output file
     done = score_cli(tiny_run_dir, "--input", source, "--score", "-", "--output", tmp_path / "short",
                      stdin=translations.read_bytes().rsplit(b"\n", 2)[0] + b"\n")  # fmt: skip
     assert done.returncode == 1

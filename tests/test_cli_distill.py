@@ -1,5 +1,6 @@
-"""distill.py, run as subprocesses: the folder against `Translator.translate`, a finished folder left as it is,
-usage errors before TensorFlow, other settings refused."""
+"""distill.py: the folder against `Translator.translate`, a finished folder left as it is, usage errors before
+TensorFlow, other settings refused. The usage errors run in processes that must not import TensorFlow, the SIGINT
+test a real process; the other runs call `main` in this process through `nmt.cli.run` (`in_process`)."""
 
 import json
 import subprocess
@@ -8,7 +9,7 @@ import sys
 import pytest
 
 from tests.run_fixture import salads, shared_tiny_run_dir, write_corpus
-from tests.test_cli_translate import ROOT, cli
+from tests.test_cli_translate import ROOT, cli, in_process
 
 
 @pytest.fixture(scope="session")
@@ -24,16 +25,16 @@ def corpus(tmp_path):
 
 
 def test_distill_writes_the_teachers_translations_and_prints_the_student_command(
-    tiny_run_dir, corpus, tmp_path
+    tiny_run_dir, corpus, tmp_path, capsys, restore_logging
 ):
     from nmt.translator import Translator
 
     output = tmp_path / "kd"
     args = ("distill.py", "--model-dir", tiny_run_dir, "--output", output, "--xla", "off", "--chunk-size", 4,
             "--beam", 3, "--alpha", 0.5, "--set", f"data.folder={corpus}")  # fmt: skip
-    done = cli(*args)
-    assert done.returncode == 0, done.stderr.decode()[-2000:]
-    assert done.stdout.decode().strip() == str(output)
+    code, done = in_process(*args, capsys=capsys)
+    assert code == 0, done.err[-2000:]
+    assert done.out.strip() == str(output)
     sources = (corpus / "en.train.txt").read_text().splitlines()
     teacher = Translator.from_run_dir(tiny_run_dir, xla=False)
     teacher.eval_config.alpha = 0.5
@@ -43,18 +44,19 @@ def test_distill_writes_the_teachers_translations_and_prints_the_student_command
     assert (settings["beam_size"], settings["alpha"]) == (3, 0.5)
     assert settings["teachers"] == [str(tiny_run_dir.resolve())]
     student = f"data.folder={output.resolve()} data.source=en data.target=de data.train_split=train"
-    assert f"--set data.dataset=folder {student} data.validation_split=validation data.test_split=test" in (
-        done.stderr.decode()
+    assert (
+        f"--set data.dataset=folder {student} data.validation_split=validation data.test_split=test"
+        in done.err
     )
-    _run_the_printed_student_command(done.stderr.decode(), output, tmp_path)
+    _run_the_printed_student_command(done.err, output, tmp_path)
 
     stamp = (output / "de.train.txt").stat().st_mtime_ns
-    again = cli(*args)  # finished: nothing to do, nothing rewritten
-    assert again.returncode == 0 and "complete already" in again.stderr.decode()
+    code, again = in_process(*args, capsys=capsys)  # finished: nothing to do, nothing rewritten
+    assert code == 0 and "complete already" in again.err
     assert (output / "de.train.txt").stat().st_mtime_ns == stamp
-    other = cli(*args, "--beam", 2)  # the last --beam counts
-    assert other.returncode == 1
-    assert "distilled with other settings (beam_size: 3 there, 2 now)" in other.stderr.decode()
+    code, other = in_process(*args, "--beam", 2, capsys=capsys)  # the last --beam counts
+    assert code == 1
+    assert "distilled with other settings (beam_size: 3 there, 2 now)" in other.err
     assert (output / "de.train.txt").stat().st_mtime_ns == stamp
 
 
@@ -75,8 +77,10 @@ def _run_the_printed_student_command(stderr: str, output, tmp_path) -> None:
     config.write_text(yaml.safe_dump(tree), encoding="utf-8")
     student = tmp_path / "student"
     argv = [{"CONFIG": str(config), "DIR": str(student)}.get(word, word) for word in shlex.split(printed)[1:]]
-    trained = cli(*argv)
-    assert trained.returncode == 0, trained.stderr.decode()[-3000:]
+    assert argv[0] == "train.py"
+    import train  # its main in this process: the printed command's arguments are what is under test
+
+    assert train.main(argv[1:]) == 0
     data = yaml.safe_load((student / "config.yaml").read_text())["data"]
     assert (data["dataset"], data["folder"]) == ("folder", str(output.resolve()))
     records = [json.loads(line) for line in (student / "metrics.jsonl").read_text().splitlines()]
@@ -124,7 +128,7 @@ def without_tensorflow(argv):
 
 
 def test_a_busy_folder_is_refused_before_tensorflow_and_a_failed_start_leaves_no_folder(
-    tiny_run_dir, tmp_path
+    tiny_run_dir, tmp_path, capsys, restore_logging
 ):
     import fcntl
 
@@ -138,11 +142,20 @@ def test_a_busy_folder_is_refused_before_tensorflow_and_a_failed_start_leaves_no
     assert [p.name for p in busy.iterdir()] == [".distill.lock"]
 
     new = tmp_path / "new" / "kd"
-    failed = cli(
-        "distill.py", "--model-dir", tiny_run_dir, "--output", new, "--weights", "ema", "--xla", "off"
+    code, failed = in_process(
+        "distill.py",
+        "--model-dir",
+        tiny_run_dir,
+        "--output",
+        new,
+        "--weights",
+        "ema",
+        "--xla",
+        "off",
+        capsys=capsys,
     )
-    assert failed.returncode == 1, failed.stderr.decode()[-2000:]  # the run keeps no EMA: fails after loading
-    assert "ema" in failed.stderr.decode().lower()
+    assert code == 1, failed.err[-2000:]  # the run keeps no EMA: fails after loading
+    assert "ema" in failed.err.lower()
     assert not new.exists()  # the folder it made for its lock is gone again
 
 

@@ -8,6 +8,7 @@ the parent guarantees on any CPU (a validation loss below MAX_SENTENCE_NLL), not
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -133,21 +134,40 @@ def test_a_new_run_starts_from_the_parents_weights_and_tokenizer(tiny_run_dir, t
     assert int(trainer.optimizer.iterations.numpy()) == 0  # the optimizer starts afresh
 
 
-def train(config_tree, run_dir, tmp_path, *extra):
+def write_config(config_tree, tmp_path) -> Path:
     config = tmp_path / f"config-{len(list(tmp_path.glob('config-*')))}.yaml"
     config.write_text(yaml.safe_dump(config_tree, sort_keys=False), encoding="utf-8")
+    return config
+
+
+def train(config_tree, run_dir, tmp_path, *extra):
+    """train.py in a process of its own."""
     env = {**os.environ, "NMT_DATA_CACHE": str(tmp_path / "data_cache")}  # not the user's ~/.cache
-    command = [sys.executable, "train.py", "--config", str(config), "--model-dir", str(run_dir), *extra]
+    command = [sys.executable, "train.py", "--config", str(write_config(config_tree, tmp_path))]
+    command += ["--model-dir", str(run_dir), *extra]
     return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
 
 
-def test_train_py_fine_tunes_then_resumes_without_the_parent(tiny_run_dir, tmp_path):
+def train_here(config_tree, run_dir, tmp_path, request) -> tuple[int, str]:
+    """train.py's `main` in this process (saves a process start): (exit code, its printed lines and log records)."""
+    import train as train_cli
+
+    request.getfixturevalue("monkeypatch").setenv("NMT_DATA_CACHE", str(tmp_path / "data_cache"))
+    capsys, caplog = request.getfixturevalue("capsys"), request.getfixturevalue("caplog")  # before the run
+    # under pytest, train.main's logging.basicConfig adds no handler: its records are caplog's
+    caplog.set_level(logging.INFO)
+    code = train_cli.main(["--config", str(write_config(config_tree, tmp_path)), "--model-dir", str(run_dir)])
+    return code, capsys.readouterr().err + caplog.text
+
+
+def test_train_py_fine_tunes_then_resumes_without_the_parent(tiny_run_dir, tmp_path, request):
+    """The fine-tuning start in this process, its resume in a new one (nothing of the parent kept in memory)."""
     parent = tmp_path / "parent"
     shutil.copytree(tiny_run_dir, parent)
     child = tmp_path / "child"
-    done = train(child_tree(parent), child, tmp_path)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert f"initialised the weights from {parent}" in done.stderr
+    code, output = train_here(child_tree(parent), child, tmp_path, request)
+    assert code == 0, output[-3000:]
+    assert f"initialised the weights from {parent}" in output
     validation = [r for r in map(json.loads, (child / "metrics.jsonl").read_text().splitlines())
                   if r.get("tag") == "validation"]  # fmt: skip
     assert validation and validation[0]["step"] == 2
@@ -165,13 +185,13 @@ def test_train_py_fine_tunes_then_resumes_without_the_parent(tiny_run_dir, tmp_p
     assert saved["train"]["init_from"] == str(parent) and saved["train"]["max_steps"] == 6
 
 
-def test_train_py_refuses_another_model_and_undoes_the_start(tiny_run_dir, tmp_path):
+def test_train_py_refuses_another_model_and_undoes_the_start(tiny_run_dir, tmp_path, request):
     tree = child_tree(tiny_run_dir)
     tree["model"]["d_ff"] = 128
     (tmp_path / "runs").mkdir()
-    done = train(tree, tmp_path / "runs" / "new" / "deeper" / "child", tmp_path)
-    assert done.returncode == 2, done.stderr[-3000:]
-    assert "train.py: config error: train.init_from:" in done.stderr
-    assert "model.d_ff: 128 here, 64 in" in done.stderr
+    code, output = train_here(tree, tmp_path / "runs" / "new" / "deeper" / "child", tmp_path, request)
+    assert code == 2, output[-3000:]
+    assert "train.py: config error: train.init_from:" in output
+    assert "model.d_ff: 128 here, 64 in" in output
     # a new run whose start failed leaves nothing behind, nor the parent folders it made
     assert list((tmp_path / "runs").iterdir()) == []

@@ -5,7 +5,8 @@ weights of the uninterrupted two-worker run. There each worker reads only its re
 batch (the rows of each replica are checked here against the split of the whole batch; tests/data/test_parts.py
 checks the reading), and a repeated signal to a worker does not stop it at once.
 
-Each run is a real `train.py` process (logical devices must be configured before TensorFlow starts). The slower
+Each distributed run is a real `train.py` process (logical devices must be configured before TensorFlow starts);
+the single-device reference is trained in this process (the same Trainer, without a process start). The slower
 multi-worker scenarios (a signal to one worker, a time budget) are in test_multi_worker_resume.py.
 """
 
@@ -111,9 +112,22 @@ def assert_same_training(run: Path, stderr: str, reference: tuple[Path, str]):
 
 @pytest.fixture(scope="module")
 def single_device_run(tmp_path_factory):
+    """The single-device reference, trained in this process (one device needs nothing set before TensorFlow
+    starts): (run directory, train.py's closing line)."""
+    from nmt.config import load_config
+    from nmt.run_dir import RunDir, write_atomic
+    from nmt.trainer import Trainer
+
     tmp = tmp_path_factory.mktemp("single")
-    stderr = finish(run_train(config_file(tmp, "none"), tmp / "run"))
-    return tmp / "run", stderr
+    config = load_config(config_file(tmp, "none"))
+    run_dir = RunDir(tmp / "run")
+    run_dir.path.mkdir()
+    write_atomic(run_dir.config_path, config.to_yaml())
+    trainer = Trainer(config, run_dir)
+    trainer.setup()
+    result = trainer.train()
+    assert result.status == "done", result.message
+    return run_dir.path, f"train.py: {result.message}"
 
 
 def test_mirrored_on_two_cpu_devices_matches_single_device(single_device_run, tmp_path):

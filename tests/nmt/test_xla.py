@@ -40,25 +40,40 @@ def test_autoclustering_is_on_inside_the_block_only_even_on_error():
     assert tf.config.optimizer.get_jit() == ""
 
 
-def executed_op_types(step, b) -> set[str]:
-    """The op types of the graphs TensorFlow partitions and runs for `step`'s first step (its instantiation)."""
+def executed_op_types(step, b) -> tuple[set[str], dict]:
+    """The op types of the graphs TensorFlow partitions and runs for `step`'s first step (its instantiation), and
+    that step's metrics."""
     context.context().enable_run_metadata()
     try:
-        step.step([b])
+        metrics = step.step([b])
         metadata = context.context().export_run_metadata()
     finally:
         context.context().disable_run_metadata()
-    return {
+    types = {
         node.op
         for function in metadata.function_graphs
         for graph in function.partition_graphs
         for node in graph.node
     }
+    return types, metrics
 
 
-def test_fusible_step_runs_xla_clusters_and_keeps_the_matmuls_out_of_them():
-    clustered = executed_op_types(make_step(tiny_model(), autocluster=True), batch(1))
-    plain = executed_op_types(make_step(tiny_model()), batch(1))
+@pytest.fixture(scope="module")
+def fusible_first_step():
+    """One fusible step (traced and compiled once for the two tests below): its executed op types, its loss, and
+    the weights before and after it with the eager reference's gradients."""
+    keras.utils.set_random_seed(1234)  # module fixtures run before the autouse seed fixture
+    model = tiny_model()
+    b = batch(6)
+    grads, loss = reference_gradients(model, [b])
+    before = weights(model)
+    types, metrics = executed_op_types(make_step(model, learning_rate=0.1, autocluster=True), b)
+    return types, float(metrics["loss"]), loss, before, weights(model), grads
+
+
+def test_fusible_step_runs_xla_clusters_and_keeps_the_matmuls_out_of_them(fusible_first_step):
+    clustered = fusible_first_step[0]
+    plain, _ = executed_op_types(make_step(tiny_model()), batch(6))
     assert {"_XlaCompile", "_XlaRun"} <= clustered
     assert not {"_XlaCompile", "_XlaRun"} & plain
     # The matmuls run as TensorFlow (oneDNN) kernels beside the clusters, as in the plain step.
@@ -68,14 +83,10 @@ def test_fusible_step_runs_xla_clusters_and_keeps_the_matmuls_out_of_them():
     assert "Rsqrt" in plain and "Rsqrt" not in clustered  # layer norm
 
 
-def test_fusible_step_matches_the_eager_reference():
-    model = tiny_model()
-    b = batch(6)
-    grads, loss = reference_gradients(model, [b])
-    before = weights(model)
-    metrics = make_step(model, learning_rate=0.1, autocluster=True).step([b])
-    np.testing.assert_allclose(float(metrics["loss"]), loss, rtol=1e-5)
-    for old, new, grad in zip(before, weights(model), grads):
+def test_fusible_step_matches_the_eager_reference(fusible_first_step):
+    _, step_loss, loss, before, after, grads = fusible_first_step
+    np.testing.assert_allclose(step_loss, loss, rtol=1e-5)
+    for old, new, grad in zip(before, after, grads):
         np.testing.assert_allclose(new, old - 0.1 * grad.numpy(), atol=1e-5)
 
 

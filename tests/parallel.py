@@ -11,10 +11,10 @@ reads (a node's id is `item._id`), so under pytest 9.2 loadgroup silently spread
 built each file's fixtures, and the fault scenarios, once per worker.
 
 The order: the units that take longest go first (`FIRST`, from `--durations` of make test on a 2-core Zen 3,
-2026-12-06), the rest by their number of tests, as xdist orders them. xdist's own order (by number of tests) sent
-the few-test end-to-end files last: the two workers ended up to a minute apart. tests/faults/ starts first: its
-background training processes then overlap the other worker's files, and it trains the shared tiny run
-(tests/run_fixture) while the other worker runs files that do not need it.
+2026-12-06, docs/make-test-2026-12-06b-avx2/), the rest by their number of tests, as xdist orders them. xdist's
+own order (by number of tests) sent the few-test end-to-end files last: the two workers ended up to a minute apart.
+tests/faults/ starts first: its background training processes then overlap the other worker's files, and it trains
+the shared tiny run (tests/run_fixture) while the other worker runs files that do not need it.
 """
 
 from __future__ import annotations
@@ -30,16 +30,16 @@ FIRST = (  # the longest units first (a longest-first order for two workers), ti
     "tests/nmt/test_distribute.py",
     "tests/nmt/test_budget_runs.py",
     "tests/nmt/test_train_step.py",
-    "tests/benchmarks/test_bench.py",
     "tests/nmt/test_trainer_interrupted_evaluation.py",
-    "tests/nmt/test_xla.py",
-    "tests/test_cli_translate.py",
-    "tests/test_cli_evaluate.py",
-    "tests/test_cli_distill.py",
+    "tests/benchmarks/test_bench.py",
     "tests/transformer/test_ensemble.py",
-    "tests/transformer/test_decoding.py",
-    "tests/test_e2e.py",
+    "tests/nmt/test_xla.py",
+    "tests/benchmarks/test_attention_memory.py",
     "tests/nmt/test_cluster.py",
+    "tests/test_cli_translate.py",
+    "tests/test_e2e.py",
+    "tests/test_cli_evaluate.py",
+    "tests/transformer/test_decoding.py",
 )
 
 

@@ -2,7 +2,9 @@
 
 Run as subprocesses where the process is under test (--help, errors before TensorFlow is imported, pipes, signals,
 make translate); otherwise `main` runs in this process through `nmt.cli.run`, the CLI's own error handling
-(`in_process`): a new process would cost ~4 s of imports per case and check nothing more.
+(`in_process`): a new process would cost ~4 s of imports per case. One difference: in this process TensorFlow is
+already imported, so the decoding kernels are the test process's (oneDNN), not the CLIs' default where that is
+Eigen (`nmt.cli.decoding_kernels`); the subprocess cases run that default.
 """
 
 import os
@@ -91,7 +93,8 @@ def test_bad_weights_are_reported(tiny_run_dir, tmp_path, capsys, restore_loggin
     code, captured = in_process("translate.py", "--model-dir", broken, "--input", source, "--output", output,
                                 capsys=capsys)  # fmt: skip
     assert code == 1 and not output.exists()
-    # one line, no traceback (any other exception would have failed run_main)
+    # one line, no traceback (an exception in the main thread would also have failed run_main)
+    assert "Traceback" not in captured.err
     assert captured.err.strip().splitlines()[-1].startswith("error: cannot restore model weights from ")
     assert listing(broken) == before
 
@@ -222,7 +225,9 @@ def test_sigterm_stops_like_sigint(tiny_run_dir, tmp_path):
 
 
 @pytest.mark.parametrize("engine", ["tensorflow", "ctranslate2"])
-def test_nbest_keeps_the_field_of_an_empty_translation(engine, tiny_run_dir, tmp_path, request, monkeypatch):
+def test_nbest_keeps_the_field_of_an_empty_translation(
+    engine, tiny_run_dir, tmp_path, request, monkeypatch, restore_logging
+):
     """An empty best hypothesis is an empty text field: 2 x N tab-separated fields, whichever engine."""
     import translate
 

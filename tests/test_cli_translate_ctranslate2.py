@@ -136,11 +136,12 @@ def test_a_damaged_export_that_is_still_json_is_one_clear_error(
         json.dumps(json.loads(vocabulary.read_text(encoding="utf-8"))[:10]), encoding="utf-8"
     )
     for export, code, message in ((bad_meta, 2, "has position_table 'x'"), (short, 1, "vocabulary entries")):
-        # (no traceback: any other exception would fail in_process)
+        # (an exception in the main thread would also fail in_process)
         exit_code, captured = in_process("translate.py", "--model-dir", tiny_run_dir, "--engine", "ctranslate2",
                                          "--engine-dir", export, "--input", sentence_file(tmp_path),
                                          capsys=capsys)  # fmt: skip
         assert exit_code == code and message in captured.err, captured.err[-2000:]
+        assert "Traceback" not in captured.err
 
 
 def test_missing_ctranslate2_is_one_clear_error(tiny_run_dir, ct2_export, monkeypatch):

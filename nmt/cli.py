@@ -158,6 +158,10 @@ def check_search(beam: int | None, alpha: float | None) -> None:
 
     if problem := search_setting_problem(beam, alpha):
         raise CliError("--" + problem.replace("beam_size", "beam"), exit_code=2)
+    if beam == 1 and alpha is not None:  # greedy search: one hypothesis per line, nothing to rank by length
+        raise CliError(
+            "--alpha is the beam search's length penalty: nothing to do with --beam 1", exit_code=2
+        )
 
 
 def check_streams(streams: int | None) -> None:

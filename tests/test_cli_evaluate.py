@@ -90,7 +90,11 @@ def test_evaluate_refuses_a_batch_size_below_one(tiny_run_dir):
 
 @pytest.mark.parametrize(
     "option, message",
-    [(["--beam", "0"], "--beam must be at least 1, got 0"), (["--alpha", "-1"], "--alpha must be")],
+    [
+        (["--beam", "0"], "--beam must be at least 1, got 0"),
+        (["--alpha", "-1"], "--alpha must be"),
+        (["--beam", "1", "--alpha", "0.6"], "--alpha is the beam search's length penalty"),
+    ],
 )
 def test_evaluate_refuses_a_search_setting_out_of_range(tiny_run_dir, option, message):
     sys.path.insert(0, str(ROOT))

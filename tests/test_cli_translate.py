@@ -256,6 +256,7 @@ def test_nbest_keeps_the_field_of_an_empty_translation(
     [
         (["--alpha", "-0.5"], "--alpha must be between 0 and 5, got -0.5"),
         (["--beam", "0"], "--beam must be at least"),
+        (["--beam", "1", "--alpha", "1.0"], "--alpha is the beam search's length penalty"),
     ],
 )
 def test_bad_search_settings_exit_2(args, message, tiny_run_dir, tmp_path):

@@ -10,7 +10,17 @@
 An existing `output` directory (an older export, or empty) gets the staging directory inside it, so its entries
 move in by rename even when `output` is a mount point or a symlink to another filesystem. The older export's
 entries are set aside, not deleted, until every new entry is in; if a rename fails (or Ctrl-C comes) they are put
-back. Staging left by a killed process (SIGKILL, the OOM killer) is removed by the next export to the same place.
+back. Staging left by a killed process (SIGKILL, the OOM killer) is removed by the next export to the same place,
+and an export killed in the middle of the moves is undone by it first: the older export is put back whole.
+
+The moves, and what the next export finds if the process is killed in each:
+
+1. the old entries go into `.replacing-PID` (`last` first): `output` holds only old entries: they are put back;
+2. `.replacing-PID` is renamed `.replaced-PID`: all the old entries are aside;
+3. the new entries come in (`last` last): what is in `output` without `last` is new and removed, the old entries
+   are put back (the set-aside directory renamed `.replacing-PID` first, so that a kill while they are put back
+   is case 1);
+4. `.replaced-PID` is removed: `output` has `last`, the new export is whole: the rest of it is a leftover.
 """
 
 from __future__ import annotations
@@ -21,13 +31,15 @@ import shutil
 from pathlib import Path
 
 _STAGING = "partial"
-_SET_ASIDE = "replaced"
+_SETTING_ASIDE = "replacing"  # old entries being set aside (case 1 above)
+_SET_ASIDE = "replaced"  # every old entry aside (cases 2-4)
 
 
 def staging_directory(output: Path, last: str) -> Path:
     """The path to write `output`'s new content to (absent; its writer creates it). Leftovers of processes that are
     gone are removed first: next to `output`, and inside it when it is an export (`last` there) or holds nothing
     else (a directory of something else is left as it is, for the caller to refuse)."""
+    _undo_interrupted_publish(output, last)
     _remove_leftovers(output, last)
     name = f".{_STAGING}-{os.getpid()}"
     staging = output / name if output.is_dir() else output.with_name(f".{output.name}{name}")
@@ -43,7 +55,7 @@ def publish_directory(staging: Path, output: Path, last: str) -> None:
     if staging.parent != output:
         staging.rename(output)
         return
-    set_aside = output / f".{_SET_ASIDE}-{os.getpid()}"
+    set_aside = output / f".{_SETTING_ASIDE}-{os.getpid()}"
     set_aside.mkdir()
     old = [entry for entry in output.iterdir() if entry not in (staging, set_aside)]
     old.sort(key=lambda entry: entry.name != last)
@@ -53,6 +65,7 @@ def publish_directory(staging: Path, output: Path, last: str) -> None:
         for entry in old:
             entry.rename(set_aside / entry.name)
             moved_old.append(entry.name)
+        set_aside = set_aside.rename(output / f".{_SET_ASIDE}-{os.getpid()}")
         for entry in new:
             entry.rename(output / entry.name)
             moved_new.append(entry.name)
@@ -67,13 +80,39 @@ def publish_directory(staging: Path, output: Path, last: str) -> None:
     shutil.rmtree(set_aside)
 
 
+def _undo_interrupted_publish(output: Path, last: str) -> None:
+    """Puts back the older export that a killed `publish_directory` had set aside (see the module docstring)."""
+    if not output.is_dir() or (output / last).exists():
+        return
+    pattern = re.compile(rf"\.({_SETTING_ASIDE}|{_SET_ASIDE})-(\d+)")
+    matches = [(entry, pattern.fullmatch(entry.name)) for entry in output.iterdir()]
+    aside = [
+        (entry, match) for entry, match in matches if match and entry.is_dir() and not entry.is_symlink()
+    ]
+    if len(aside) != 1 or not _gone(int(aside[0][1].group(2))) or not (aside[0][0] / last).exists():
+        return  # not one killed publish of an export (whose `last` was the first entry set aside)
+    set_aside, match = aside[0]
+    if match.group(1) == _SET_ASIDE:  # new entries were coming in: they go, `output` then holds only old ones
+        leftover = re.compile(rf"\.(?:{_STAGING}|{_SETTING_ASIDE}|{_SET_ASIDE})-\d+")
+        for entry in output.iterdir():
+            if not leftover.fullmatch(entry.name):
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry)
+                else:
+                    entry.unlink()
+        set_aside = set_aside.rename(output / f".{_SETTING_ASIDE}-{match.group(2)}")
+    for entry in sorted(set_aside.iterdir(), key=lambda entry: entry.name == last):  # `last` back last
+        entry.rename(output / entry.name)
+    set_aside.rmdir()
+
+
 def _remove_leftovers(output: Path, last: str) -> None:
     candidates = []
     if output.parent.is_dir():
         pattern = re.compile(rf"\.{re.escape(output.name)}\.{_STAGING}-(\d+)")
         candidates += [(entry, pattern.fullmatch(entry.name)) for entry in output.parent.iterdir()]
     if output.is_dir():
-        pattern = re.compile(rf"\.(?:{_STAGING}|{_SET_ASIDE})-(\d+)")
+        pattern = re.compile(rf"\.(?:{_STAGING}|{_SETTING_ASIDE}|{_SET_ASIDE})-(\d+)")
         inside = [(entry, pattern.fullmatch(entry.name)) for entry in output.iterdir()]
         if (output / last).is_file() or all(match for _, match in inside):
             candidates += inside

@@ -105,7 +105,8 @@ def test_the_marker_leaves_first_and_arrives_last(tmp_path, monkeypatch):
     publish(output, NEW)
     assert moves[0] == ("export", "MARKER")  # the old export stops being complete before anything moves
     assert moves[-1][1] == "MARKER" and moves[-1][0].startswith(".partial-")
-    assert len(moves) == 2 * 4  # four entries out, four in
+    assert len(moves) == 4 + 1 + 4  # four entries out, the set-aside directory renamed, four in
+    assert moves[4][1].startswith(".replacing-")
 
 
 def test_leftovers_of_killed_exports_are_removed_live_ones_kept(tmp_path):
@@ -134,3 +135,71 @@ def test_leftovers_of_killed_exports_are_removed_live_ones_kept(tmp_path):
     (theirs / "notes.txt").write_text("mine")
     staging_directory(theirs, "MARKER")
     assert (theirs / f".partial-{gone}" / "MARKER").is_file()
+
+
+KILLER = """
+import os, shutil, signal, sys
+from pathlib import Path
+
+sys.path.insert(0, {root!r})
+from tests.nmt.test_publish import NEW, publish
+from nmt.publish import staging_directory
+
+output, what, kill_at = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+renames, rename, rmtree = [], Path.rename, shutil.rmtree
+
+
+def killing_rename(self, target):  # SIGKILL instead of the rename number `kill_at` (from 0)
+    if len(renames) == kill_at:
+        os.kill(os.getpid(), signal.SIGKILL)
+    renames.append(self.name)
+    return rename(self, target)
+
+
+def killing_rmtree(path, *args, **kwargs):  # SIGKILL instead of removing the old export's set-aside entries
+    if Path(path).name.startswith(".replaced-") and kill_at == -1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return rmtree(path, *args, **kwargs)
+
+
+Path.rename, shutil.rmtree = killing_rename, killing_rmtree
+publish(output, NEW) if what == "publish" else staging_directory(output, "MARKER")
+"""
+
+
+def killed(output: Path, what: str, kill_at: int) -> None:
+    """`publish(output, NEW)` or the next export's clean-up (`staging_directory`) in a process SIGKILLed at its
+    rename number `kill_at` (-1: when it removes the set-aside old export, after every rename)."""
+    script = KILLER.format(root=str(Path(__file__).resolve().parents[2]))
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(output), what, str(kill_at)], capture_output=True
+    )
+    assert done.returncode == -9, done.stderr.decode()[-2000:]
+
+
+@pytest.mark.parametrize("kill_at", [*range(9), -1])
+def test_an_export_killed_during_its_moves_is_undone_by_the_next_one(tmp_path, kill_at):
+    """Four old entries go aside (renames 0-3), the set-aside directory is renamed (4), four new entries come in
+    (5-8): a SIGKILL before any of them leaves the older export aside in part; the next export puts it back whole
+    before anything else (the readers' view: the old export, then the new one), then replaces it."""
+    output = tmp_path / "export"
+    write(output, OLD)
+    killed(output, "publish", kill_at)
+    # incomplete from the first move to the last
+    assert not (output / "MARKER").exists() or kill_at in (0, -1)
+    staging_directory(output, "MARKER")  # what the next export does first
+    assert contents(output) == contents_of(NEW if kill_at == -1 else OLD)  # and nothing else (no leftovers)
+    publish(output, NEW)
+    assert contents(output) == contents_of(NEW)
+
+
+@pytest.mark.parametrize("kill_at", range(5))
+def test_putting_the_old_export_back_survives_a_kill_of_its_own(tmp_path, kill_at):
+    """Killed after two new entries came in; the export that undoes it is killed too, at each of its renames
+    (the set-aside directory's, then the four old entries'): the one after it still puts the old export back."""
+    output = tmp_path / "export"
+    write(output, OLD)
+    killed(output, "publish", 7)
+    killed(output, "undo", kill_at)
+    staging_directory(output, "MARKER")
+    assert contents(output) == contents_of(OLD)

@@ -134,9 +134,9 @@ def _corpus(args: argparse.Namespace):
 def _held(output: str):
     """The folder's lock, taken before TensorFlow and the teachers load, so that a second process is refused at
     once. Not for a finished folder (it may sit on a read-only mount: `distill` reads it without the lock), nor for
-    a folder that cannot be written but holds a manifest (`distill` names the problem). A run that made the
-    folder and fails before writing anything in it removes it again (and the parents it made) while it holds the
-    lock."""
+    a folder that cannot be written but holds a manifest (`distill` names the problem). A run that fails before
+    writing anything leaves no trace: it removes the lock file it made and, if it made the folder, the folder (and
+    the parents it made), while it holds the lock."""
     from pathlib import Path
 
     from nmt.distill import LOCK, MANIFEST, DistillError, finished_manifest, hold
@@ -150,6 +150,7 @@ def _held(output: str):
         if path.exists():
             break
         made.append(path)
+    lock_made = not (folder / LOCK).exists()
     with contextlib.ExitStack() as held:
         try:
             held.enter_context(hold(folder))
@@ -158,14 +159,14 @@ def _held(output: str):
         except OSError as err:
             if not (folder / MANIFEST).is_file():
                 raise cli.CliError(f"cannot write {output}: {err}", exit_code=1) from err
-            made = []  # not locked: nothing to clean up
+            made, lock_made = [], False  # not locked: nothing to clean up
         try:
             yield
         finally:
             with contextlib.suppress(OSError):  # never in place of the error that ends the run
-                # made by this run, which holds its lock and wrote nothing in it: no trace (a process waiting for
-                # the lock finds its file gone and opens the folder's again: nmt.distill._Lock)
-                if made and [p.name for p in folder.iterdir()] == [LOCK]:
+                # this run holds the lock it made and wrote nothing: no trace (a process waiting for the lock
+                # finds its file gone and opens the folder's again: nmt.distill._Lock)
+                if lock_made and [p.name for p in folder.iterdir()] == [LOCK]:
                     (folder / LOCK).unlink(missing_ok=True)
                     for path in made:
                         path.rmdir()  # only while empty

@@ -127,7 +127,7 @@ def without_tensorflow(argv):
     return done
 
 
-def test_a_busy_folder_is_refused_before_tensorflow_and_a_failed_start_leaves_no_folder(
+def test_a_busy_folder_is_refused_before_tensorflow_and_a_failed_start_leaves_no_trace(
     tiny_run_dir, tmp_path, capsys, restore_logging
 ):
     import fcntl
@@ -157,6 +157,15 @@ def test_a_busy_folder_is_refused_before_tensorflow_and_a_failed_start_leaves_no
     assert code == 1, failed.err[-2000:]  # the run keeps no EMA: fails after loading
     assert "ema" in failed.err.lower()
     assert not new.exists()  # the folder it made for its lock is gone again
+
+    empty = tmp_path / "empty"  # made by the user: it stays, without the lock file the run made in it
+    empty.mkdir()
+    code, failed = in_process(
+        "distill.py", "--model-dir", tiny_run_dir, "--output", empty, "--weights", "ema", "--xla", "off",
+        capsys=capsys,
+    )  # fmt: skip
+    assert code == 1 and "ema" in failed.err.lower(), failed.err[-2000:]
+    assert empty.is_dir() and list(empty.iterdir()) == []
 
 
 def test_a_folder_that_is_not_a_distillations_is_left_untouched(tiny_run_dir, corpus):

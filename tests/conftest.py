@@ -40,10 +40,13 @@ def _fixed_seeds():
 
 @pytest.fixture
 def restore_logging():
-    """The CLIs' `setup_logging` replaces the root handlers: put pytest's back after an in-process CLI call
-    (`tests.faults.helpers.run_main`)."""
+    """The CLIs' `setup_logging` replaces the root handlers and sets the levels of the libraries' loggers: put
+    pytest's back after an in-process CLI call (`tests.faults.helpers.run_main`)."""
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
+    libraries = {name: logging.getLogger(name).level for name in ("tensorflow", "absl", "h5py")}
     yield
     root.handlers[:] = handlers
     root.setLevel(level)
+    for name, library_level in libraries.items():
+        logging.getLogger(name).setLevel(library_level)

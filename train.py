@@ -6,7 +6,7 @@ Rerunning the same command on the same --model-dir resumes from the last checkpo
 Exit codes: 0 done or stopped cleanly by SIGINT/SIGTERM (checkpoint saved), 1 training failed (or a multi-worker
 cluster could not form), 2 bad config or arguments (nothing written), 3 the run directory is in use or inconsistent,
 or was removed while training, 130 interrupted before training started (a new run's start is undone) or by a second
-signal (the last checkpoint is intact).
+signal (the last checkpoint is intact; a new run with none yet is undone too).
 """
 
 from __future__ import annotations
@@ -137,6 +137,7 @@ def main(argv=None) -> int:
         return 2
 
     written = resuming  # DIR has its config.yaml: if it goes, the directory was removed under this process
+    undone = False  # a new run stopped by a second signal before its first checkpoint: its start undone
     started = False  # setup succeeded: from then on DIR holds a run (a new run's failed start is undone)
     # SIGTERM ends the start like SIGINT (undone if new) until training installs its own handlers
     previous_term = stop_on_sigterm()
@@ -169,7 +170,13 @@ def main(argv=None) -> int:
             if trainer.resumed_from:
                 print(f"train.py: resuming {run_dir.path} from step {trainer.resumed_from}", file=sys.stderr)
             signal.signal(signal.SIGTERM, previous_term)  # training installs its own (stop after the step)
-            result = trainer.train()
+            try:
+                result = trainer.train()
+            except KeyboardInterrupt:  # a second signal: no checkpoint of this stop
+                if fresh and not saved_checkpoints(run_dir):  # nothing to resume: undone as a failed start
+                    discard(run_dir, before, made_parents)
+                    undone, written = True, False
+                raise
     except Exception as err:
         removed = chief and written and not run_dir.exists()
         code = report_failure(err, run_dir, removed, multi_worker=config.train.distribute == "multi_worker")
@@ -177,7 +184,12 @@ def main(argv=None) -> int:
             raise
         return code
     except KeyboardInterrupt:
-        if not started:
+        if undone:
+            print(
+                "train.py: interrupted twice before the first checkpoint; nothing kept (the run's start is undone)",
+                file=sys.stderr,
+            )
+        elif not started:
             what = "the last checkpoint is intact" if resuming else "nothing was trained, nothing kept"
             print(f"train.py: interrupted before training started ({what})", file=sys.stderr)
         else:
@@ -205,6 +217,11 @@ def _outputs(run_dir: RunDir) -> str:
         f"train.py: next: python evaluate.py --model-dir {shlex.quote(str(run_dir.path))} --split test  "
         "(sacreBLEU, beam search)"
     )
+
+
+def saved_checkpoints(run_dir: RunDir) -> list[Path]:
+    """The training checkpoints in DIR (their index files), whatever the state file `checkpoint` says."""
+    return sorted(run_dir.checkpoint_dir.glob("ckpt-*.index"))
 
 
 def existing_entries(run_dir: RunDir) -> set[str] | None:

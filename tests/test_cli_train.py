@@ -1,8 +1,12 @@
-"""train.py's argument parsing: `--set` takes one or several overrides, repeatable, in order."""
+"""train.py's argument parsing (`--set` takes one or several overrides, repeatable, in order), and what a second
+Ctrl-C leaves of a new run."""
 
+import logging
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 import train
 
@@ -38,3 +42,47 @@ def test_bad_override_exits_2_and_writes_nothing(tmp_path):
     )
     assert "Traceback" not in result.stderr and result.stdout == ""
     assert not model_dir.exists()
+
+
+@pytest.fixture(scope="module")
+def data_cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("data_cache")
+
+
+@pytest.mark.parametrize("checkpointed", [False, True])
+def test_a_second_signal_undoes_a_new_run_only_before_its_first_checkpoint(
+    checkpointed, data_cache, tmp_path, monkeypatch, capsys, caplog, restore_logging
+):
+    """Two Ctrl-C: the second raises KeyboardInterrupt out of `Trainer.train` (as `StopControl` does). A new run
+    with no checkpoint yet is undone like a failed start (before, its config.yaml stayed, and the corrected
+    command was refused as a run of another model); one with a checkpoint is kept, to be resumed."""
+    from nmt.trainer import Trainer
+    from tests.faults.helpers import fault_tree, write_config
+    from tests.run_fixture import write_corpus
+
+    def second_signal(self):
+        if checkpointed:
+            self.save_checkpoint()
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Trainer, "train", second_signal)
+    monkeypatch.setenv("NMT_DATA_CACHE", str(data_cache))
+    caplog.set_level(logging.INFO)
+    config = write_config(tmp_path / "run.yaml", fault_tree(write_corpus(tmp_path / "corpus")))
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "notes.txt").write_text("mine")  # a folder of the user's, with a file in it
+    for run_dir, before in ((tmp_path / "new" / "run", None), (kept, ["notes.txt"])):
+        assert train.main(["--config", str(config), "--model-dir", str(run_dir)]) == 130
+        err = capsys.readouterr().err
+        if checkpointed:
+            assert "interrupted twice; stopped without a new checkpoint (the last one is intact)" in err
+            assert (run_dir / "config.yaml").is_file() and list(
+                (run_dir / "checkpoints").glob("ckpt-0.index")
+            )
+        else:
+            assert "interrupted twice before the first checkpoint; nothing kept" in err
+            if before is None:
+                assert not (tmp_path / "new").exists()  # the folders it made are gone
+            else:
+                assert sorted(p.name for p in run_dir.iterdir()) == before

@@ -10,7 +10,7 @@ import re
 import shutil
 from pathlib import Path
 
-from nmt.run_dir import RunDirError, write_atomic
+from nmt.run_dir import RunDirError, latest_checkpoint, write_atomic
 
 
 def save_model_weights(model, directory: Path, step: int) -> str:
@@ -106,7 +106,7 @@ def repair_checkpoint_state(directory: Path) -> str:
     )
     return (
         f"{directory / 'checkpoint'} {problem}: rewritten from the checkpoints present "
-        f"({', '.join(names)}); resuming from the newest"
+        f"({', '.join(names)}), the newest as the latest"
     )
 
 
@@ -114,7 +114,6 @@ def checkpoint_to_resume(directory: Path) -> str | None:
     """The checkpoint prefix a run resumes from in `directory` once `repair_checkpoint_state` has run there, found
     without writing anything: what the other workers of a multi-worker run read from the chief's directory, which
     the chief may not have repaired yet (they would otherwise find no state file and resume from step 0)."""
-    import tensorflow as tf
 
     directory = Path(directory)
     if not directory.is_dir():
@@ -122,7 +121,7 @@ def checkpoint_to_resume(directory: Path) -> str | None:
     problem, complete = _state_problem(directory)
     if problem and complete:
         return str(directory / f"ckpt-{complete[-1]}")
-    return tf.train.latest_checkpoint(str(directory))
+    return latest_checkpoint(directory)
 
 
 def _state_problem(directory: Path) -> tuple[str, list[int]]:

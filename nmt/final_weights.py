@@ -14,7 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 from nmt.checkpoints import drop_checkpoints, first_line, restore_errors, restore_model_weights
-from nmt.run_dir import CANDIDATES, RunDirError
+from nmt.run_dir import CANDIDATES, RunDirError, latest_checkpoint
 
 log = logging.getLogger("nmt.train")
 
@@ -143,7 +143,7 @@ def load_run_weights(model, run_dir, which: str, train) -> str:
         prefix = run_dir.weights_prefix(which)
         restore_model_weights(model, prefix)
         return prefix
-    latest = tf.train.latest_checkpoint(str(run_dir.checkpoint_dir))
+    latest = latest_checkpoint(run_dir.checkpoint_dir)
     try:
         if which == "ema":
             return _restore_ema(model, run_dir, latest, train)

@@ -19,6 +19,7 @@ import shutil
 from pathlib import Path
 
 from common.config_tree import ConfigError
+from nmt.checkpoints import checkpoint_to_resume
 from nmt.run_dir import RunDir, RunDirError
 
 log = logging.getLogger(__name__)
@@ -75,9 +76,7 @@ def parent_run(config, run_dir: RunDir | None = None) -> tuple[RunDir, object] |
 def starts_from_parent(config, run_dir: RunDir) -> bool:
     """Whether this start takes the parent's tokenizer and weights: `train.init_from` is set and the run has no
     checkpoint to resume from (a new run, or one stopped before its first checkpoint: it starts again)."""
-    import tensorflow as tf
-
-    return bool(config.train.init_from) and not tf.train.latest_checkpoint(str(run_dir.checkpoint_dir))
+    return bool(config.train.init_from) and not checkpoint_to_resume(run_dir.checkpoint_dir)
 
 
 def run_tokenizer(config, run_dir: RunDir, *, chief: bool = True):

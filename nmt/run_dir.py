@@ -113,7 +113,6 @@ class RunDir:
 
     def weights_prefix(self, which: str = "auto") -> str:
         """The checkpoint prefix holding model weights: final, best, latest, or auto (in that order)."""
-        import tensorflow as tf
 
         dirs = {"final": self.final_dir, "best": self.best_dir, "latest": self.checkpoint_dir}
         if which != "auto" and which not in dirs:
@@ -123,11 +122,7 @@ class RunDir:
             state = dirs[name] / "checkpoint"
             if not state.is_file():  # nothing saved there (or a save killed before TensorFlow's state file)
                 continue
-            # TensorFlow reports an unparsable text state as None, but raises on binary bytes
-            try:
-                prefix = tf.train.latest_checkpoint(str(dirs[name]))
-            except UnicodeDecodeError:
-                prefix = None
+            prefix = latest_checkpoint(dirs[name])
             if prefix:
                 return prefix
             # Saved, and now unreadable: damage to report, not a reason to read other weights than `which` says
@@ -184,6 +179,18 @@ class RunDir:
         if dropped:
             write_atomic(self.metrics_path, "".join(kept))
         return dropped
+
+
+def latest_checkpoint(directory: str | Path) -> str | None:
+    """`tf.train.latest_checkpoint`, None also for a state file TensorFlow raises on: binary bytes, or text that
+    parses but names no checkpoint (an empty file, an empty `model_checkpoint_path`). The callers name the damage
+    or repair it (`nmt.checkpoints.repair_checkpoint_state`)."""
+    import tensorflow as tf
+
+    try:
+        return tf.train.latest_checkpoint(str(directory))
+    except (UnicodeDecodeError, ValueError):
+        return None
 
 
 def write_atomic(path: Path, text: str) -> None:

@@ -163,8 +163,15 @@ class Trainer(TrainerEvaluation):
         self.checkpoint_parts = dict(state, rng_state=self.rng_state)
         self.checkpoint = tf.train.Checkpoint(**self.checkpoint_parts)
         checkpoint_dir = self.run_dir.checkpoint_dir if self.chief else self.private_dir / "checkpoints"
-        if self.chief and (repaired := repair_checkpoint_state(checkpoint_dir)):
-            log.warning("%s", repaired)
+        if self.chief:  # a state file lost or damaged: rewritten from the complete checkpoints there
+            for directory in (
+                checkpoint_dir,
+                checkpoint_dir / "average",
+                self.run_dir.best_dir,
+                self.run_dir.final_dir,
+            ):
+                if repaired := repair_checkpoint_state(directory):
+                    log.warning("%s", repaired)
         self.manager = tf.train.CheckpointManager(
             self.checkpoint,
             str(checkpoint_dir),

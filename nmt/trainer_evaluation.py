@@ -19,6 +19,7 @@ from nmt.checkpoints import save_model_weights
 from nmt.collectives import gather_from_workers
 from nmt.distribute import EvaluationInterrupted
 from nmt.final_weights import average_if_better
+from nmt.run_dir import latest_checkpoint
 from nmt.summaries import write_validation_summaries
 
 log = logging.getLogger("nmt.train")
@@ -83,7 +84,7 @@ class TrainerEvaluation:
             return ""
         if self._budget_left() and not self._patience_spent():
             return ""
-        latest = tf.train.latest_checkpoint(str(self.run_dir.final_dir))
+        latest = latest_checkpoint(self.run_dir.final_dir)
         if not latest or latest.rsplit("-", 1)[-1] != str(self.step):
             return ""
         records = [

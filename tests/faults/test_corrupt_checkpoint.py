@@ -125,8 +125,10 @@ def test_cli_on_truncated_final_weights_fails_clearly(
         lambda final: next(final.glob("ckpt-*.index")).unlink(),
         lambda final: (final / "checkpoint").write_bytes(b"\x8b\x1f\xff\x00 not a state"),
         lambda final: (final / "checkpoint").write_text("model_checkpoint_path: ckpt-\n}{", encoding="utf-8"),
+        lambda final: (final / "checkpoint").write_text(""),  # TensorFlow raises on these two
+        lambda final: (final / "checkpoint").write_text('model_checkpoint_path: ""\n', encoding="utf-8"),
     ],
-    ids=["index-gone", "binary-state", "garbled-state"],
+    ids=["index-gone", "binary-state", "garbled-state", "empty-state", "no-latest-state"],
 )
 def test_damaged_final_weights_are_reported_not_replaced_by_other_weights(reference_copy, damage):
     """--weights auto reads final/, else best/, else the latest checkpoint: that order is for weights never saved,

@@ -50,7 +50,7 @@ def test_a_damaged_checkpoint_state_file_is_rewritten_from_the_checkpoints(refer
     assert checkpoint_to_resume(checkpoints) == str(checkpoints / f"ckpt-{kept[-1]}")
     assert snapshot(checkpoints) == before
     message = repair_checkpoint_state(checkpoints)
-    assert f"{state} " in message and f"ckpt-{kept[-1]}); resuming from the newest" in message
+    assert f"{state} " in message and f"ckpt-{kept[-1]}), the newest as the latest" in message
     assert _steps(checkpoints) == kept
     assert not list(checkpoints.glob("*_temp"))  # the half-written save went too
     assert tf.train.latest_checkpoint(str(checkpoints)) == str(checkpoints / f"ckpt-{kept[-1]}")
@@ -61,11 +61,20 @@ def test_a_damaged_checkpoint_state_file_is_rewritten_from_the_checkpoints(refer
     ] == kept  # what the trainer's manager rotates
 
 
+@pytest.mark.parametrize(
+    ("folder", "damage"),
+    [("checkpoints", "deleted"), ("final", "emptied"), ("final", "names no latest")],
+)
 def test_a_finished_run_with_its_state_file_deleted_is_still_finished(
-    fault_config, reference_copy, capsys, caplog
+    fault_config, reference_copy, capsys, caplog, folder, damage
 ):
-    """Before the repair, this rerun trained from step 0 again, rotating the real checkpoints away."""
-    (reference_copy / "checkpoints" / "checkpoint").unlink()
+    """Before the repair, this rerun trained from step 0 again, rotating the real checkpoints away; with final/'s
+    state file emptied, or naming no latest checkpoint (which TensorFlow raises on), it ended in a traceback."""
+    state = reference_copy / folder / "checkpoint"
+    if damage == "deleted":
+        state.unlink()
+    else:
+        state.write_text("" if damage == "emptied" else f'all_model_checkpoint_paths: "ckpt-{MAX_STEPS}"\n')
     code = train_cli.main(["--config", str(fault_config), "--model-dir", str(reference_copy)])
     stderr = capsys.readouterr().err
     assert code == 0, stderr[-3000:]

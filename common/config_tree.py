@@ -107,13 +107,35 @@ def resolve_config_path(name: str | Path, relative_to: Path | None = None) -> Pa
     )
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """`yaml.safe_load`'s loader (the same safe constructors), refusing a key repeated in one mapping: YAML keeps the
+    last silently, so a second `train:` section at the end of a file replaced the whole first one."""
+
+    def construct_mapping(self, node, deep=False):
+        first_line = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *defaults`: its keys may be overridden
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                if key in first_line:
+                    raise yaml.constructor.ConstructorError(
+                        "while constructing a mapping", node.start_mark,
+                        f"found the key {key!r} twice (first on line {first_line[key] + 1})", key_node.start_mark,
+                    )  # fmt: skip
+                first_line[key] = key_node.start_mark.line
+            except TypeError:  # an unhashable key: SafeLoader's own error follows
+                pass
+        return super().construct_mapping(node, deep=deep)
+
+
 def _read_yaml(path: Path) -> dict:
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:
         raise ConfigError(f"cannot read config file {path}: {err}") from err
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader: only the safe constructors
     except yaml.YAMLError as err:
         raise ConfigError(f"invalid YAML in {path}: {err}") from err
     if data is None:

@@ -124,6 +124,22 @@ def test_python_object_tags_are_refused(tmp_path):
         load_config(evil)
 
 
+def test_a_repeated_key_is_refused_not_the_last_one_kept(tmp_path):
+    """yaml.safe_load keeps the last of a repeated key: a `train:` section appended at the end replaced the first
+    whole (its max_steps gone: a run without end). Merge keys (`<<: *anchor`) still override."""
+    repeated = write(
+        tmp_path / "repeated.yaml", "base: tiny.yaml\ntrain:\n  max_steps: 5\ntrain:\n  seed: 7\n"
+    )
+    with pytest.raises(ConfigError, match=r"found the key 'train' twice \(first on line 2\)[\s\S]*line 4"):
+        load_config(repeated)
+    inner = write(tmp_path / "inner.yaml", "base: tiny.yaml\ntrain:\n  seed: 5\n  max_steps: 3\n  seed: 7\n")
+    with pytest.raises(ConfigError, match="found the key 'seed' twice"):
+        load_config(inner)
+    merged = "base: tiny.yaml\nx-defaults: &d {seed: 1, max_steps: 3}\ntrain:\n  <<: *d\n  seed: 2\n"
+    with pytest.raises(ConfigError, match="x-defaults"):  # an unknown section, not a repeated key
+        load_config(write(tmp_path / "merged.yaml", merged))
+
+
 def test_round_trip_through_yaml(tmp_path):
     config = load_config("tiny")
     saved = write(tmp_path / "resolved.yaml", config.to_yaml())

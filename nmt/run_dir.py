@@ -145,13 +145,15 @@ class RunDir:
         if not self.metrics_path.is_file():
             return []
         records = []
-        for line in self.metrics_path.read_text(encoding="utf-8").splitlines():
+        for line in self.metrics_path.read_text(encoding="utf-8", errors="replace").splitlines():
             line = line.strip()
             if line:
                 try:
-                    records.append(json.loads(line))
+                    record = json.loads(line)
                 except json.JSONDecodeError:
                     continue  # a line cut by a crash mid-write: skip it, keep the rest
+                if isinstance(record, dict):  # not a record of ours (a line edited in): skipped too
+                    records.append(record)
         return records
 
     def drop_metrics_after(self, step: int) -> int:
@@ -163,7 +165,7 @@ class RunDir:
         if not self.metrics_path.is_file():
             return 0
         kept, dropped = [], 0
-        for line in self.metrics_path.read_text(encoding="utf-8").splitlines():
+        for line in self.metrics_path.read_text(encoding="utf-8", errors="replace").splitlines():
             if not line.strip():
                 continue
             try:

@@ -1,0 +1,23 @@
+"""nmt.run_dir: the records of metrics.jsonl as a resumed run and the CLIs read them, whatever else is in the file."""
+
+import json
+
+from nmt.run_dir import RunDir
+
+
+def test_metrics_lines_that_are_not_records_are_skipped(tmp_path):
+    """A line cut by a crash, JSON that is not an object, invalid UTF-8: skipped by the readers, dropped (counted)
+    by a resume's `drop_metrics_after`, the records around them kept."""
+    run_dir = RunDir(tmp_path)
+    records = [
+        {"step": 1, "loss": 2.0},
+        {"step": 2, "tag": "validation", "loss": 1.5},
+        {"step": 3, "loss": 1.0},
+    ]
+    lines = [json.dumps(records[0]), "[1, 2]", json.dumps(records[1]), '"text"', "7", json.dumps(records[2])]
+    run_dir.metrics_path.write_bytes(
+        ("\n".join(lines) + "\n").encode() + b'{"step": \xff\xfe\n{"step": 4, "lo'
+    )
+    assert run_dir.read_metrics() == records
+    assert run_dir.drop_metrics_after(2) == 3  # step 3, the undecodable line, the cut line
+    assert run_dir.read_metrics() == records[:2]

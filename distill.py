@@ -77,7 +77,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     cli.add_weights_argument(parser)
     cli.add_xla_argument(parser)
-    cli.add_streams_argument(parser)
+    cli.add_streams_argument(parser, engines=False)  # the teachers decode with TensorFlow
     cli.add_ensemble_argument(parser)
     parser.add_argument("--verbose", action="store_true", help="debug logging")
     parser.set_defaults(engine="tensorflow")  # for the shared --ensemble checks

@@ -94,7 +94,12 @@ def main(argv: list[str] | None = None) -> int:
                 f"--source has {counts[0]} lines but --reference has {counts[1]}: they must be line-aligned",
                 exit_code=2,
             )
-    cli.check_output_file(args.output)
+    cli.check_output_file(args.output, "--output")
+    cli.check_standard_streams(
+        stdin="give --source and --reference as files" if "-" in (args.source, args.reference) else "",
+        stdout="evaluate.py prints its report there",
+    )
+    cli.check_distinct_files(source=args.source, reference=args.reference, output=args.output)
     cli.check_model_dir(args.model_dir)
     cli.check_ensemble(args)
     cli.check_engine(args)

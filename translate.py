@@ -151,16 +151,24 @@ def _check(args: argparse.Namespace) -> None:
     cli.check_search(args.beam, args.alpha)
     if args.batch_size is not None and args.batch_size < 1:
         raise cli.CliError(f"--batch-size must be at least 1, got {args.batch_size}", exit_code=2)
-    if args.nbest < 1 or args.chunk_size < 1:
-        raise cli.CliError("--nbest and --chunk-size must be at least 1", exit_code=2)
+    for option, value in (("--nbest", args.nbest), ("--chunk-size", args.chunk_size)):
+        if value < 1:
+            raise cli.CliError(f"{option} must be at least 1, got {value}", exit_code=2)
     if args.beam is not None and args.nbest > args.beam:
         raise cli.CliError(f"--nbest {args.nbest} exceeds --beam {args.beam}", exit_code=2)
     cli.check_streams(args.streams)
     if args.input == "-":
         args.input = None  # stdin
     cli.check_input_file(args.input)
-    cli.check_output_file(args.output)
-    cli.check_output_file(args.plot_attention)
+    cli.check_output_file(args.output, "--output")
+    cli.check_output_file(args.plot_attention, "--plot-attention")
+    cli.check_standard_streams(
+        stdin="give --input FILE" if args.input is None or args.score == "-" else "",
+        stdout="give --output FILE" if args.output in (None, "-") else "",
+    )
+    cli.check_distinct_files(
+        input=args.input, score=args.score, output=args.output, plot_attention=args.plot_attention
+    )
     if args.plot_attention:
         from nmt.attention_plot import check_path
 

@@ -140,15 +140,20 @@ def add_xla_argument(parser) -> None:
     )
 
 
-def add_streams_argument(parser) -> None:
-    """`--streams N`: decoding batches in flight at once (`Translator(streams=...)`); None keeps eval.streams."""
+def add_streams_argument(parser, engines: bool = True) -> None:
+    """`--streams N`: decoding batches in flight at once (`Translator(streams=...)`); None keeps eval.streams.
+    `engines`: the command has `--engine` (its help says what N means for CTranslate2)."""
     parser.add_argument(
         "--streams",
         type=int,
         default=None,
         help="decoding batches in flight at once, one thread each (default: the run's eval.streams; 0 = auto: "
-        "2 on a CPU with 2+ cores, 1 on a GPU); the translations are the same. With --engine ctranslate2: its "
-        "inter_threads, the CPUs shared among them (intra_threads)",
+        "2 on a CPU with 2+ cores, 1 on a GPU); the translations are the same"
+        + (
+            ". With --engine ctranslate2: its inter_threads, the CPUs shared among them (intra_threads)"
+            if engines
+            else ""
+        ),
     )
 
 
@@ -304,15 +309,41 @@ def check_input_file(path: str | None) -> None:
         raise CliError(f"input file is not readable: {path}", exit_code=2)
 
 
-def check_output_file(path: str | None) -> None:
-    """Raises a usage CliError if an output file could not be created (missing folder, a directory)."""
+def check_output_file(path: str | None, option: str = "output") -> None:
+    """Raises a usage CliError if an output file could not be created (missing folder, a directory); `option`
+    names it in the message."""
     if path is None or path == "-":
         return
     if os.path.isdir(path):
-        raise CliError(f"output is a directory, not a file: {path}", exit_code=2)
+        raise CliError(f"{option} is a directory, not a file: {path}", exit_code=2)
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
-        raise CliError(f"output folder does not exist: {folder}", exit_code=2)
+        raise CliError(f"{option} folder does not exist: {folder}", exit_code=2)
+
+
+def check_standard_streams(stdin: str = "", stdout: str = "") -> None:
+    """A closed standard input or output (`<&-`, `>&-`: Python then has no sys.stdin/sys.stdout) that the command
+    would use, named before any work; `stdin`/`stdout` say what to do instead ("" if it does not use it)."""
+    if stdin and sys.stdin is None:
+        raise CliError(f"standard input is closed: {stdin}", exit_code=2)
+    if stdout and sys.stdout is None:
+        raise CliError(f"standard output is closed: {stdout}", exit_code=2)
+
+
+def check_distinct_files(**paths: str | None) -> None:
+    """Refuses an output that is one of the inputs (or another output): the results would overwrite it.
+    `paths`: option name (underscores for dashes) -> path, None or "-" for a standard stream (not compared)."""
+    seen: dict[tuple[int, int], str] = {}
+    for name, path in paths.items():
+        if path is None or path == "-" or not os.path.exists(path) or not os.path.isfile(path):
+            continue
+        info = os.stat(path)
+        option = "--" + name.replace("_", "-")
+        if (key := (info.st_dev, info.st_ino)) in seen:
+            raise CliError(
+                f"{seen[key]} and {option} are the same file ({path}): its content would be lost", 2
+            )
+        seen[key] = option
 
 
 def check_output_dir(path: str) -> None:

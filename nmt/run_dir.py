@@ -89,6 +89,8 @@ class RunDir:
     def require(self) -> RunDir:
         """Raises RunDirError unless DIR holds a config and a tokenizer (what every consumer needs)."""
         if not self.path.is_dir():
+            if self.path.exists():
+                raise RunDirError(f"model directory is a file, not a run directory: {self.path}")
             raise RunDirError(f"model directory does not exist: {self.path}")
         if not self.config_path.is_file():
             raise RunDirError(f"{self.path} is not a run directory: {self.config_path.name} is missing")

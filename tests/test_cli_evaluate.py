@@ -106,6 +106,23 @@ def test_evaluate_refuses_a_search_setting_out_of_range(tiny_run_dir, option, me
     assert caught.value.exit_code == 2
 
 
+def test_evaluate_never_overwrites_its_reference_and_needs_a_stdout(tiny_run_dir, tmp_path, monkeypatch):
+    sys.path.insert(0, str(ROOT))
+    import evaluate
+    from nmt.cli import CliError
+
+    source, reference = tmp_path / "src.txt", tmp_path / "ref.txt"
+    source.write_text("a cat\n")
+    reference.write_text("eine katze\n")
+    files = ["--model-dir", str(tiny_run_dir), "--source", str(source), "--reference", str(reference)]
+    with pytest.raises(CliError, match="--reference and --output are the same file") as caught:
+        evaluate.main([*files, "--output", str(reference)])
+    assert caught.value.exit_code == 2 and reference.read_text() == "eine katze\n"
+    monkeypatch.setattr(sys, "stdout", None)  # `>&-`: the report would be lost
+    with pytest.raises(CliError, match="standard output is closed: evaluate.py prints its report there"):
+        evaluate.main(files)
+
+
 @pytest.mark.parametrize(
     "weights, message",
     [("average", r"no average: train.average_last is 0 \(at least 2\)"), ("ema", "no EMA: trained with")],

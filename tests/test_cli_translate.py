@@ -82,6 +82,50 @@ def test_missing_input_file_writes_nothing(tiny_run_dir, tmp_path):
     assert listing(tiny_run_dir) == before
 
 
+def test_usage_errors_name_the_option_and_an_input_is_never_overwritten(tiny_run_dir, tmp_path, monkeypatch):
+    """Before TensorFlow loads (CliError, exit 2). Before 2026-12-06: --chunk-size 0 named --nbest too, a directory
+    given to --plot-attention was called "output", and --output equal to --input overwrote the input with its
+    translation."""
+    sys.path.insert(0, str(ROOT))
+    import translate
+    from nmt.cli import CliError
+    from nmt.run_dir import RunDirError
+
+    source = tmp_path / "in.txt"
+    source.write_text("a cat\n")
+    run = ["--model-dir", str(tiny_run_dir)]
+    cases = [
+        (["--input", str(source), "--chunk-size", "0"], "--chunk-size must be at least 1, got 0"),
+        (["--input", str(source), "--plot-attention", str(tmp_path)], f"--plot-attention is a directory, not a file: {tmp_path}"),
+        (["--input", str(source), "--output", str(tmp_path)], "--output is a directory"),
+        (["--input", str(source), "--output", str(source)], f"--input and --output are the same file ({source})"),
+        (["--input", str(source), "--output", str(tmp_path / "o"), "--plot-attention", str(tmp_path / "o")], None),
+    ]  # fmt: skip
+    for args, message in cases:
+        with pytest.raises(CliError) as caught:
+            translate.main([*run, *args])
+        assert caught.value.exit_code == 2
+        assert message is None or message in str(caught.value), str(caught.value)
+    assert source.read_text() == "a cat\n"
+    with pytest.raises(RunDirError, match=f"model directory is a file, not a run directory: {source}"):
+        translate.main(["--model-dir", str(source), "--input", str(source)])
+    monkeypatch.setattr(sys, "stdout", None)  # what Python has when started with `>&-`
+    with pytest.raises(CliError, match="standard output is closed: give --output FILE"):
+        translate.main([*run, "--input", str(source)])
+
+
+def test_a_closed_stdin_is_one_clear_error(tiny_run_dir):
+    """`translate.py <&-`: Python starts without sys.stdin (before: AttributeError, a traceback)."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "translate.py"), "--model-dir", str(tiny_run_dir)],
+        capture_output=True, cwd=ROOT, timeout=300, preexec_fn=lambda: os.close(0),
+    )  # fmt: skip
+    assert done.returncode == 2 and done.stdout == b""
+    assert (
+        done.stderr.decode().strip().splitlines()[-1] == "error: standard input is closed: give --input FILE"
+    )
+
+
 def test_bad_weights_are_reported(tiny_run_dir, tmp_path, capsys, restore_logging):
     broken = tmp_path / "broken"
     shutil.copytree(tiny_run_dir, broken)

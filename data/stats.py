@@ -4,9 +4,9 @@
 
 Keys: `splits` (split -> pairs), `vocab_size` (padded target vocabulary; `source_vocab_size` too),
 `roundtrip_exact` (fraction of validation sentences, source and target sides together, with
-detokenize(tokenize(x)) == x; per side in `roundtrip_exact_source` / `_target`), `padding_waste` (PAD slots /
-all slots of source and target_out over one training epoch), `num_shapes` (distinct batch shapes in that epoch),
-`num_buckets`, `bucket_edges`, `num_batches`, `dropped_long` (training pairs over max_length), `tokens_per_sec`
+detokenize(tokenize(x)) == x; per side in `roundtrip_exact_source` / `_target`; null without validation
+sentences), `padding_waste` (PAD slots / all slots of source and target_out over one training epoch),
+`num_shapes` (distinct batch shapes in that epoch), `num_buckets`, `bucket_edges`, `num_batches`, `dropped_long` (training pairs over max_length), `tokens_per_sec`
 (target tokens per second of the pipeline alone over a second epoch, cache warm) and `seconds` (wall time).
 
 The tokenizer is loaded from `--tokenizer-dir` if it holds one, else trained into it; without `--tokenizer-dir`,
@@ -42,14 +42,19 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _roundtrip(strings: list[str], tokenize, detokenize) -> float:
-    """Fraction of strings with detokenize(tokenize(s)) == s."""
+def _roundtrip(strings: list[str], tokenize, detokenize) -> int:
+    """How many strings have detokenize(tokenize(s)) == s."""
     if not strings:
-        return 1.0
+        return 0
     import tensorflow as tf
 
     back = detokenize(tokenize(tf.constant(strings))).numpy()
-    return sum(b.decode("utf-8") == s for b, s in zip(back, strings)) / len(strings)
+    return sum(b.decode("utf-8") == s for b, s in zip(back, strings))
+
+
+def _fraction(count: int, total: int) -> float | None:
+    """count / total rounded for the report; None (JSON null) for no strings: no fraction to report."""
+    return round(count / total, 5) if total else None
 
 
 def _epoch_stats(dataset) -> dict:
@@ -103,7 +108,6 @@ def compute_stats(cfg, seed: int, tokenizer_dir: Path | None) -> dict:
     sources, targets = load_text_pairs(cfg, cfg.validation_split)
     exact_source = _roundtrip(sources, tokenizer.tokenize_source, tokenizer.detokenize_source)
     exact_target = _roundtrip(targets, tokenizer.tokenize_target, tokenizer.detokenize_target)
-    exact = (exact_source * len(sources) + exact_target * len(targets)) / max(len(sources) + len(targets), 1)
 
     train = open_split(cfg, tokenizer, cfg.train_split)
     max_pieces = cfg.max_length - 1
@@ -119,9 +123,9 @@ def compute_stats(cfg, seed: int, tokenizer_dir: Path | None) -> dict:
         "vocab_size": tokenizer.target_vocab_size,
         "source_vocab_size": tokenizer.source_vocab_size,
         "joint_vocab": tokenizer.joint,
-        "roundtrip_exact": round(exact, 5),
-        "roundtrip_exact_source": round(exact_source, 5),
-        "roundtrip_exact_target": round(exact_target, 5),
+        "roundtrip_exact": _fraction(exact_source + exact_target, len(sources) + len(targets)),
+        "roundtrip_exact_source": _fraction(exact_source, len(sources)),
+        "roundtrip_exact_target": _fraction(exact_target, len(targets)),
         "padding_waste": round(first["waste"], 4),
         "num_shapes": first["shapes"],
         "num_buckets": len(edges),

@@ -40,6 +40,8 @@ def test_prints_one_json_line(tmp_path, mirror, prepared_dir, capsys):
     assert stats["vocab_size"] == 96 and (tmp_path / "spm" / "spm.model").is_file()
     # 96 pieces: no byte fallback for characters unseen in training (capitals of rare sentence starts)
     assert 0.9 <= stats["roundtrip_exact"] <= 1
+    sides = stats["roundtrip_exact_source"], stats["roundtrip_exact_target"]
+    assert min(sides) <= stats["roundtrip_exact"] <= max(sides)  # the two sides' sentences together
     assert 0 <= stats["padding_waste"] < 0.5
     assert 1 <= stats["num_shapes"] <= 2 * stats["num_buckets"]
     assert stats["dropped_long"] > 0 and stats["tokens_per_sec"] > 0
@@ -77,3 +79,10 @@ def test_help(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["--help"])
     assert exit_info.value.code == 0 and "--tokenizer-dir" in capsys.readouterr().out
+
+
+def test_no_validation_sentences_give_no_roundtrip_fraction():
+    """null, not 0.0 (before: 0.0 next to per-side values of 1.0, for an empty validation split)."""
+    from data.stats import _fraction
+
+    assert _fraction(0, 0) is None and _fraction(3, 4) == 0.75

@@ -6,8 +6,9 @@ Keys: `splits` (split -> pairs), `vocab_size` (padded target vocabulary; `source
 `roundtrip_exact` (fraction of validation sentences, source and target sides together, with
 detokenize(tokenize(x)) == x; per side in `roundtrip_exact_source` / `_target`; null without validation
 sentences), `padding_waste` (PAD slots / all slots of source and target_out over one training epoch),
-`num_shapes` (distinct batch shapes in that epoch), `num_buckets`, `bucket_edges`, `num_batches`, `dropped_long` (training pairs over max_length), `tokens_per_sec`
-(target tokens per second of the pipeline alone over a second epoch, cache warm) and `seconds` (wall time).
+`num_shapes` (distinct batch shapes in that epoch), `num_buckets`, `bucket_edges`, `num_batches`, `dropped_long`
+(training pairs over max_length), `tokens_per_sec` (target tokens per second of the pipeline alone over a second
+epoch, cache warm) and `seconds` (wall time).
 
 The tokenizer is loaded from `--tokenizer-dir` if it holds one, else trained into it; without `--tokenizer-dir`,
 the cached tokenizer of `data.prepare` is used. The splits are read from the cache (prepared first if missing).

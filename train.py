@@ -24,7 +24,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import nmt.xla  # noqa: E402, F401  (TF_XLA_FLAGS before TensorFlow reads them: train.xla fusible)
 from nmt.cli import add_set_argument, stop_on_sigterm  # noqa: E402
-from nmt.config import LOCATION_KEYS, ConfigError, load_config  # noqa: E402
+from nmt.config import LOCATION_KEYS, ConfigError, absolute_paths, load_config  # noqa: E402
 from nmt.run_dir import RunDir, RunDirError, RunLock, write_atomic  # noqa: E402
 
 
@@ -45,7 +45,8 @@ def check_resume_compatible(run_dir: RunDir, config) -> bool:
     """True when DIR already holds a run; raises RunDirError if its model/data config differs from this one."""
     if not run_dir.exists():
         return False
-    saved = run_dir.load_config()
+    # a run saved before its paths were made absolute: read as meant from here
+    saved = absolute_paths(run_dir.load_config())
     for section in ("data", "model"):
         old, new = getattr(saved, section).__dict__, getattr(config, section).__dict__
         changed = [
@@ -83,7 +84,8 @@ def main(argv=None) -> int:
             logging.getLogger(noisy).setLevel(logging.WARNING)
     log = logging.getLogger("nmt.train")
     try:
-        config = load_config(args.config, args.overrides)
+        # relative paths made absolute: the run's config.yaml must mean the same from any working directory
+        config = absolute_paths(load_config(args.config, args.overrides))
     except ConfigError as err:
         print(f"train.py: config error: {err}", file=sys.stderr)
         return 2
@@ -99,7 +101,7 @@ def main(argv=None) -> int:
     if resuming:  # fine-tuning: the parent of its start, whatever this command says
         from nmt.init_from import keep_parent_of_resumed_run
 
-        saved = run_dir.load_config()
+        saved = absolute_paths(run_dir.load_config())
         config = keep_parent_of_resumed_run(saved, config)
         changed = [
             f"{section}.{key}: {old!r} -> {new!r}"

@@ -324,3 +324,24 @@ def config_from_dict(tree: dict) -> Config:
 def load_config(name: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
     """Loads a YAML config (with inheritance), applies `--set` overrides, validates everything."""
     return config_from_dict(load_tree(name, overrides))
+
+
+PATH_KEYS = (("data", "folder"), ("data", "cache_dir"), ("data", "manual_dir"), ("data", "data_dir"),
+             ("train", "init_from"))  # fmt: skip
+
+
+def absolute_paths(config: Config) -> Config:
+    """`config` with its relative paths (`PATH_KEYS`; `~` expanded) made absolute against the working directory,
+    where they meant something: what a run directory's config.yaml holds, read later from anywhere."""
+    import os
+
+    sections = {}
+    for section, key in PATH_KEYS:
+        value = getattr(getattr(config, section), key)
+        if isinstance(value, str) and value:
+            absolute = os.path.abspath(os.path.expanduser(value))
+            sections.setdefault(section, {})[key] = absolute
+    return dataclasses.replace(
+        config,
+        **{name: dataclasses.replace(getattr(config, name), **values) for name, values in sections.items()},
+    )

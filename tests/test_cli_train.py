@@ -86,3 +86,38 @@ def test_a_second_signal_undoes_a_new_run_only_before_its_first_checkpoint(
                 assert not (tmp_path / "new").exists()  # the folders it made are gone
             else:
                 assert sorted(p.name for p in run_dir.iterdir()) == before
+
+
+def test_the_run_config_holds_absolute_paths_and_old_relative_ones_still_resume(
+    data_cache, tmp_path, monkeypatch, capsys, caplog, restore_logging
+):
+    """Relative paths meant the working directory of the command: config.yaml says which folder, so evaluate.py
+    run from elsewhere reads the same corpus (before: `folder: corpus`, then "no such directory" or, for a
+    relative cache_dir, a second cache). A run saved with relative paths resumes from where they meant that."""
+    from nmt.config import load_config
+    from nmt.run_dir import RunDir, write_atomic
+    from nmt.trainer import Trainer
+    from tests.faults.helpers import fault_tree, write_config
+    from tests.run_fixture import write_corpus
+
+    def stopped(self):  # a checkpoint, then a second Ctrl-C: the run directory is kept
+        self.save_checkpoint()
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Trainer, "train", stopped)
+    monkeypatch.setenv("NMT_DATA_CACHE", str(data_cache))
+    caplog.set_level(logging.INFO)
+    monkeypatch.chdir(tmp_path)
+    write_corpus(tmp_path / "corpus")
+    tree = fault_tree(Path("corpus"))
+    tree["data"]["cache_dir"] = "cache"
+    config = write_config(tmp_path / "run.yaml", tree)
+    assert train.main(["--config", "run.yaml", "--model-dir", "run"]) == 130
+    saved = RunDir(tmp_path / "run").load_config()
+    assert (saved.data.folder, saved.data.cache_dir) == (str(tmp_path / "corpus"), str(tmp_path / "cache"))
+    # config.yaml as a run saved it before: relative. The same command resumes it (not "a different data config").
+    write_atomic(tmp_path / "run" / "config.yaml", load_config(config).to_yaml())
+    assert RunDir(tmp_path / "run").load_config().data.folder == "corpus"
+    capsys.readouterr()
+    assert train.main(["--config", "run.yaml", "--model-dir", "run"]) == 130
+    assert "resuming" in capsys.readouterr().err + caplog.text

@@ -204,20 +204,31 @@ def main(argv=None) -> int:
         signal.signal(signal.SIGTERM, previous_term)
     print(f"train.py: {result.message}", file=sys.stderr)
     if result.status in ("done", "early_stopped") and chief:
-        print(_outputs(run_dir), file=sys.stderr)
+        print(_outputs(run_dir, _split_to_evaluate(config)), file=sys.stderr)
     return 0
 
 
-def _outputs(run_dir: RunDir) -> str:
-    """Where a finished run's results are, and the next command."""
+def _split_to_evaluate(config) -> str:
+    """The split the next command evaluates: test, or validation if the corpus has no test split."""
+    from data.corpus import split_sizes
+
+    try:
+        sizes = split_sizes(config.data)
+    except Exception:  # noqa: BLE001 - only a hint, after the training: never an error there
+        return "test"
+    return "test" if sizes.get(config.data.test_split) else "validation"
+
+
+def _outputs(run_dir: RunDir, split: str = "test") -> str:
+    """Where a finished run's results are, and the next command (evaluating `split`)."""
     kept = [f"final weights {run_dir.final_dir}"]
     if run_dir.best_dir.is_dir():
         kept.append(f"best-BLEU weights {run_dir.best_dir}")
     kept += [f"metrics {run_dir.metrics_path}", f"TensorBoard {run_dir.tensorboard_dir}"]
     return (
         f"train.py: {'; '.join(kept)}\n"
-        f"train.py: next: python evaluate.py --model-dir {shlex.quote(str(run_dir.path))} --split test  "
-        "(sacreBLEU, beam search)"
+        f"train.py: next: python evaluate.py --model-dir {shlex.quote(str(run_dir.path))} --split {split}  "
+        "(sacreBLEU, beam search" + (")" if split == "test" else "; the corpus has no test split)")
     )
 
 

@@ -121,3 +121,19 @@ def test_the_run_config_holds_absolute_paths_and_old_relative_ones_still_resume(
     capsys.readouterr()
     assert train.main(["--config", "run.yaml", "--model-dir", "run"]) == 130
     assert "resuming" in capsys.readouterr().err + caplog.text
+
+
+def test_the_next_command_evaluates_test_or_validation_if_there_is_no_test_split(tmp_path):
+    from nmt.config import config_from_dict
+    from nmt.run_dir import RunDir
+    from tests.faults.helpers import fault_tree
+    from tests.run_fixture import write_corpus
+
+    corpus = write_corpus(tmp_path / "corpus")
+    config = config_from_dict(fault_tree(corpus))
+    assert train._split_to_evaluate(config) == "test"
+    for path in corpus.glob("*.test.txt"):
+        path.unlink()
+    assert train._split_to_evaluate(config) == "validation"
+    hint = train._outputs(RunDir(tmp_path / "run"), "validation").splitlines()[-1]
+    assert "--split validation  (sacreBLEU, beam search; the corpus has no test split)" in hint

@@ -55,7 +55,11 @@ def cached_tokenizer(cfg: DataConfig, *, chief: bool = True):
                 log.info(
                     "training the SentencePiece tokenizer on the %s split into %s", cfg.train_split, final
                 )
-                train_tokenizer(cfg, partial, seed=cache.TOKENIZER_SEED, num_threads=_threads())
+                try:
+                    train_tokenizer(cfg, partial, seed=cache.TOKENIZER_SEED, num_threads=_threads())
+                except DataError:  # the corpus or the settings refused (a vocabulary too large): nothing stays
+                    shutil.rmtree(partial, ignore_errors=True)
+                    raise
                 cache.publish(partial, final)
     else:
         log.info("tokenizer from the cache: %s", final)

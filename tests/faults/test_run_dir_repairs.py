@@ -100,7 +100,11 @@ def test_a_finished_run_rerun_with_other_settings_keeps_its_config(
 
 
 @pytest.mark.parametrize("existed", [False, True])
-def test_a_new_run_whose_start_fails_is_undone(fault_config, tmp_path, capsys, existed):
+def test_a_new_run_whose_start_fails_is_undone(
+    fault_config, tmp_path, tmp_path_factory, monkeypatch, capsys, existed
+):
+    cache = tmp_path_factory.mktemp("cache")  # this test's own: nothing of the refused tokenizer stays in it
+    monkeypatch.setenv("NMT_DATA_CACHE", str(cache))
     run_dir = tmp_path / "run"
     if existed:  # a directory the user made, with a file of theirs: kept as it was
         run_dir.mkdir()
@@ -116,6 +120,9 @@ def test_a_new_run_whose_start_fails_is_undone(fault_config, tmp_path, capsys, e
         snapshot(tmp_path) == before
     )  # nothing of the failed start left: the corrected command starts afresh
     assert run_dir.is_dir() == existed
+    assert not list(
+        cache.rglob("*.partial")
+    )  # nor of the tokenizer's training (before: an empty tokenizer-*.partial)
 
 
 def test_an_unusable_model_dir_exits_2(fault_config, tmp_path, capsys):

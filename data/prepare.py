@@ -57,9 +57,7 @@ def cached_tokenizer(cfg: DataConfig, *, chief: bool = True):
                 )
                 try:
                     train_tokenizer(cfg, partial, seed=cache.TOKENIZER_SEED, num_threads=_threads())
-                except (
-                    DataError
-                ):  # the corpus or the settings refused (a vocabulary too large): nothing stays
+                except DataError:  # the corpus or the settings refused it: nothing stays
                     shutil.rmtree(partial, ignore_errors=True)
                     raise
                 cache.publish(partial, final)

@@ -99,7 +99,9 @@ def main(argv: list[str] | None = None) -> int:
         stdin="give --source and --reference as files" if "-" in (args.source, args.reference) else "",
         stdout="evaluate.py prints its report there",
     )
-    cli.check_distinct_files(source=args.source, reference=args.reference, output=args.output)
+    cli.check_distinct_files(
+        {"--source": args.source, "--reference": args.reference}, {"--output": args.output}
+    )
     cli.check_model_dir(args.model_dir)
     cli.check_ensemble(args)
     cli.check_engine(args)

@@ -167,7 +167,8 @@ def _check(args: argparse.Namespace) -> None:
         stdout="give --output FILE" if args.output in (None, "-") else "",
     )
     cli.check_distinct_files(
-        input=args.input, score=args.score, output=args.output, plot_attention=args.plot_attention
+        {"--input": args.input, "--score": args.score},
+        {"--output": args.output, "--plot-attention": args.plot_attention},
     )
     if args.plot_attention:
         from nmt.attention_plot import check_path

@@ -330,20 +330,28 @@ def check_standard_streams(stdin: str = "", stdout: str = "") -> None:
         raise CliError(f"standard output is closed: {stdout}", exit_code=2)
 
 
-def check_distinct_files(**paths: str | None) -> None:
-    """Refuses an output that is one of the inputs (or another output): the results would overwrite it.
-    `paths`: option name (underscores for dashes) -> path, None or "-" for a standard stream (not compared)."""
-    seen: dict[tuple[int, int], str] = {}
-    for name, path in paths.items():
-        if path is None or path == "-" or not os.path.exists(path) or not os.path.isfile(path):
-            continue
+def check_distinct_files(inputs: dict[str, str | None], outputs: dict[str, str | None]) -> None:
+    """Refuses an output that is one of the inputs, or another output: the results would overwrite it. Inputs may
+    be one file (a copy task's source and reference). Option name -> path; None or "-" (a standard stream), a path
+    that does not exist yet or is not a regular file is not compared."""
+
+    def identity(path):
+        if path is None or path == "-" or not os.path.isfile(path):
+            return None
         info = os.stat(path)
-        option = "--" + name.replace("_", "-")
-        if (key := (info.st_dev, info.st_ino)) in seen:
-            raise CliError(
-                f"{seen[key]} and {option} are the same file ({path}): its content would be lost", 2
-            )
-        seen[key] = option
+        return info.st_dev, info.st_ino
+
+    seen = {}
+    for option, path in inputs.items():
+        if key := identity(path):
+            seen.setdefault(key, option)
+    for option, path in outputs.items():
+        if key := identity(path):
+            if key in seen:
+                raise CliError(
+                    f"{seen[key]} and {option} are the same file ({path}): its content would be lost", 2
+                )
+            seen[key] = option
 
 
 def check_output_dir(path: str) -> None:

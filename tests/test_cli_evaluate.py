@@ -109,7 +109,7 @@ def test_evaluate_refuses_a_search_setting_out_of_range(tiny_run_dir, option, me
 def test_evaluate_never_overwrites_its_reference_and_needs_a_stdout(tiny_run_dir, tmp_path, monkeypatch):
     sys.path.insert(0, str(ROOT))
     import evaluate
-    from nmt.cli import CliError
+    from nmt.cli import CliError, check_distinct_files
 
     source, reference = tmp_path / "src.txt", tmp_path / "ref.txt"
     source.write_text("a cat\n")
@@ -118,6 +118,12 @@ def test_evaluate_never_overwrites_its_reference_and_needs_a_stdout(tiny_run_dir
     with pytest.raises(CliError, match="--reference and --output are the same file") as caught:
         evaluate.main([*files, "--output", str(reference)])
     assert caught.value.exit_code == 2 and reference.read_text() == "eine katze\n"
+    copy = ["--model-dir", str(tiny_run_dir), "--source", str(source), "--reference", str(source)]
+    with pytest.raises(CliError, match="--source and --output are the same file"):
+        evaluate.main([*copy, "--output", str(source)])
+    check_distinct_files(
+        {"--source": str(source), "--reference": str(source)}, {"--output": None}
+    )  # two inputs
     monkeypatch.setattr(sys, "stdout", None)  # `>&-`: the report would be lost
     with pytest.raises(CliError, match="standard output is closed: evaluate.py prints its report there"):
         evaluate.main(files)

@@ -17,9 +17,10 @@ The moves, and what the next export finds if the process is killed in each:
 
 1. the old entries go into `.replacing-PID` (`last` first): `output` holds only old entries: they are put back;
 2. `.replacing-PID` is renamed `.replaced-PID`: all the old entries are aside;
-3. the new entries come in (`last` last): what is in `output` without `last` is new and removed, the old entries
-   are put back (the set-aside directory renamed `.replacing-PID` first, so that a kill while they are put back
-   is case 1);
+3. the new entries come in (`last` last): what is in `output` without `last` is new (each moved out of the same
+   process's staging directory, which no longer has it: checked) and removed, the old entries are put back (the
+   set-aside directory renamed `.replacing-PID` first, so that a kill while they are put back is case 1; a move
+   that fails is undone the same way, in the process);
 4. `.replaced-PID` is removed: `output` has `last`, the new export is whole: the rest of it is a leftover.
 """
 
@@ -72,7 +73,11 @@ def publish_directory(staging: Path, output: Path, last: str) -> None:
     except BaseException:
         for name in reversed(moved_new):
             (output / name).rename(staging / name)
-        for name in reversed(moved_old):
+        if set_aside.name.startswith(
+            f".{_SET_ASIDE}-"
+        ):  # `output` holds no new entry again: case 1 if killed now
+            set_aside = set_aside.rename(output / f".{_SETTING_ASIDE}-{os.getpid()}")
+        for name in reversed(moved_old):  # `last` back last
             (set_aside / name).rename(output / name)
         set_aside.rmdir()
         raise
@@ -94,12 +99,15 @@ def _undo_interrupted_publish(output: Path, last: str) -> None:
     set_aside, match = aside[0]
     if match.group(1) == _SET_ASIDE:  # new entries were coming in: they go, `output` then holds only old ones
         leftover = re.compile(rf"\.(?:{_STAGING}|{_SETTING_ASIDE}|{_SET_ASIDE})-\d+")
-        for entry in output.iterdir():
-            if not leftover.fullmatch(entry.name):
-                if entry.is_dir() and not entry.is_symlink():
-                    shutil.rmtree(entry)
-                else:
-                    entry.unlink()
+        arrived = [entry for entry in output.iterdir() if not leftover.fullmatch(entry.name)]
+        staging = output / f".{_STAGING}-{match.group(2)}"
+        if not staging.is_dir() or any((staging / entry.name).exists() for entry in arrived):
+            return  # not entries moved out of that staging (old entries, as code before 2026-12-06 left them)
+        for entry in arrived:
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
         set_aside = set_aside.rename(output / f".{_SETTING_ASIDE}-{match.group(2)}")
     for entry in sorted(set_aside.iterdir(), key=lambda entry: entry.name == last):  # `last` back last
         entry.rename(output / entry.name)

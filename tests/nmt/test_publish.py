@@ -145,14 +145,16 @@ sys.path.insert(0, {root!r})
 from tests.nmt.test_publish import NEW, publish
 from nmt.publish import staging_directory
 
-output, what, kill_at = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+output, what, kill_at, fail_at = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 renames, rename, rmtree = [], Path.rename, shutil.rmtree
 
 
-def killing_rename(self, target):  # SIGKILL instead of the rename number `kill_at` (from 0)
+def killing_rename(self, target):  # SIGKILL instead of the rename number `kill_at` (from 0); EXDEV at `fail_at`
     if len(renames) == kill_at:
         os.kill(os.getpid(), signal.SIGKILL)
     renames.append(self.name)
+    if len(renames) - 1 == fail_at:
+        raise OSError(18, "Invalid cross-device link")
     return rename(self, target)
 
 
@@ -167,12 +169,13 @@ publish(output, NEW) if what == "publish" else staging_directory(output, "MARKER
 """
 
 
-def killed(output: Path, what: str, kill_at: int) -> None:
+def killed(output: Path, what: str, kill_at: int, fail_at: int = -1) -> None:
     """`publish(output, NEW)` or the next export's clean-up (`staging_directory`) in a process SIGKILLed at its
-    rename number `kill_at` (-1: when it removes the set-aside old export, after every rename)."""
+    rename number `kill_at` (-1: when it removes the set-aside old export, after every rename), its rename number
+    `fail_at` failing first (EXDEV) if given."""
     script = KILLER.format(root=str(Path(__file__).resolve().parents[2]))
     done = subprocess.run(
-        [sys.executable, "-c", script, str(output), what, str(kill_at)], capture_output=True
+        [sys.executable, "-c", script, str(output), what, str(kill_at), str(fail_at)], capture_output=True
     )
     assert done.returncode == -9, done.stderr.decode()[-2000:]
 
@@ -203,3 +206,32 @@ def test_putting_the_old_export_back_survives_a_kill_of_its_own(tmp_path, kill_a
     killed(output, "undo", kill_at)
     staging_directory(output, "MARKER")
     assert contents(output) == contents_of(OLD)
+
+
+@pytest.mark.parametrize("kill_at", range(8, 15))
+def test_an_export_killed_while_it_undoes_a_failed_move_is_undone_by_the_next_one(tmp_path, kill_at):
+    """The third new entry's move fails (rename 7: EXDEV, or Ctrl-C); the export puts the two new entries back
+    into staging (8, 9), renames the set-aside directory back to `.replacing-PID` (10), puts the old entries back
+    (11-14): a SIGKILL at any of these, then the next export puts the old export back whole (before the rename
+    back, its clean-up took the old entries put back for new ones and removed them)."""
+    output = tmp_path / "export"
+    write(output, OLD)
+    killed(output, "publish", kill_at, fail_at=7)
+    staging_directory(output, "MARKER")
+    assert contents(output) == contents_of(OLD)
+
+
+def test_old_entries_beside_a_set_aside_directory_are_left_alone(tmp_path):
+    """What the code before 2026-12-06 left when killed while setting old entries aside (it named the directory
+    `.replaced-PID` from the start): entries that are still in the staging directory cannot have come out of it,
+    so they are old ones, and nothing is removed (the export then refuses the directory, as before)."""
+    output = tmp_path / "export"
+    write(output, OLD)
+    gone = dead_pid()
+    write(output / f".partial-{gone}", NEW)  # complete: nothing moved in yet
+    (output / f".replaced-{gone}").mkdir()
+    for name in ("MARKER", "a.bin"):  # `last` first
+        (output / name).rename(output / f".replaced-{gone}" / name)
+    before = contents(output)
+    staging_directory(output, "MARKER")
+    assert contents(output) == before

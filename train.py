@@ -175,7 +175,13 @@ def main(argv=None) -> int:
             try:
                 result = trainer.train()
             except KeyboardInterrupt:  # a second signal: no checkpoint of this stop
-                if fresh and not saved_checkpoints(run_dir):  # nothing to resume: undone as a failed start
+                # nothing to resume, no best weights (validations before the first checkpoint): undone as a
+                # failed start
+                if (
+                    fresh
+                    and not saved_checkpoints(run_dir)
+                    and not saved_checkpoints(run_dir, run_dir.best_dir)
+                ):
                     discard(run_dir, before, made_parents)
                     undone, written = True, False
                 raise
@@ -210,13 +216,12 @@ def main(argv=None) -> int:
 
 def _split_to_evaluate(config) -> str:
     """The split the next command evaluates: test, or validation if the corpus has no test split."""
-    from data.corpus import split_sizes
+    from data.stream import split_exists
 
     try:
-        sizes = split_sizes(config.data)
+        return "test" if split_exists(config.data, config.data.test_split) else "validation"
     except Exception:  # noqa: BLE001 - only a hint, after the training: never an error there
         return "test"
-    return "test" if sizes.get(config.data.test_split) else "validation"
 
 
 def _outputs(run_dir: RunDir, split: str = "test") -> str:
@@ -232,9 +237,10 @@ def _outputs(run_dir: RunDir, split: str = "test") -> str:
     )
 
 
-def saved_checkpoints(run_dir: RunDir) -> list[Path]:
-    """The training checkpoints in DIR (their index files), whatever the state file `checkpoint` says."""
-    return sorted(run_dir.checkpoint_dir.glob("ckpt-*.index"))
+def saved_checkpoints(run_dir: RunDir, directory: Path | None = None) -> list[Path]:
+    """The checkpoints in DIR's `directory` (default: the training checkpoints), their index files, whatever the
+    state file `checkpoint` says."""
+    return sorted((directory or run_dir.checkpoint_dir).glob("ckpt-*.index"))
 
 
 def existing_entries(run_dir: RunDir) -> set[str] | None:

@@ -49,20 +49,24 @@ def data_cache(tmp_path_factory):
     return tmp_path_factory.mktemp("data_cache")
 
 
-@pytest.mark.parametrize("checkpointed", [False, True])
+@pytest.mark.parametrize("checkpointed", [None, "checkpoints", "best"])
 def test_a_second_signal_undoes_a_new_run_only_before_its_first_checkpoint(
     checkpointed, data_cache, tmp_path, monkeypatch, capsys, caplog, restore_logging
 ):
     """Two Ctrl-C: the second raises KeyboardInterrupt out of `Trainer.train` (as `StopControl` does). A new run
     with no checkpoint yet is undone like a failed start (before, its config.yaml stayed, and the corrected
-    command was refused as a run of another model); one with a checkpoint is kept, to be resumed."""
+    command was refused as a run of another model); one with a checkpoint is kept, to be resumed, and one with best
+    weights (a validation came before the first checkpoint) too."""
+    from nmt.checkpoints import save_model_weights
     from nmt.trainer import Trainer
     from tests.faults.helpers import fault_tree, write_config
     from tests.run_fixture import write_corpus
 
     def second_signal(self):
-        if checkpointed:
+        if checkpointed == "checkpoints":
             self.save_checkpoint()
+        elif checkpointed == "best":  # a validation before the first checkpoint found best weights
+            save_model_weights(self.model, self.run_dir.best_dir, 0)
         raise KeyboardInterrupt
 
     monkeypatch.setattr(Trainer, "train", second_signal)
@@ -77,9 +81,7 @@ def test_a_second_signal_undoes_a_new_run_only_before_its_first_checkpoint(
         err = capsys.readouterr().err
         if checkpointed:
             assert "interrupted twice; stopped without a new checkpoint (the last one is intact)" in err
-            assert (run_dir / "config.yaml").is_file() and list(
-                (run_dir / "checkpoints").glob("ckpt-0.index")
-            )
+            assert (run_dir / "config.yaml").is_file() and list((run_dir / checkpointed).glob("ckpt-0.index"))
         else:
             assert "interrupted twice before the first checkpoint; nothing kept" in err
             if before is None:

@@ -163,7 +163,7 @@ def _check(args: argparse.Namespace) -> None:
     cli.check_output_file(args.output, "--output")
     cli.check_output_file(args.plot_attention, "--plot-attention")
     cli.check_standard_streams(
-        stdin="give --input FILE" if args.input is None or args.score == "-" else "",
+        stdin="give --input FILE" if args.input is None else "give --score FILE" if args.score == "-" else "",
         stdout="give --output FILE" if args.output in (None, "-") else "",
     )
     cli.check_distinct_files(

@@ -332,11 +332,15 @@ def check_standard_streams(stdin: str = "", stdout: str = "") -> None:
 
 def check_distinct_files(inputs: dict[str, str | None], outputs: dict[str, str | None]) -> None:
     """Refuses an output that is one of the inputs, or another output: the results would overwrite it. Inputs may
-    be one file (a copy task's source and reference). Option name -> path; None or "-" (a standard stream), a path
-    that does not exist yet or is not a regular file is not compared."""
+    be one file (a copy task's source and reference). Option name -> path; None or "-" (a standard stream) and a
+    path that is not a regular file (a pipe, /dev/stdout) are not compared."""
 
-    def identity(path):
-        if path is None or path == "-" or not os.path.isfile(path):
+    def identity(path):  # a regular file's device and inode; a path yet to be written by its real path
+        if path is None or path == "-":
+            return None
+        if not os.path.exists(path):
+            return os.path.realpath(path)
+        if not os.path.isfile(path):
             return None
         info = os.stat(path)
         return info.st_dev, info.st_ino

@@ -6,8 +6,9 @@ from nmt.run_dir import RunDir
 
 
 def test_metrics_lines_that_are_not_records_are_skipped(tmp_path):
-    """A line cut by a crash, JSON that is not an object, invalid UTF-8: skipped by the readers, dropped (counted)
-    by a resume's `drop_metrics_after`, the records around them kept."""
+    """A line cut by a crash, JSON that is not an object, a line with invalid UTF-8: skipped by the readers (before:
+    a traceback for the last two). A resume's `drop_metrics_after` drops (and counts) the lines that do not parse,
+    and keeps JSON that is not an object (no step to compare), with the records around them."""
     run_dir = RunDir(tmp_path)
     records = [
         {"step": 1, "loss": 2.0},

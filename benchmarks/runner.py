@@ -113,17 +113,18 @@ class BenchOptions:
 
 def compatible_tokenizer_dir(config, run_dir: str | Path) -> Path | None:
     """RUN_DIR/tokenizer if RUN_DIR was trained with the same tokenizer settings as `config`, else None."""
-    from nmt.config import ConfigError
+    from nmt.config import ConfigError, absolute_paths
     from nmt.run_dir import RunDir
 
     run = RunDir(run_dir)
     if not run.exists() or not any(run.tokenizer_dir.glob("*.model")):
         return None
     try:
-        saved = run.load_config().data
+        saved = absolute_paths(run.load_config()).data
     except ConfigError:
         return None
-    if all(getattr(saved, name) == getattr(config.data, name) for name in TOKENIZER_FIELDS):
+    data = absolute_paths(config).data  # a run's config.yaml holds absolute paths (train.py)
+    if all(getattr(saved, name) == getattr(data, name) for name in TOKENIZER_FIELDS):
         return run.tokenizer_dir
     return None
 

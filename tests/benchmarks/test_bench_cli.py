@@ -168,3 +168,22 @@ def test_the_benchmark_modules_refuse_counts_below_one_as_argument_errors():
     with pytest.raises(SystemExit) as exit_info:
         synthetic_corpus.main(["--pairs", "-5", "--out", "/nonexistent/corpus"])
     assert exit_info.value.code == 2
+
+
+def test_a_runs_tokenizer_is_reused_whether_its_folder_was_given_relative_or_absolute(tmp_path, monkeypatch):
+    """train.py saves data.folder absolute; the bench's config may give it relative to the working directory."""
+    from benchmarks.runner import compatible_tokenizer_dir
+    from nmt.config import config_from_dict
+    from nmt.run_dir import RunDir, write_atomic
+    from tests.run_fixture import tiny_config_tree, write_corpus
+
+    write_corpus(tmp_path / "corpus")
+    monkeypatch.chdir(tmp_path)
+    relative = config_from_dict(tiny_config_tree("corpus"))
+    run = RunDir(tmp_path / "run")
+    run.tokenizer_dir.mkdir(parents=True)
+    (run.tokenizer_dir / "spm.model").write_bytes(b"a model")
+    write_atomic(run.config_path, config_from_dict(tiny_config_tree(str(tmp_path / "corpus"))).to_yaml())
+    assert compatible_tokenizer_dir(relative, run.path) == run.tokenizer_dir
+    other = config_from_dict(tiny_config_tree(str(tmp_path / "other")))
+    assert compatible_tokenizer_dir(other, run.path) is None

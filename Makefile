@@ -13,14 +13,17 @@ install: $(STAMP)
 # Silent recipes, a note on stderr: stdout stays the commands' own (make bench > bench.jsonl from a shell: JSON lines
 # only; a make inside another make adds its "Entering directory" line unless given --no-print-directory).
 # The installer is uv (pinned in requirements.txt, installed into the venv by pip): the same pinned packages as pip
-# installs, in a quarter of the time (2026-12-06, AVX2 EPYC: 28 s against 41 s from empty caches, 10 s from uv's
-# cache). If uv cannot install them (its index is PyPI; it does not read pip.conf), pip does, as before.
+# installs, faster (2026-12-06, AVX2 EPYC, docs/make-test-2026-12-06c-avx2/: 26-28 s from an empty cache, 10-12 s
+# from uv's, against pip's 41-63 s). If uv cannot be installed or cannot install them (its index is PyPI; it does not
+# read pip.conf), pip installs them, as before.
 $(STAMP): requirements.txt
 	@echo "make install: $(VENV) from requirements.txt" >&2
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	@$(PY) -m pip install --quiet --upgrade pip "$$(grep -m1 '^uv==' requirements.txt | cut -d' ' -f1)" >&2
-	@$(VENV)/bin/uv pip install --quiet --compile-bytecode --python $(PY) -r requirements.txt >&2 \
-	  || { echo "make install: uv failed; installing with pip" >&2; $(PY) -m pip install --quiet -r requirements.txt >&2; }
+	@$(PY) -m pip install --quiet --upgrade pip >&2
+	@{ $(PY) -m pip install --quiet "$$(grep -m1 '^uv==' requirements.txt | cut -d' ' -f1)" >&2 \
+	  && $(VENV)/bin/uv pip install --quiet --compile-bytecode --python $(PY) -r requirements.txt >&2; } \
+	  || { echo "make install: uv failed; installing with pip" >&2; grep -v '^uv==' requirements.txt > $(VENV)/pip-requirements.txt \
+	       && $(PY) -m pip install --quiet -r $(VENV)/pip-requirements.txt >&2; }
 	@touch $(STAMP)
 
 # The commands are echoed on stderr: stdout is theirs alone (make translate < in > out: one line out per line in).

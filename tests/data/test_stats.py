@@ -81,8 +81,21 @@ def test_help(capsys):
     assert exit_info.value.code == 0 and "--tokenizer-dir" in capsys.readouterr().out
 
 
-def test_no_validation_sentences_give_no_roundtrip_fraction():
-    """null, not 0.0 (before: 0.0 next to per-side values of 1.0, for an empty validation split)."""
-    from data.stats import _fraction
+def test_no_validation_sentences_give_no_roundtrip_fraction(tmp_path, capsys):
+    """null, not 0.0 (before: 0.0 next to per-side values of 1.0, for a folder corpus whose validation files are
+    empty)."""
+    import yaml
 
-    assert _fraction(0, 0) is None and _fraction(3, 4) == 0.75
+    from tests.run_fixture import tiny_config_tree, write_corpus
+
+    corpus = write_corpus(tmp_path / "corpus")
+    for path in corpus.glob("*.validation.txt"):
+        path.write_text("")
+    tree = tiny_config_tree(corpus)
+    tree["data"]["cache_dir"] = str(tmp_path / "cache")
+    config = tmp_path / "stats.yaml"
+    config.write_text(yaml.safe_dump(tree))
+    assert main(["--config", str(config)]) == 0
+    stats = json.loads(capsys.readouterr().out)
+    assert stats["splits"]["validation"] == 0
+    assert [stats[f"roundtrip_exact{side}"] for side in ("", "_source", "_target")] == [None, None, None]

@@ -140,6 +140,15 @@ def main(argv: list[str] | None = None) -> int:
     from nmt import cli
     from nmt.run_dir import RunDir, RunDirError
 
+    if args.output and os.path.isdir(args.output):  # refused before the search, not once it is done
+        print(f"search_grid: --output {args.output} is a directory, not a file", file=sys.stderr)
+        return 2
+    seen, unique = set(), []  # one run given twice, or spelled two ways (runs/a, runs/a/): decoded once
+    for model_dir in args.model_dir:
+        if (real := os.path.realpath(model_dir)) not in seen:
+            seen.add(real)
+            unique.append(model_dir)
+    args.model_dir = unique
     configured = {}
     for model_dir in args.model_dir:
         try:

@@ -57,6 +57,7 @@ def test_decodes_the_tiny_run_without_touching_its_hypotheses(tiny_run_dir, tmp_
     argv = [
         "--model-dir",
         str(tiny_run_dir),
+        f"{tiny_run_dir}/",  # the same run, spelled another way: decoded once
         "--beams",
         "1,2",
         "--alphas",
@@ -90,6 +91,13 @@ def test_a_failed_search_keeps_the_previous_output(tiny_run_dir, tmp_path, capsy
     assert "nosuch" in capsys.readouterr().err
     assert output.read_text() == '{"kind": "choice"}\n'
     assert [p.name for p in tmp_path.iterdir()] == ["grid.jsonl"]  # no partial file left
+
+
+def test_an_output_that_is_a_directory_is_refused_before_the_search(tiny_run_dir, tmp_path, capsys):
+    argv = ["--model-dir", str(tiny_run_dir), "--beams", "1", "--output", str(tmp_path)]
+    assert search_grid.main(argv) == 2
+    assert f"--output {tmp_path} is a directory" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_the_test_split_is_refused(tiny_run_dir, capsys):

@@ -139,7 +139,7 @@ def main(argv=None) -> int:
         return 2
 
     written = resuming  # DIR has its config.yaml: if it goes, the directory was removed under this process
-    undone = False  # a new run stopped by a second signal before its first checkpoint: its start undone
+    undone = ""  # a new run stopped by a second signal before its first checkpoint: "undone" or "best kept"
     started = False  # setup succeeded: from then on DIR holds a run (a new run's failed start is undone)
     # SIGTERM ends the start like SIGINT (undone if new) until training installs its own handlers
     previous_term = stop_on_sigterm()
@@ -175,15 +175,12 @@ def main(argv=None) -> int:
             try:
                 result = trainer.train()
             except KeyboardInterrupt:  # a second signal: no checkpoint of this stop
-                # nothing to resume, no best weights (validations before the first checkpoint): undone as a
-                # failed start
-                if (
-                    fresh
-                    and not saved_checkpoints(run_dir)
-                    and not saved_checkpoints(run_dir, run_dir.best_dir)
-                ):
-                    discard(run_dir, before, made_parents)
-                    undone, written = True, False
+                if fresh and not saved_checkpoints(run_dir):  # nothing to resume
+                    if saved_checkpoints(run_dir, run_dir.best_dir):  # a validation before it saved best/
+                        undone = "best kept"
+                    else:  # undone as a failed start
+                        discard(run_dir, before, made_parents)
+                        undone, written = "undone", False
                 raise
     except Exception as err:
         removed = chief and written and not run_dir.exists()
@@ -192,9 +189,16 @@ def main(argv=None) -> int:
             raise
         return code
     except KeyboardInterrupt:
-        if undone:
+        if undone == "undone":
             print(
                 "train.py: interrupted twice before the first checkpoint; nothing kept (the run's start is undone)",
+                file=sys.stderr,
+            )
+        elif undone == "best kept":
+            print(
+                f"train.py: interrupted twice before the first checkpoint; the best weights so far are kept in "
+                f"{run_dir.best_dir} (evaluate or export them with --weights best; training this directory again "
+                "starts from step 0 and replaces them)",
                 file=sys.stderr,
             )
         elif not started:
@@ -216,10 +220,21 @@ def main(argv=None) -> int:
 
 def _split_to_evaluate(config) -> str:
     """The split the next command evaluates: test, or validation if the corpus has no test split."""
+    from data import folder
+    from data.corpus import FOLDER
     from data.stream import split_exists
 
+    data = config.data
     try:
-        return "test" if split_exists(config.data, config.data.test_split) else "validation"
+        if (
+            data.dataset == FOLDER
+        ):  # files of the split that hold something (no line counts: train may be large)
+            files = folder.listing(data).get(data.test_split, {})
+            present = all(
+                name in files and files[name].stat().st_size > 0 for name in (data.source, data.target)
+            )
+            return "test" if present else "validation"
+        return "test" if split_exists(data, data.test_split) else "validation"
     except Exception:  # noqa: BLE001 - only a hint, after the training: never an error there
         return "test"
 

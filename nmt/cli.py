@@ -335,11 +335,13 @@ def check_distinct_files(inputs: dict[str, str | None], outputs: dict[str, str |
     be one file (a copy task's source and reference). Option name -> path; None or "-" (a standard stream) and a
     path that is not a regular file (a pipe, /dev/stdout) are not compared."""
 
-    def identity(path):  # a regular file's device and inode; a path yet to be written by its real path
+    def identity(
+        path, output=True
+    ):  # a regular file's device and inode; an output yet to be written, its path
         if path is None or path == "-":
             return None
         if not os.path.exists(path):
-            return os.path.realpath(path)
+            return os.path.realpath(path) if output else None  # a missing input: its own check names it
         if not os.path.isfile(path):
             return None
         info = os.stat(path)
@@ -347,7 +349,7 @@ def check_distinct_files(inputs: dict[str, str | None], outputs: dict[str, str |
 
     seen = {}
     for option, path in inputs.items():
-        if key := identity(path):
+        if key := identity(path, output=False):
             seen.setdefault(key, option)
     for option, path in outputs.items():
         if key := identity(path):

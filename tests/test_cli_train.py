@@ -80,7 +80,11 @@ def test_a_second_signal_undoes_a_new_run_only_before_its_first_checkpoint(
         assert train.main(["--config", str(config), "--model-dir", str(run_dir)]) == 130
         err = capsys.readouterr().err
         if checkpointed:
-            assert "interrupted twice; stopped without a new checkpoint (the last one is intact)" in err
+            kept = {
+                "checkpoints": "interrupted twice; stopped without a new checkpoint (the last one is intact)",
+                "best": f"the best weights so far are kept in {run_dir / 'best'} (evaluate or export them",
+            }
+            assert kept[checkpointed] in err
             assert (run_dir / "config.yaml").is_file() and list((run_dir / checkpointed).glob("ckpt-0.index"))
         else:
             assert "interrupted twice before the first checkpoint; nothing kept" in err
@@ -134,6 +138,9 @@ def test_the_next_command_evaluates_test_or_validation_if_there_is_no_test_split
     corpus = write_corpus(tmp_path / "corpus")
     config = config_from_dict(fault_tree(corpus))
     assert train._split_to_evaluate(config) == "test"
+    for path in corpus.glob("*.test.txt"):
+        path.write_text("")  # there, but nothing to evaluate
+    assert train._split_to_evaluate(config) == "validation"
     for path in corpus.glob("*.test.txt"):
         path.unlink()
     assert train._split_to_evaluate(config) == "validation"

@@ -101,6 +101,8 @@ def test_usage_errors_name_the_option_and_an_input_is_never_overwritten(tiny_run
         (["--input", str(source), "--output", str(source)], f"--input and --output are the same file ({source})"),
         (["--input", str(source), "--output", str(tmp_path / "o.svg"), "--plot-attention", str(tmp_path / "o.svg")],
          "--output and --plot-attention are the same file"),
+        (["--input", str(source), "--score", str(tmp_path / "gone"), "--output", str(tmp_path / "gone")],
+         "--score: input file not found"),  # what is wrong: not "the same file"
     ]  # fmt: skip
     for args, message in cases:
         with pytest.raises(CliError) as caught:

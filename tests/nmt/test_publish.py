@@ -106,7 +106,7 @@ def test_the_marker_leaves_first_and_arrives_last(tmp_path, monkeypatch):
     assert moves[0] == ("export", "MARKER")  # the old export stops being complete before anything moves
     assert moves[-1][1] == "MARKER" and moves[-1][0].startswith(".partial-")
     assert len(moves) == 4 + 1 + 4  # four entries out, the set-aside directory renamed, four in
-    assert moves[4][1].startswith(".replacing-")
+    assert moves[4][1].startswith(".setting-aside-")
 
 
 def test_leftovers_of_killed_exports_are_removed_live_ones_kept(tmp_path):
@@ -116,7 +116,8 @@ def test_leftovers_of_killed_exports_are_removed_live_ones_kept(tmp_path):
     leftovers = [
         tmp_path / f".export.partial-{gone}",  # staging of an export to a new path, killed
         output / f".partial-{gone}",  # staging inside an older export, killed
-        output / f".replaced-{gone}",  # an older export's entries set aside, killed before removing them
+        output / f".set-aside-{gone}",  # an older export's entries set aside, killed before removing them
+        output / f".replaced-{gone}",  # the same, by the code before 2026-12-06
     ]
     kept = [
         tmp_path / f".export.partial-{alive}",
@@ -126,7 +127,7 @@ def test_leftovers_of_killed_exports_are_removed_live_ones_kept(tmp_path):
     for path in leftovers + kept:
         write(path, NEW)
     staging_directory(output, "MARKER")
-    assert [p.exists() for p in leftovers] == [False] * 3
+    assert [p.exists() for p in leftovers] == [False] * 4
     assert [p.exists() for p in kept] == [True] * 3
     assert contents(output / "sub") == {"x": "old"} and (output / "MARKER").read_text() == "old"
     # A directory that is not an export (no marker, files of its own): nothing in it is touched, the caller refuses
@@ -159,7 +160,7 @@ def killing_rename(self, target):  # SIGKILL instead of the rename number `kill_
 
 
 def killing_rmtree(path, *args, **kwargs):  # SIGKILL instead of removing the old export's set-aside entries
-    if Path(path).name.startswith(".replaced-") and kill_at == -1:
+    if Path(path).name.startswith(".set-aside-") and kill_at == -1:
         os.kill(os.getpid(), signal.SIGKILL)
     return rmtree(path, *args, **kwargs)
 
@@ -211,7 +212,7 @@ def test_putting_the_old_export_back_survives_a_kill_of_its_own(tmp_path, kill_a
 @pytest.mark.parametrize("kill_at", range(8, 15))
 def test_an_export_killed_while_it_undoes_a_failed_move_is_undone_by_the_next_one(tmp_path, kill_at):
     """The third new entry's move fails (rename 7: EXDEV, or Ctrl-C); the export puts the two new entries back
-    into staging (8, 9), renames the set-aside directory back to `.replacing-PID` (10), puts the old entries back
+    into staging (8, 9), renames the set-aside directory back to `.setting-aside-PID` (10), puts the old entries back
     (11-14): a SIGKILL at any of these, then the next export puts the old export back whole (before the rename
     back, its clean-up took the old entries put back for new ones and removed them)."""
     output = tmp_path / "export"
@@ -222,16 +223,69 @@ def test_an_export_killed_while_it_undoes_a_failed_move_is_undone_by_the_next_on
 
 
 def test_old_entries_beside_a_set_aside_directory_are_left_alone(tmp_path):
-    """What the code before 2026-12-06 left when killed while setting old entries aside (it named the directory
-    `.replaced-PID` from the start): entries that are still in the staging directory cannot have come out of it,
-    so they are old ones, and nothing is removed (the export then refuses the directory, as before)."""
+    """What the code before 2026-12-06 left when killed while setting old entries aside (`.replaced-PID`, its name
+    from the start): old and new entries cannot be told apart, so nothing is removed, the old export's own folder
+    least of all (the export then refuses the directory, as before)."""
     output = tmp_path / "export"
     write(output, OLD)
     gone = dead_pid()
-    write(output / f".partial-{gone}", NEW)  # complete: nothing moved in yet
+    write(output / f".partial-{gone}", NEW)
     (output / f".replaced-{gone}").mkdir()
-    for name in ("MARKER", "a.bin"):  # `last` first
+    for name in ("MARKER", "a.bin", "sub"):  # `last` first; `only_old` is not in the new export
         (output / name).rename(output / f".replaced-{gone}" / name)
     before = contents(output)
     staging_directory(output, "MARKER")
     assert contents(output) == before
+
+
+def test_an_export_whose_undo_was_cut_short_and_whose_staging_went_is_still_put_back(tmp_path):
+    """A second Ctrl-C (or SIGTERM, which export.py turns into one) inside the undo of a failed move: the set-aside
+    directory is still `.set-aside-PID`, the caller's `finally` removed the staging directory. With no new entry in
+    `output`, the next export puts the old one back (before: it removed the set-aside folder as a leftover, the
+    whole old export)."""
+    output = tmp_path / "export"
+    write(output, OLD)
+    gone = dead_pid()
+    (output / f".set-aside-{gone}").mkdir()
+    for name in ("MARKER", "a.bin", "only_old", "sub"):
+        (output / name).rename(output / f".set-aside-{gone}" / name)
+    staging_directory(output, "MARKER")
+    assert contents(output) == contents_of(OLD)
+
+
+def test_a_killed_export_with_the_pid_of_the_next_one_is_undone(tmp_path, monkeypatch):
+    """A container started again gives its processes the same PIDs: the killed export's folders carry the PID of
+    the export that finds them (before: skipped as its own, its staging folder removed, the old export stuck)."""
+    output = tmp_path / "export"
+    write(output, OLD)
+    killed(output, "publish", 7)
+    pid = int(next(output.glob(".set-aside-*")).name.rsplit("-", 1)[1])
+    monkeypatch.setattr(os, "getpid", lambda: pid)
+    staging_directory(output, "MARKER")
+    assert contents(output) == contents_of(OLD)
+
+
+def test_a_ctrl_c_during_the_undo_of_a_failed_move_waits_for_the_undo(tmp_path, monkeypatch):
+    """The third new entry's move fails, and Ctrl-C comes while the old entries are put back: the signal is held
+    until they all are (before, the KeyboardInterrupt cut the undo short, and the caller removed the staging
+    directory the next export needed to tell new entries from old)."""
+    import signal
+
+    output = tmp_path / "export"
+    write(output, OLD)
+    rename = Path.rename
+    moves = []
+
+    def flaky(self, target):
+        moves.append(Path(self).name)
+        if len(moves) == 8:  # renames 0-3 old aside, 4 the set-aside directory, 5-6 new in, 7 fails
+            raise OSError(errno.EXDEV, "Invalid cross-device link")
+        if len(moves) == 10:  # the first new entry back into staging: Ctrl-C
+            os.kill(os.getpid(), signal.SIGINT)
+        return rename(self, target)
+
+    monkeypatch.setattr(Path, "rename", flaky)
+    with pytest.raises(KeyboardInterrupt):
+        publish(output, NEW)
+    monkeypatch.undo()
+    assert contents(output) == contents_of(OLD) and len(moves) == 8 + 2 + 1 + 4

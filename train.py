@@ -6,7 +6,7 @@ Rerunning the same command on the same --model-dir resumes from the last checkpo
 Exit codes: 0 done or stopped cleanly by SIGINT/SIGTERM (checkpoint saved), 1 training failed (or a multi-worker
 cluster could not form), 2 bad config or arguments (nothing written), 3 the run directory is in use or inconsistent,
 or was removed while training, 130 interrupted before training started (a new run's start is undone) or by a second
-signal (the last checkpoint is intact; a new run with none yet is undone too).
+signal (the last checkpoint is intact; a new run with none yet, and no best weights, is undone too).
 """
 
 from __future__ import annotations
@@ -226,9 +226,7 @@ def _split_to_evaluate(config) -> str:
 
     data = config.data
     try:
-        if (
-            data.dataset == FOLDER
-        ):  # files of the split that hold something (no line counts: train may be large)
+        if data.dataset == FOLDER:  # test files that hold something (no line counts: train may be large)
             files = folder.listing(data).get(data.test_split, {})
             present = all(
                 name in files and files[name].stat().st_size > 0 for name in (data.source, data.target)

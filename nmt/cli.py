@@ -335,9 +335,8 @@ def check_distinct_files(inputs: dict[str, str | None], outputs: dict[str, str |
     be one file (a copy task's source and reference). Option name -> path; None or "-" (a standard stream) and a
     path that is not a regular file (a pipe, /dev/stdout) are not compared."""
 
-    def identity(
-        path, output=True
-    ):  # a regular file's device and inode; an output yet to be written, its path
+    def identity(path, output=True):
+        """A regular file's device and inode; an output yet to be written, its real path."""
         if path is None or path == "-":
             return None
         if not os.path.exists(path):

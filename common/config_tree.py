@@ -107,26 +107,33 @@ def resolve_config_path(name: str | Path, relative_to: Path | None = None) -> Pa
     )
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """`yaml.safe_load`'s loader (the same safe constructors), refusing a key repeated in one mapping: YAML keeps the
-    last silently, so a second `train:` section at the end of a file replaced the whole first one."""
-
-    def construct_mapping(self, node, deep=False):
-        first_line = {}
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *defaults`: its keys may be overridden
-                continue
-            key = self.construct_object(key_node, deep=deep)
-            try:
+def _repeated_key(text: str) -> str:
+    """The first key repeated in one mapping of the YAML `text`, as "KEY twice (first on line N), again on line M"
+    ("" if none): `yaml.safe_load` keeps the last silently, so a second `train:` section at the end of a file
+    replaced the whole first one. Read from the node tree (`yaml.compose`: nothing is constructed); merge keys
+    (`<<: *defaults`) may be overridden, as YAML means them to be."""
+    stack, seen_nodes = [yaml.compose(text, Loader=yaml.SafeLoader)], set()
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen_nodes:
+            continue
+        seen_nodes.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            first_line = {}
+            for key_node, value_node in node.value:
+                stack.append(value_node)
+                if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(key_node, yaml.ScalarNode):
+                    continue
+                key = (key_node.tag, key_node.value)
                 if key in first_line:
-                    raise yaml.constructor.ConstructorError(
-                        "while constructing a mapping", node.start_mark,
-                        f"found the key {key!r} twice (first on line {first_line[key] + 1})", key_node.start_mark,
-                    )  # fmt: skip
+                    return (
+                        f"found the key {key_node.value!r} twice (first on line {first_line[key] + 1}), again on "
+                        f"line {key_node.start_mark.line + 1}"
+                    )
                 first_line[key] = key_node.start_mark.line
-            except TypeError:  # an unhashable key: SafeLoader's own error follows
-                pass
-        return super().construct_mapping(node, deep=deep)
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend(node.value)
+    return ""
 
 
 def _read_yaml(path: Path) -> dict:
@@ -135,9 +142,12 @@ def _read_yaml(path: Path) -> dict:
     except (OSError, UnicodeDecodeError) as err:
         raise ConfigError(f"cannot read config file {path}: {err}") from err
     try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader: only the safe constructors
+        repeated = _repeated_key(text)
+        data = yaml.safe_load(text)
     except yaml.YAMLError as err:
         raise ConfigError(f"invalid YAML in {path}: {err}") from err
+    if repeated:
+        raise ConfigError(f"invalid YAML in {path}: {repeated}")
     if data is None:
         return {}
     if not isinstance(data, dict):

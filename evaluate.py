@@ -6,8 +6,8 @@
     python evaluate.py --model-dir runs/base --split test --engine ctranslate2 --engine-dir runs/base/ct2
 
 BLEU is sacreBLEU on detokenized, cased hypotheses against the raw references (signature printed); `bleu_lc_tok`
-is lowercased, 13a-tokenized BLEU, only for comparison with papers. Hypotheses go to DIR/hypotheses.<split>.txt
-unless --output says otherwise (hypotheses.test.best.first100.txt for --weights best --max-sentences 100, and
+is lowercased, tokenized BLEU (13a, or the target language's sacreBLEU tokenizer), only for comparison with
+papers. Hypotheses go to DIR/hypotheses.<split>.txt unless --output says otherwise (hypotheses.test.best.first100.txt for --weights best --max-sentences 100, and
 so on for --engine and --ensemble: only a full evaluation of the run's own weights writes hypotheses.test.txt). With --engine ctranslate2 the translations come from the CTranslate2 export and
 the loss from the run directory's TensorFlow weights (`loss_weights`; null, with `loss_note`, if it has none), the
 ones the export was made from when the run has them (--weights is refused with that engine).
@@ -103,6 +103,10 @@ def main(argv: list[str] | None = None) -> int:
         {"--source": args.source, "--reference": args.reference}, {"--output": args.output}
     )
     cli.check_model_dir(args.model_dir)
+    if args.output is None:
+        cli.check_writable_folder(
+            args.model_dir, "--model-dir (the hypotheses go there; give --output FILE elsewhere)"
+        )
     cli.check_ensemble(args)
     cli.check_engine(args)
     cli.quiet_tensorflow()
@@ -144,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(clean, sort_keys=True), flush=True)
     else:
         print(format_report(record), flush=True)
+    if record.get("hypotheses_error"):  # the scores are printed above; the run still failed
+        raise cli.CliError(f"the hypotheses were not written: {record['hypotheses_error']}")
     return 0
 
 

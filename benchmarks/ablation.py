@@ -234,7 +234,7 @@ def evaluate_variant(run_dir: Path, *, bleu_sentences: int, grad_steps: int) -> 
     keras.mixed_precision.set_global_policy("float32")
     translator = Translator.from_run_dir(run_dir)
     config = translator.config
-    sources, references = load_text_pairs(config.data, config.data.validation_split)
+    sources, references = load_text_pairs(config.data, config.data.validation_split, every_line=True)
     if bleu_sentences:
         sources, references = sources[:bleu_sentences], references[:bleu_sentences]
     _, record = evaluate(

@@ -7,6 +7,8 @@
 A pair is dropped (and counted once, under the first reason that applies) when either side is longer than
 MAX_LINE_BYTES bytes, is not valid UTF-8, or both sides, or one side, are empty (whitespace only counts as empty).
 A split most of whose pairs are invalid UTF-8 is refused instead (`DropCounts.refuse_another_encoding`).
+
+Evaluation reads every line instead (`decode_every_line`): what sacreBLEU scores on the same files.
 """
 
 from __future__ import annotations
@@ -84,3 +86,29 @@ def clean(sources: list[bytes], targets: list[bytes], counts: DropCounts) -> tup
             kept_sources.append(source_text)
             kept_targets.append(target_text)
     return kept_sources, kept_targets
+
+
+def decode_every_line(
+    sources: list[bytes], targets: list[bytes], counts: DropCounts
+) -> tuple[list[str], list[str]]:
+    """Every pair of a chunk, decoded as the evaluation CLIs read files (`nmt.text_io`): invalid UTF-8 becomes
+    U+FFFD and NUL bytes are removed; blank lines stay (over-long ones as `data.folder` cut them). `counts` counts the pairs with invalid UTF-8
+    (for `refuse_another_encoding`) and the blank ones, though none is dropped."""
+    counts.total += len(sources)
+    decoded: tuple[list[str], list[str]] = ([], [])
+    for pair in zip(sources, targets):
+        texts, invalid = [], False
+        for raw in pair:
+            raw = raw.replace(b"\x00", b"")
+            try:
+                texts.append(raw.decode("utf-8"))
+            except UnicodeDecodeError:
+                texts.append(raw.decode("utf-8", errors="replace"))
+                invalid = True
+        counts.invalid_utf8 += invalid
+        source_empty, target_empty = not texts[0].strip(), not texts[1].strip()
+        counts.empty += source_empty and target_empty
+        counts.one_side_empty += source_empty != target_empty
+        decoded[0].append(texts[0])
+        decoded[1].append(texts[1])
+    return decoded

@@ -163,23 +163,30 @@ def load_split(cfg: DataConfig, split: str) -> tf.data.Dataset:
     return load_batches(cfg, split).unbatch()
 
 
-def load_text_pairs(cfg: DataConfig, split: str) -> tuple[list[str], list[str]]:
+def load_text_pairs(cfg: DataConfig, split: str, *, every_line: bool = False) -> tuple[list[str], list[str]]:
     """The raw (untokenized) sources and targets of a split, in corpus order, as Python strings.
 
-    For a folder corpus, the pairs `data.cleaning` drops (as preparation does) are left out, with a warning.
+    For a folder corpus, the pairs `data.cleaning` drops (as preparation does) are left out, with a warning; with
+    `every_line` (evaluation: BLEU on a split), every line pair is kept, as sacreBLEU would score the files: blank
+    lines stay, invalid UTF-8 becomes U+FFFD (with a warning) and NUL bytes are removed, as evaluate.py reads a
+    --source/--reference pair of files.
     """
     if cfg.dataset == FOLDER:
         from data import folder
-        from data.cleaning import DropCounts, clean
+        from data.cleaning import DropCounts, clean, decode_every_line
 
+        read = decode_every_line if every_line else clean
         sources, targets, counts = [], [], DropCounts()
         for raw_sources, raw_targets in folder.stream(cfg, split, 4096):
-            kept_sources, kept_targets = clean(raw_sources, raw_targets, counts)
+            kept_sources, kept_targets = read(raw_sources, raw_targets, counts)
             sources += kept_sources
             targets += kept_targets
-        counts.refuse_another_encoding(f"split {split!r} of data.folder={cfg.folder}")
-        if counts.dropped:
-            log.warning("split %s of data.folder=%s: %s", split, cfg.folder, counts.summary())
+        where = f"split {split!r} of data.folder={cfg.folder}"
+        counts.refuse_another_encoding(where)
+        if every_line and counts.invalid_utf8:
+            log.warning("%s: %d pair(s) with invalid UTF-8, replaced with U+FFFD", where, counts.invalid_utf8)
+        elif counts.dropped and not every_line:
+            log.warning("%s: %s", where, counts.summary())
         return sources, targets
     sources, targets = [], []
     for batch in load_batches(cfg, split).as_numpy_iterator():

@@ -319,6 +319,14 @@ def check_output_file(path: str | None, option: str = "output") -> None:
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise CliError(f"{option} folder does not exist: {folder}", exit_code=2)
+    check_writable_folder(folder, f"{option} folder")
+
+
+def check_writable_folder(folder: str | os.PathLike, what: str) -> None:
+    """Raises a usage CliError naming `what` if files cannot be created in `folder` (read-only, not ours): said
+    before any work, not after an evaluation's whole decode."""
+    if os.path.isdir(folder) and not os.access(folder, os.W_OK | os.X_OK):
+        raise CliError(f"{what} is not writable: {folder}", exit_code=2)
 
 
 def check_standard_streams(stdin: str = "", stdout: str = "") -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import re
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -108,6 +109,8 @@ def format_report(record: dict) -> str:
         value = record.get(key)
         return "n/a" if value is None else f"{value:.{digits}f}"
 
+    lc_tokenizer = re.search(r"tok:([^|]+)", record.get("bleu_lc_tok_signature") or "")
+    lc_tokenizer = lc_tokenizer.group(1) if lc_tokenizer else "?"
     lines = [
         f"model dir      {record.get('model_dir', '')} (weights {record.get('weights', '')})",
         f"data           {record.get('split', '')}: {record['num_sentences']} sentences, beam {record['beam']}"
@@ -121,7 +124,8 @@ def format_report(record: dict) -> str:
         f"  signature    {record['signature']}",
         f"  detail       {record['bleu_detail']}",
         f"chrF           {number('chrf')}   {record['chrf_signature']}",
-        f"bleu_lc_tok    {number('bleu_lc_tok')}   lowercased 13a-tokenized BLEU, only to compare with papers",
+        f"bleu_lc_tok    {number('bleu_lc_tok')}   lowercased, tokenized (tok:{lc_tokenizer}), only to compare with "
+        "papers",
         (
             f"loss           {number('loss', 4)} per target token, no label smoothing ({record.get('loss_tokens')} "
             "tokens"
@@ -148,6 +152,8 @@ def format_report(record: dict) -> str:
         )
     if record.get("hypotheses"):
         lines.append(f"hypotheses     {record['hypotheses']}")
+    elif record.get("hypotheses_error"):
+        lines.append(f"hypotheses     NOT WRITTEN: {record['hypotheses_error']}")
     return "\n".join(lines)
 
 
@@ -272,7 +278,7 @@ def evaluate_run_dir(
             split, split
         )
         _check_split(config.data, split_name)
-        sources, references = load_text_pairs(config.data, split_name)
+        sources, references = load_text_pairs(config.data, split_name, every_line=True)
         label = split
     if max_sentences:
         sources, references = sources[:max_sentences], references[:max_sentences]
@@ -312,8 +318,17 @@ def evaluate_run_dir(
             label, weights=weights, engine=engine, ensemble=bool(ensemble), max_sentences=max_sentences
         )
     )
-    write_hypotheses(output, hypotheses)
-    record.update(split=label, model_dir=str(model_dir), weights=translator.weights, hypotheses=str(output))
+    try:
+        write_hypotheses(output, hypotheses)
+    except OSError as err:  # a full disk: the scores of the whole decode are still reported (hypotheses null)
+        log.error("cannot write the hypotheses to %s: %s", output, err)
+        record["hypotheses_error"] = f"{output}: {err}"
+    record.update(
+        split=label,
+        model_dir=str(model_dir),
+        weights=translator.weights,
+        hypotheses=None if "hypotheses_error" in record else str(output),
+    )
     if "loss" in record:
         record["loss_pairs_cut"] = cut
     else:  # no weights for the loss (a CTranslate2 export alone): null, as documented, not absent

@@ -143,7 +143,9 @@ class TrainerEvaluation:
         from data.corpus import load_text_pairs
         from nmt.translator import Translator
 
-        sources, references = load_text_pairs(self.config.data, self.config.data.validation_split)
+        sources, references = load_text_pairs(
+            self.config.data, self.config.data.validation_split, every_line=True
+        )
         limit = self.config.train.bleu_max_sentences
         if limit:
             sources, references = sources[:limit], references[:limit]

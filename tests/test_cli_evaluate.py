@@ -303,3 +303,76 @@ def test_evaluate_an_ensemble(tiny_run_dir, tmp_path, capsys):
     plot = ["--plot-attention", str(tmp_path / "a.svg"), "--ensemble", str(tiny_run_dir)]
     with pytest.raises(CliError, match="--plot-attention shows one model's attention: not with --ensemble"):
         translate.main(["--model-dir", str(tiny_run_dir), *plot])
+
+
+def test_evaluate_refuses_an_unwritable_output_folder_before_any_work(tiny_run_dir, tmp_path, monkeypatch):
+    """Said before the model loads, not after a whole decode (root may write anywhere: the folders are made
+    unwritable by `os.access`'s answer)."""
+    sys.path.insert(0, str(ROOT))
+    import evaluate
+    from nmt.cli import CliError
+
+    locked = {str(tiny_run_dir), str(tmp_path)}
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode: str(path) not in locked and real_access(path, mode))
+    with pytest.raises(
+        CliError, match=f"--model-dir .*give --output FILE elsewhere.* is not writable: {tiny_run_dir}"
+    ) as caught:
+        evaluate.main(["--model-dir", str(tiny_run_dir), "--split", "test"])
+    assert caught.value.exit_code == 2
+    with pytest.raises(CliError, match=f"--output folder is not writable: {tmp_path}") as caught:
+        evaluate.main(["--model-dir", str(tiny_run_dir), "--output", str(tmp_path / "hyp.txt")])
+    assert caught.value.exit_code == 2
+    assert not (tmp_path / "hyp.txt").exists()
+
+
+def test_evaluate_prints_its_scores_when_the_hypotheses_cannot_be_written(
+    tiny_run_dir, capsys, restore_logging
+):
+    """A full disk after the decode (/dev/full: every write fails with ENOSPC): the scores are printed, the run
+    exits 1 naming the file."""
+    from tests.test_cli_translate import in_process
+
+    code, captured = in_process(
+        "evaluate.py", "--model-dir", tiny_run_dir, "--split", "test", "--max-sentences", 3, "--output",
+        "/dev/full", "--json", capsys=capsys,
+    )  # fmt: skip
+    assert code == 1, captured.err[-3000:]
+    record = json.loads(captured.out.strip().splitlines()[-1])
+    assert record["num_sentences"] == 3 and record["bleu"] is not None and record["hypotheses"] is None
+    assert "/dev/full" in record["hypotheses_error"] and "No space left" in record["hypotheses_error"]
+    assert "hypotheses     NOT WRITTEN: /dev/full" in captured.err
+    assert "error: the hypotheses were not written: /dev/full" in captured.err
+
+
+def test_evaluate_on_a_folder_split_scores_every_line_as_sacrebleu_does_on_the_files(
+    tiny_run_dir, tmp_path, capsys, restore_logging
+):
+    """A blank source line in the test split: translated "" and scored, not dropped (the BLEU is sacreBLEU's on the
+    split's own reference file; before, the pair was left out and the BLEU was higher)."""
+    import yaml
+
+    from tests.test_cli_translate import in_process
+
+    run = shutil.copytree(tiny_run_dir, tmp_path / "run")
+    config = yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8"))
+    corpus = shutil.copytree(config["data"]["folder"], tmp_path / "corpus")
+    source_file = corpus / f"{config['data']['source']}.test.txt"
+    lines = source_file.read_text(encoding="utf-8").splitlines()
+    lines[2] = ""
+    source_file.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    config_text = (run / "config.yaml").read_text(encoding="utf-8")
+    (run / "config.yaml").write_text(
+        config_text.replace(config["data"]["folder"], str(corpus)), encoding="utf-8"
+    )
+    code, captured = in_process(
+        "evaluate.py", "--model-dir", run, "--split", "test", "--json", capsys=capsys
+    )  # fmt: skip
+    assert code == 0, captured.err[-3000:]
+    record = json.loads(captured.out.strip().splitlines()[-1])
+    hypotheses = (run / "hypotheses.test.txt").read_text(encoding="utf-8").split("\n")[:-1]
+    references = (corpus / f"{config['data']['target']}.test.txt").read_text(encoding="utf-8").splitlines()
+    assert len(hypotheses) == len(references) == len(lines) == record["num_sentences"]
+    assert hypotheses[2] == "" and references[2]
+    assert record["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hypotheses, [references]).score, abs=1e-9)
+    assert record["bleu"] < 100.0  # the memorised split, but one hypothesis is empty

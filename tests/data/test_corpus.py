@@ -66,6 +66,24 @@ def test_translate_folder(tmp_path):
     assert sources == sentences("fr", 5, 1) and targets == sentences("en", 5, 1)
 
 
+def test_an_evaluation_reads_every_line_of_a_folder_split_as_the_evaluation_clis_read_files(tmp_path, caplog):
+    """every_line: the lines sacreBLEU would score on the files, decoded as evaluate.py --source/--reference reads
+    them (nmt.text_io, the reference); without it, the pairs preparation drops are left out."""
+    from nmt.text_io import read_lines
+
+    folder = write_folder(tmp_path / "corpus")
+    (folder / "fr.dev.txt").write_bytes("un\r\n\ufeffdeux\n   \ntr\xe8s\n\n".encode() + b"caf\xe9 \x00x\n")
+    (folder / "en.dev.txt").write_bytes(b"one\r\ntwo\nthree\n\n\nsix\n")
+    cfg = DataConfig(dataset="folder", folder=str(folder), source="fr", target="en")
+    sources, targets = load_text_pairs(cfg, "dev", every_line=True)
+    for texts, name in ((sources, "fr.dev.txt"), (targets, "en.dev.txt")):
+        with open(folder / name, "rb") as handle:
+            assert texts == list(read_lines(handle)), name
+    assert sources[5] == "caf\ufffd x" and len(sources) == 6
+    assert "1 pair(s) with invalid UTF-8, replaced with U+FFFD" in caplog.text
+    assert load_text_pairs(cfg, "dev") == (["un", "\ufeffdeux"], ["one", "two"])  # blank and invalid: dropped
+
+
 @pytest.mark.parametrize(
     ("name", "content", "message"),
     [

@@ -13,6 +13,8 @@ the split's size. A file that cannot be read (truncated, corrupt, not aligned) i
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import os
 import re
 from collections.abc import Iterator
@@ -93,7 +95,8 @@ def split_identity(cfg: DataConfig, split: str) -> dict:
 
     builder = tfds_builder(cfg)
     config = builder.builder_config.name if builder.builder_config else None
-    info = builder.info.splits[split] if split in builder.info.splits else None
+    base = split.split("[")[0]  # a sliced split ("train[:10%]") is read from its split's files
+    info = builder.info.splits[base] if base in builder.info.splits else None
     return {
         **identity,
         "builder": builder.name,
@@ -101,7 +104,45 @@ def split_identity(cfg: DataConfig, split: str) -> dict:
         "version": str(builder.version),
         "examples": int(info.num_examples) if info is not None else None,
         "bytes": int(info.num_bytes) if info is not None else None,
+        # What TFDS's files hold, not where or when they were written: a rebuild of edited text (a mirror edited,
+        # then <data_dir>/<name> deleted) changes it even when the text keeps its size
+        "contents": files_digest(cfg, info.filepaths) if info is not None else None,
     }
+
+
+def files_digest(cfg: DataConfig, paths) -> str:
+    """A digest of the files' names and contents, memoised per file (path, size, modification time) under
+    `<cache_dir>/file-digests/`: a WMT-sized build is read through once, not at every start."""
+    combined = hashlib.blake2b(digest_size=16)
+    for path in sorted(map(os.fspath, paths)):
+        combined.update(f"{os.path.basename(path)}\0{_file_digest(cfg, path)}\0".encode())
+    return combined.hexdigest()
+
+
+def _file_digest(cfg: DataConfig, path: str) -> str:
+    from data.cache import cache_root, digest
+
+    stat = os.stat(path)
+    memo = (
+        cache_root(cfg)
+        / "file-digests"
+        / digest({"path": path, "bytes": stat.st_size, "ns": stat.st_mtime_ns})
+    )
+    with contextlib.suppress(OSError, UnicodeDecodeError):
+        known = memo.read_text(encoding="ascii").strip()
+        if re.fullmatch(r"[0-9a-f]{32}", known):
+            return known
+    contents = hashlib.blake2b(digest_size=16)
+    with open(path, "rb") as handle:
+        while chunk := handle.read(1 << 20):
+            contents.update(chunk)
+    value = contents.hexdigest()
+    with contextlib.suppress(OSError):  # no memo (a read-only cache): read again next time
+        memo.parent.mkdir(parents=True, exist_ok=True)
+        partial = memo.with_name(f"{memo.name}.{os.getpid()}.partial")
+        partial.write_text(value + "\n", encoding="ascii")
+        os.replace(partial, memo)
+    return value
 
 
 def split_exists(cfg: DataConfig, split: str) -> bool:

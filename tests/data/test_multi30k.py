@@ -133,3 +133,38 @@ def test_real_mirror_prepares_offline(tmp_path):
     builder = prepare(tmp_path, SHARED_MIRROR)
     sizes = {name: split.num_examples for name, split in builder.info.splits.items()}
     assert sizes == {"train": 29000, "validation": 1014, "test": 1000}
+
+
+def test_a_rebuild_of_edited_text_of_the_same_size_changes_the_split_identity(tmp_path):
+    """The README's recipe after editing a mirror (delete <data_dir>/multi30k): the prepared data's key changes,
+    even when the edit keeps every byte count (before, only sizes were compared and the old tokens were reused).
+    A rebuild of the same text elsewhere keeps the identity (a cache is keyed by text, not by place)."""
+    from data.config import DataConfig
+    from data.stream import split_identity
+
+    mirror = write_mirror(tmp_path / "mirror", languages=("en", "de"))
+
+    def identities(data_dir: Path) -> dict:
+        cfg = DataConfig(
+            dataset="multi30k", source="en", target="de", manual_dir=str(mirror), data_dir=str(data_dir),
+            cache_dir=str(tmp_path / "cache"),
+        )  # fmt: skip
+        return {split: split_identity(cfg, split) for split in ("validation", "validation[:50%]", "train")}
+
+    before = identities(tmp_path / "tfds")
+    assert before["validation[:50%]"]["contents"] == before["validation"]["contents"] is not None
+    assert before["validation[:50%]"]["examples"] == SIZES["val"]
+    assert identities(tmp_path / "tfds-elsewhere") == before
+    lines = mirror_lines(mirror, "val", "de")
+    lines[0] = lines[0].swapcase()
+    (mirror / "val.de.gz").write_bytes(gzip.compress(("\n".join(lines) + "\n").encode("utf-8"), mtime=0))
+    import shutil
+
+    shutil.rmtree(tmp_path / "tfds" / "multi30k")
+    after = identities(tmp_path / "tfds")
+    assert after["validation"]["bytes"] == before["validation"]["bytes"]
+    assert (
+        after["validation"] != before["validation"]
+        and after["validation[:50%]"] != before["validation[:50%]"]
+    )
+    assert after["train"] == before["train"]

@@ -117,6 +117,12 @@ def pad_with_special_tokens() -> Transform:
 # Datasets
 
 
+def no_usable_pair(cfg: DataConfig, split: str, prepared: PreparedSplit) -> str:
+    """What to say of a prepared split without a pair: every one was dropped, and why."""
+    drops = DropCounts(**{k: v for k, v in prepared.manifest.get("drops", {}).items() if k != "kept"})
+    return f"split {split!r} of {cfg.dataset} has no usable pair ({drops.summary()})"
+
+
 def open_split(cfg: DataConfig, tokenizer: Tokenizer, split: str) -> PreparedSplit:
     """A split tokenized with `tokenizer`, from the cache (prepared first if missing; see `data.prepare`)."""
     from data.prepare import prepare_split
@@ -124,8 +130,7 @@ def open_split(cfg: DataConfig, tokenizer: Tokenizer, split: str) -> PreparedSpl
     vocab = {"source": tokenizer.source_vocab_size, "target": tokenizer.target_vocab_size}
     prepared = PreparedSplit.open(prepare_split(cfg, tokenizer, split), vocab=vocab)
     if len(prepared) == 0:  # nothing to train on or to validate with: stop before any step, saying why
-        drops = DropCounts(**{k: v for k, v in prepared.manifest.get("drops", {}).items() if k != "kept"})
-        raise DataError(f"split {split!r} of {cfg.dataset} has no usable pair ({drops.summary()})")
+        raise DataError(no_usable_pair(cfg, split, prepared))
     log.info("split %s: %d pairs, read %s", split, len(prepared), prepared.origin)
     return prepared
 

@@ -60,6 +60,9 @@ def cached_tokenizer(cfg: DataConfig, *, chief: bool = True):
                 except DataError:  # the corpus or the settings refused it: nothing stays
                     shutil.rmtree(partial, ignore_errors=True)
                     raise
+                except OSError as err:  # a full disk: nothing stays either
+                    shutil.rmtree(partial, ignore_errors=True)
+                    raise DataError(f"cannot write the tokenizer into {partial}: {err}") from err
                 cache.publish(partial, final)
     else:
         log.info("tokenizer from the cache: %s", final)
@@ -87,10 +90,14 @@ def run_tokenizer(cfg: DataConfig, directory: Path, *, chief: bool = True):
     if not chief:
         return tokenizer
     partial = directory.with_name(directory.name + ".partial")
-    if partial.exists():
-        shutil.rmtree(partial)
-    tokenizer.save(partial)
-    os.replace(partial, directory)  # atomic: a crash leaves no half-written tokenizer behind
+    try:
+        if partial.exists():
+            shutil.rmtree(partial)
+        tokenizer.save(partial)
+        os.replace(partial, directory)  # atomic: a crash leaves no half-written tokenizer behind
+    except OSError as err:  # a full disk, a read-only run directory
+        shutil.rmtree(partial, ignore_errors=True)
+        raise DataError(f"cannot write the run's tokenizer into {directory}: {err}") from err
     return Tokenizer.load(directory)
 
 
@@ -230,9 +237,16 @@ def main(argv: list[str] | None = None) -> int:
             given = Tokenizer.load(args.tokenizer_dir)  # DataError naming DIR if it holds no tokenizer
         tokenizer, splits = prepare(cfg, tokenizer=given, progress=not args.no_progress, made=made)
         vocab = {"source": tokenizer.source_vocab_size, "target": tokenizer.target_vocab_size}
-        # what training will open: a damaged entry is named now, not passed as "nothing to do"
-        for path in splits.values():
-            PreparedSplit.open(path, vocab=vocab)
+        # what training will open: a damaged entry is named now, not passed as "nothing to do"; so is a split
+        # training could not use (every pair dropped), not reported prepared
+        from data.pipeline import no_usable_pair
+
+        for split, path in splits.items():
+            prepared = PreparedSplit.open(path, vocab=vocab)
+            if len(prepared) == 0 and split in (cfg.train_split, cfg.validation_split):
+                raise DataError(f"{no_usable_pair(cfg, split, prepared)}: train.py would stop there")
+            if len(prepared) == 0:
+                log.warning("%s", no_usable_pair(cfg, split, prepared))
     except DataError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

@@ -140,7 +140,12 @@ def compute_stats(cfg, seed: int, tokenizer_dir: Path | None) -> dict:
 
 def _seed(tree: dict) -> int:
     """train.seed of the config tree (the `train:` section belongs to `nmt`; only this key is read here)."""
-    seed = (tree.get("train") or {}).get("seed", DEFAULT_SEED)
+    train = tree.get("train") or {}
+    if not isinstance(train, dict):
+        from common.config_tree import ConfigError
+
+        raise ConfigError(f"train: expected a mapping, got {type(train).__name__} {train!r}")
+    seed = train.get("seed", DEFAULT_SEED)
     if not isinstance(seed, int) or isinstance(seed, bool):
         from common.config_tree import ConfigError
 

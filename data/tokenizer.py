@@ -24,6 +24,7 @@ import functools
 import hashlib
 import io
 import logging
+import os
 import tempfile
 import threading
 from pathlib import Path
@@ -63,6 +64,19 @@ def _piece_count(model: bytes, origin: str) -> int:
         processor.LoadFromSerializedProto(model)
     except (RuntimeError, OSError) as err:
         raise DataError(f"{origin} is not a SentencePiece model: {err}") from err
+    # A model cut between two fields still loads (SentencePiece reads what is there): a file cut short (a full
+    # disk, a copy interrupted) could tokenize otherwise, e.g. without its normalizer. Its last fields must be there.
+    from sentencepiece import sentencepiece_model_pb2
+
+    try:
+        proto = sentencepiece_model_pb2.ModelProto.FromString(model)
+    except Exception as err:  # noqa: BLE001 - protobuf's DecodeError, or anything its parser raises
+        raise DataError(f"{origin} is not a SentencePiece model: {err}") from err
+    missing = [name for name in ("trainer_spec", "normalizer_spec") if not proto.HasField(name)]
+    if missing:
+        raise DataError(
+            f"{origin} is incomplete ({len(model)} bytes, no {' or '.join(missing)}): a file cut short?"
+        )
     actual = {
         "pad_id": processor.pad_id(),
         "unk_id": processor.unk_id(),
@@ -174,11 +188,12 @@ class Tokenizer(tf.Module):
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         source, target = self._models
-        if self.joint:
-            (directory / JOINT_MODEL).write_bytes(source)
-        else:
-            (directory / SOURCE_MODEL).write_bytes(source)
-            (directory / TARGET_MODEL).write_bytes(target)
+        files = {JOINT_MODEL: source} if self.joint else {SOURCE_MODEL: source, TARGET_MODEL: target}
+        for name, model in files.items():
+            with open(directory / name, "wb") as handle:
+                handle.write(model)
+                handle.flush()
+                os.fsync(handle.fileno())  # on disk before the caller renames the directory into place
 
     @property
     def models(self) -> tuple[bytes, bytes | None]:

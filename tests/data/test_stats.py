@@ -54,6 +54,8 @@ def test_config_error_exits_2(tmp_path, mirror, prepared_dir, capsys):
     captured = capsys.readouterr()
     assert captured.out == "" and "unknown config key data.vocab_sise" in captured.err
     assert main(["--config", str(tmp_path / "absent.yaml")]) == 2
+    assert main(["--config", config, "--set", "train=[1]"]) == 2
+    assert "train: expected a mapping, got list [1]" in capsys.readouterr().err
     assert (
         main(["--config", config, "--set", "train.init_from=runs/base"]) == 2
     )  # its tokenizer is the parent's

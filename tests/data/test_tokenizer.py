@@ -163,3 +163,24 @@ def test_lowercase_tokenizer_lowers_in_every_reader(data_cfg, tmp_path):
     assert not any(piece != piece.lower() for piece in pieces if not piece.startswith("<")), (
         "an uppercase piece"
     )
+
+
+def test_a_model_file_cut_short_anywhere_is_refused(tokenizer, tmp_path):
+    """Every truncation of a real model, at every byte: SentencePiece itself loads those cut between two fields (a
+    model without its normalizer tokenizes otherwise); `Tokenizer` refuses them all, naming the file."""
+    tokenizer.save(tmp_path)
+    model = (tmp_path / JOINT_MODEL).read_bytes()
+    loaded_by_sentencepiece = 0
+    for cut in range(1, len(model)):
+        processor = spm.SentencePieceProcessor()
+        try:
+            processor.LoadFromSerializedProto(model[:cut])
+            loaded_by_sentencepiece += 1
+        except (RuntimeError, OSError):
+            pass
+        with pytest.raises(DataError, match="source model is (not a SentencePiece model|incomplete)"):
+            Tokenizer(model[:cut])
+    assert loaded_by_sentencepiece > 0  # what the check is for
+    (tmp_path / JOINT_MODEL).write_bytes(model[: len(model) // 2])
+    with pytest.raises(DataError, match=f"{tmp_path}: source model is"):
+        Tokenizer.load(tmp_path)

@@ -109,6 +109,7 @@ def test_quick_benchmarks_emit_json_lines_with_the_required_fields(tiny):
     train, train_fusible = by_bench["train"]
     assert train["precision"] == "float32" and train["xla"] is False
     assert train_fusible["xla"] == "fusible" and train_fusible["tokens_per_sec"] > 0
+    assert train["warmup_passes"] == 1 and train_fusible["warmup_passes"] == 2  # XLA: a pass after compiling
     for record in by_bench["train"]:  # one trace per setting: the warm-up left nothing to compile when timed
         assert record["compiled_shapes"] == {"ours": 1, "reference": 1}
     for key in ("tokens_per_sec", "reference_tokens_per_sec", "ratio", "mfu", "peak_gflops"):

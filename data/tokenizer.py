@@ -88,6 +88,13 @@ def _piece_count(model: bytes, origin: str) -> int:
     return processor.GetPieceSize()
 
 
+def _longest_piece(model: bytes) -> int:
+    """Characters of the model's longest piece ("▁" stands for one space)."""
+    processor = spm.SentencePieceProcessor()
+    processor.LoadFromSerializedProto(model)
+    return max(len(processor.id_to_piece(i)) for i in range(processor.get_piece_size()))
+
+
 class _SharedSentencepieceModel(tf.saved_model.experimental.TrackableResource):
     """A SentencePiece model resource with a shared name, so it outlives TF's kernel cache.
 
@@ -143,6 +150,7 @@ class Tokenizer(tf.Module):
         super().__init__(name=name)
         self.joint = target_model is None
         self._source_pieces = _piece_count(source_model, "source model")
+        self._longest_source_piece = _longest_piece(source_model)
         self._target_pieces = (
             self._source_pieces if self.joint else _piece_count(target_model, "target model")
         )
@@ -205,6 +213,12 @@ class Tokenizer(tf.Module):
         """sha256 of the model(s): equal fingerprints tokenize every text identically."""
         source, target = self._models
         return hashlib.sha256(source + b"\0" + (target or b"")).hexdigest()
+
+    def source_chars_for(self, pieces: int) -> int:
+        """At most how many characters of a source text its first `pieces` pieces cover: `pieces` times the longest
+        piece, times 4 for a normalizer that merges characters (composed accents). Text past that cannot change
+        those pieces: a decoder that keeps only the first `pieces` need not tokenize it."""
+        return 4 * pieces * self._longest_source_piece
 
     @property
     def source_vocab_size(self) -> int:

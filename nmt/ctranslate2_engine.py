@@ -248,7 +248,7 @@ class CTranslate2Translator:
         use_cache: bool = True,
         nbest: int = 1,
         progress: bool = False,
-        on_truncated: Callable[[int, int], None] | None = None,
+        on_truncated: Callable[[int, int | None], None] | None = None,
     ) -> list:
         """Translates `lines` (in order), like `Translator.translate`: blank lines give "" (nbest > 1: []).
 
@@ -258,12 +258,16 @@ class CTranslate2Translator:
           nbest: 1 -> a list of strings; N > 1 -> a list of lists of N `(text, score)` pairs, best first (scores:
             our GNMT-normalised log-probabilities).
           progress: a tqdm progress bar over CTranslate2 calls on stderr.
-          on_truncated: called as `on_truncated(index, num_subwords)` for each line longer than the model allows.
+          on_truncated: called as `on_truncated(index, num_subwords)` for each line longer than the model allows
+            (num_subwords None for a line too long to be tokenized whole: `batch_decoding.source_ids`).
         """
         beam_size = self.eval_config.beam_size if beam_size is None else beam_size
         lines = list(lines)
         results: list = ["" if nbest == 1 else [] for _ in lines]
-        todo, sources = source_ids(lines, beam_size, nbest, self.encode, self.max_source_length, on_truncated)
+        todo, sources = source_ids(
+            lines, beam_size, nbest, self.encode, self.max_source_length, on_truncated,
+            max_chars=self.tokenizer.source_chars_for(self.max_source_length),
+        )  # fmt: skip
         hypotheses = self.decode_ids(sources, beam_size=beam_size, nbest=nbest, progress=progress)
         texts = self._detokenize([ids for best in hypotheses for ids, _ in best])
         position = 0

@@ -9,8 +9,10 @@ Output lines are made single-line (`one_line`) so that a translation can never a
 from __future__ import annotations
 
 import codecs
+import contextlib
 import os
 import re
+import stat
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from typing import BinaryIO, TypeVar
@@ -139,8 +141,14 @@ class LineWriter:
                 self.path
             )  # the file a link names (a dangling link: the name it gives)
             directory = os.path.dirname(self.path)
-            self._tmp = os.path.join(directory, f".{os.path.basename(self.path)}.{os.getpid()}.tmp")
+            # the name cut: a legal 255-byte output name must not make an illegal temporary one
+            name = (
+                os.path.basename(self.path).encode("utf-8", "surrogateescape")[:128].decode("utf-8", "ignore")
+            )
+            self._tmp = os.path.join(directory, f".{name}.{os.getpid()}.tmp")
             self._handle = open(self._tmp, "wb")  # noqa: SIM115
+            with contextlib.suppress(FileNotFoundError):  # a file replaced keeps its permissions (e.g. 600)
+                os.chmod(self._tmp, stat.S_IMODE(os.stat(self.path).st_mode))
 
     def write(self, line: str) -> None:
         self._handle.write(one_line(line).encode("utf-8") + b"\n")

@@ -198,7 +198,7 @@ class Translator:
         use_cache: bool = True,
         nbest: int = 1,
         progress: bool = False,
-        on_truncated: Callable[[int, int], None] | None = None,
+        on_truncated: Callable[[int, int | None], None] | None = None,
         sampling: Sampling | None = None,
         first_line: int = 0,
     ) -> list:
@@ -210,7 +210,8 @@ class Translator:
           nbest: 1 -> a list of strings; N > 1 -> a list of lists of N `(text, score)` pairs, best first
             (needs N <= beam_size; scores are the length-normalised log-probabilities of the beam search).
           progress: a tqdm progress bar over batches on stderr.
-          on_truncated: called as `on_truncated(index, num_subwords)` for each line longer than the model allows.
+          on_truncated: called as `on_truncated(index, num_subwords)` for each line longer than the model allows
+            (num_subwords None for a line too long to be tokenized whole: `batch_decoding.source_ids`).
           sampling: draw each token (`transformer.sampling.Sampling`: top-k, top-p, temperature, seed) instead of
             searching; needs beam_size 1. Line `i` draws its random numbers by `first_line + i` (modulo 2^32), so
             they do not depend on the batching, the streams, XLA or the other lines (the draws, up to the rounding
@@ -223,7 +224,10 @@ class Translator:
         beam_size = self.eval_config.beam_size if beam_size is None else beam_size
         lines = list(lines)
         results: list = ["" if nbest == 1 else [] for _ in lines]
-        todo, ids = source_ids(lines, beam_size, nbest, self.encode, self.max_source_length, on_truncated)
+        todo, ids = source_ids(
+            lines, beam_size, nbest, self.encode, self.max_source_length, on_truncated,
+            max_chars=self.tokenizer.source_chars_for(self.max_source_length),
+        )  # fmt: skip
         sources = dict(zip(todo, ids))
         keys = list(sources)
         xla = self.uses_xla(len(keys), beam_size)

@@ -8,6 +8,7 @@ Eigen (`nmt.cli.decoding_kernels`); the subprocess cases run that default.
 """
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -219,6 +220,48 @@ def test_alpha_is_the_length_penalty_of_the_search(tiny_run_dir, tmp_path, capsy
     )  # fmt: skip
     assert code == 0, captured.err[-2000:]
     assert output.read_text().splitlines() == expected
+
+
+def test_alpha_is_refused_for_a_run_that_searches_greedily(tiny_run_dir, tmp_path, capsys, restore_logging):
+    """A run whose eval.beam_size is 1 given --alpha (no --beam): refused as `--beam 1 --alpha` is, by both CLIs
+    (before, silently greedy)."""
+    import yaml
+
+    run = shutil.copytree(tiny_run_dir, tmp_path / "greedy", ignore=shutil.ignore_patterns("hypotheses*"))
+    tree = yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8"))
+    tree["eval"]["beam_size"] = 1
+    (run / "config.yaml").write_text(yaml.safe_dump(tree), encoding="utf-8")
+    source = tmp_path / "in.txt"
+    source.write_text("a cat\n")
+    for script, args in (("translate.py", ["--input", source]), ("evaluate.py", ["--split", "test"])):
+        code, captured = in_process(script, "--model-dir", run, *args, "--alpha", 1.0, capsys=capsys)
+        assert code == 2, (script, captured.err[-2000:])
+        assert "--alpha is the beam search's length penalty: nothing to do with greedy search" in captured.err
+        assert "eval.beam_size is 1: give --beam N" in captured.err
+
+
+def test_xla_auto_counts_the_whole_input_file_not_each_chunk(tiny_run_dir, tmp_path, capsys, restore_logging):
+    """`--xla auto` decides for the file's line count (here over a lowered threshold) though each --chunk-size chunk
+    is under it: the decoder is traced for XLA's static shapes (before, never XLA with chunks under 16,000 lines)."""
+    import nmt.translator
+
+    lines = [s for s, _ in tiny_corpus()["test"][:6]]
+    source, output = tmp_path / "in.txt", tmp_path / "out.txt"
+    source.write_text("\n".join(lines) + "\n")
+    expected = [t for _, t in tiny_corpus()["test"][:6]]
+    for threshold, xla in ((len(lines), True), (len(lines) + 1, False)):
+        nmt.translator.XLA_AUTO_MIN_LINES, saved = threshold, nmt.translator.XLA_AUTO_MIN_LINES
+        try:
+            code, captured = in_process(
+                "translate.py", "--model-dir", tiny_run_dir, "--input", source, "--output", output, "--beam", 1,
+                "--chunk-size", 2, "--verbose", capsys=capsys,
+            )  # fmt: skip
+        finally:
+            nmt.translator.XLA_AUTO_MIN_LINES = saved
+        assert code == 0, captured.err[-2000:]
+        assert output.read_text().splitlines() == expected
+        traced = re.findall(r"tracing the decoder: source \(([^)]*)\)", captured.err)
+        assert traced and all(("None" not in shape) is xla for shape in traced), (threshold, traced)
 
 
 @pytest.mark.parametrize("args", [["--input", "/dev/stdin"], ["--input", "-", "--output", "-"]])

@@ -49,3 +49,20 @@ def test_a_link_through_proc_writes_to_the_descriptors_file_not_over_the_link(tm
         write(link, ["one", "two"])
     assert link.is_symlink() and target.read_text(encoding="utf-8") == "one\ntwo\n"
     assert not written_in_place(str(target)) and not written_in_place(str(tmp_path / "new.txt"))
+
+
+def test_a_replaced_file_keeps_its_permissions_and_a_long_name_works(tmp_path):
+    """A private output (600) stays private (the temporary file took the umask's mode); a 250-byte name, legal, is
+    not made illegal by the temporary name around it."""
+    private = tmp_path / "private.txt"
+    private.write_text("old\n")
+    os.chmod(private, 0o600)
+    with LineWriter(private) as writer:
+        writer.write("new")
+    assert private.read_text() == "new\n" and (private.stat().st_mode & 0o777) == 0o600
+    long = tmp_path / ("a" * 250)
+    with LineWriter(long) as writer:
+        writer.write("x")
+    assert long.read_text() == "x\n" and sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [long.name, "private.txt"]
+    )

@@ -237,7 +237,8 @@ def test_nbest_sorted_and_first_is_the_one_best(translator):
 
 def test_long_lines_truncated_and_reported(translator):
     src, refs = sources(2)
-    long_line = " ".join([src[0]] * 200)
+    long_line = " ".join([src[0]] * 20)  # over the kept pieces, under `source_chars_for` (counted: next test)
+    assert len(long_line) < translator.tokenizer.source_chars_for(translator.max_source_length)
     seen = []
     out = translator.translate(
         [src[1], long_line], beam_size=1, on_truncated=lambda i, n: seen.append((i, n))
@@ -246,6 +247,33 @@ def test_long_lines_truncated_and_reported(translator):
     assert out[0] == translator.translate([src[1]], beam_size=1)[0] == refs[1]
     # Translated anyway: the search returns candidates for it (a skipped line gives [], whatever the model).
     assert len(translator.translate([long_line], beam_size=2, nbest=2)[0]) == 2
+
+
+def test_a_line_longer_than_its_kept_pieces_can_cover_is_tokenized_from_its_start_only(
+    translator, monkeypatch
+):
+    """A 1 MB line keeps 63 pieces: the tokenizer sees its first `source_chars_for(max_source_length)` characters
+    (before, the whole line: ~160 bytes of memory per character), and the translation is the same."""
+    src, _ = sources(2)
+    keep = translator.max_source_length - 1
+    limit = translator.tokenizer.source_chars_for(translator.max_source_length)
+    long_line = (" ".join([src[0]] * 200) + " ") * (limit // (201 * len(src[0])) + 1)
+    assert len(long_line) > limit
+    whole = translator.tokenizer.tokenize_source(tf.constant([long_line])).to_list()[0]
+    cut = translator.tokenizer.tokenize_source(tf.constant([long_line[:limit]])).to_list()[0]
+    assert cut[:keep] == whole[:keep] and len(cut) > keep  # the kept pieces lie within the limit
+    encoded = []
+    encode = translator.encode
+    monkeypatch.setattr(
+        translator, "encode", lambda lines: encoded.append(list(map(len, lines))) or encode(lines)
+    )
+    seen = []
+    out = translator.translate(
+        [long_line, src[1]], beam_size=1, on_truncated=lambda i, n: seen.append((i, n))
+    )
+    assert encoded == [[limit, len(src[1])]] and seen == [(0, None)]  # not counted: tokenized in part
+    monkeypatch.setattr(translator, "encode", encode)
+    assert out[0] == translator.translate([long_line[:limit]], beam_size=1)[0]
 
 
 @pytest.mark.parametrize("beam", [1, 2])

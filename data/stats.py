@@ -10,8 +10,8 @@ sentences), `padding_waste` (PAD slots / all slots of source and target_out over
 (training pairs over max_length), `tokens_per_sec` (target tokens per second of the pipeline alone over a second
 epoch, cache warm) and `seconds` (wall time).
 
-The tokenizer is loaded from `--tokenizer-dir` if it holds one, else trained into it; without `--tokenizer-dir`,
-the cached tokenizer of `data.prepare` is used. The splits are read from the cache (prepared first if missing).
+The tokenizer is loaded from `--tokenizer-dir` if it holds one, else trained into it as `data.prepare` trains the
+cached one (its seed and threads); without `--tokenizer-dir`, the cached tokenizer of `data.prepare` is used. The splits are read from the cache (prepared first if missing).
 The seed of the batch order is `train.seed`. stdout carries only the JSON line; logs go to stderr. A config error
 exits 2, a data error 1.
 """
@@ -23,6 +23,7 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -105,7 +106,24 @@ def compute_stats(cfg, seed: int, tokenizer_dir: Path | None) -> dict:
             tokenizer_dir.mkdir(parents=True, exist_ok=True)
         except OSError as err:  # a file there, or no write access
             raise DataError(f"--tokenizer-dir {tokenizer_dir} cannot be a directory: {err}") from err
-        tokenizer = train_tokenizer(cfg, tokenizer_dir, seed=seed)
+        # as data.prepare trains the cached one (its seed and threads, not train.seed's): the statistics are those
+        # of the tokenizer a run of this config would train; into a staging folder, the model files moved into
+        # DIR once whole (a failure leaves no model file there to be loaded next time)
+        from data import cache
+        from data.prepare import _threads
+
+        staging = tokenizer_dir / f".partial-{os.getpid()}"
+        try:
+            train_tokenizer(cfg, staging, seed=cache.TOKENIZER_SEED, num_threads=_threads())
+            for model in sorted(staging.glob("*.model")):
+                os.replace(model, tokenizer_dir / model.name)
+        except OSError as err:
+            raise DataError(
+                f"cannot write the tokenizer into --tokenizer-dir {tokenizer_dir}: {err}"
+            ) from err
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        tokenizer = Tokenizer.load(tokenizer_dir)
     sources, targets = load_text_pairs(cfg, cfg.validation_split)
     exact_source = _roundtrip(sources, tokenizer.tokenize_source, tokenizer.detokenize_source)
     exact_target = _roundtrip(targets, tokenizer.tokenize_target, tokenizer.detokenize_target)

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from data.stats import main
+from data.tokenizer import Tokenizer
 from tests.data.conftest import SIZES
 
 
@@ -38,6 +39,16 @@ def test_prints_one_json_line(tmp_path, mirror, prepared_dir, capsys):
         "test": SIZES["test_2016_flickr"],
     }
     assert stats["vocab_size"] == 96 and (tmp_path / "spm" / "spm.model").is_file()
+    assert sorted(p.name for p in (tmp_path / "spm").iterdir()) == ["spm.model"]  # no staging folder left
+    # the tokenizer data.prepare trains for this config (its seed, not train.seed): the same model bytes
+    from data.config import DataConfig
+    from data.prepare import cached_tokenizer
+
+    data = DataConfig(
+        manual_dir=str(mirror), data_dir=str(prepared_dir), cache_dir=str(tmp_path / "cache"), vocab_size=96,
+        max_length=20, batch_tokens=256,
+    )  # fmt: skip
+    assert cached_tokenizer(data).models == Tokenizer.load(tmp_path / "spm").models
     # 96 pieces: no byte fallback for characters unseen in training (capitals of rare sentence starts)
     assert 0.9 <= stats["roundtrip_exact"] <= 1
     sides = stats["roundtrip_exact_source"], stats["roundtrip_exact_target"]

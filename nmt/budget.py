@@ -317,6 +317,12 @@ class TrainingPlan:
             )  # fmt: skip
         else:
             log.info("plan: %d steps (train.max_steps)", total)
+        if total <= t.warmup_steps:  # a smoke run of a few steps, or a budget too small for the warmup
+            log.warning(
+                "train.warmup_steps %d >= the %d steps planned: the learning rate stops at %.2g%% of "
+                "train.learning_rate, before its peak and any decay", t.warmup_steps, total,
+                100 * total / max(t.warmup_steps, 1),
+            )  # fmt: skip
         if self.record is not None and rate:
             record = {
                 "tag": "plan", "step": at, "total_steps": total, "steps_per_second": rate,

@@ -93,7 +93,7 @@ class TrainConfig:
     )  # optimizer steps to run in all (0 = no step limit)
     max_minutes: float = field(
         default=0.0, metadata=_NOT_NEGATIVE
-    )  # wall-clock budget across resumes (0 = none)
+    )  # budget of training-step time across resumes, evaluations and saves not counted (0 = none)
     learning_rate: float = field(
         default=1e-3, metadata=_POSITIVE
     )  # peak learning rate (end of warmup) for a global batch of reference_batch_tokens

@@ -347,11 +347,9 @@ class Trainer(TrainerEvaluation):
                     if first:
                         self.plan.apply_dropout(self.model, self.step_fn.retrace)
                 self.snapshots.save_if_due(step, planned)
-                eval_due = cfg.eval_every and step % cfg.eval_every == 0
-                bleu_due = cfg.bleu_every and step % cfg.bleu_every == 0
                 # The last step's too (max_steps): its weights compete for best/ and its points end the curves;
                 # not when the time budget ran out (no time) or a signal came (the final evaluation is skipped too).
-                if (eval_due or bleu_due) and self.stop.time_left(self._time_up()):
+                if self._evaluations_due(step)[0] and self.stop.time_left(self._time_up()):
                     status, message = self._evaluate_at(step)
                 # After the step's evaluation: a checkpoint at step N includes N's evaluation (best BLEU, early
                 # stopping), and a process killed before it resumes from an earlier one and evaluates N again.

@@ -28,11 +28,19 @@ log = logging.getLogger("nmt.train")
 class TrainerEvaluation:
     """Evaluation methods of the Trainer (see the module docstring for the attributes they use)."""
 
+    def _evaluations_due(self, step: int) -> tuple[bool, bool]:
+        """(validation loss, greedy BLEU) due after `step`: every train.eval_every / bleu_every steps, and at
+        train.max_steps, the last step (its weights compete for best/, its points end the curves)."""
+        cfg = self.config.train
+        last = bool(cfg.max_steps) and step == cfg.max_steps
+        eval_due = bool(cfg.eval_every) and (step % cfg.eval_every == 0 or last)
+        bleu_due = bool(cfg.bleu_every) and (step % cfg.bleu_every == 0 or last)
+        return eval_due or bleu_due, bleu_due
+
     def _evaluate_at(self, step: int) -> tuple[str, str]:
         """The evaluation due at `step`; returns ("", "") or the status and message that end the run."""
-        cfg = self.config.train
         try:
-            record = self.evaluate(with_bleu=bool(cfg.bleu_every and step % cfg.bleu_every == 0))
+            record = self.evaluate(with_bleu=self._evaluations_due(step)[1])
         except EvaluationInterrupted:  # the checkpoint saved next says so; the resumed run evaluates first
             self.pending_evaluation.assign(step)
             return "stopped", (

@@ -91,6 +91,22 @@ def test_max_steps_caps_the_time_plan_and_alone_decides_at_once():
     assert probing.total_steps == PROBE + SKIP + 1
 
 
+def test_a_plan_within_the_warmup_says_the_learning_rate_never_peaks(caplog):
+    """max_steps 5 with warmup_steps 400: accepted (a smoke run), with a warning naming both and how far the rate
+    gets; a plan past the warmup says nothing."""
+    for max_steps, warned in ((5, True), (WARMUP, True), (WARMUP + 1, False)):
+        caplog.clear()
+        plan = plan_for(max_minutes=0.0, max_steps=max_steps, warmup_steps=WARMUP if max_steps > 5 else 400)
+        with caplog.at_level(logging.WARNING, logger="nmt.train"):
+            plan.start(0, 0.0)
+        text = caplog.text
+        assert ("learning rate stops at" in text) is warned, (max_steps, text)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="nmt.train"):
+        plan_for(max_minutes=0.0, max_steps=5, warmup_steps=400).start(0, 0.0)
+    assert "train.warmup_steps 400 >= the 5 steps planned: the learning rate stops at 1.2% of" in caplog.text
+
+
 def test_a_resumed_plan_is_kept_and_an_unfinished_probe_starts_again(tmp_path):
     plan = plan_for()
     plan.start(0, 0.0)

@@ -242,14 +242,16 @@ def test_the_bleu_recorded_in_training_translates_like_evaluate(run, monkeypatch
     assert probe.scorer.calls[0][0] == reference.translate(sources, beam_size=1)
 
 
-def test_the_evaluation_due_at_the_last_step_runs_and_its_weights_can_be_best(tmp_path, monkeypatch):
-    """max_steps a multiple of bleu_every: the last step's scheduled evaluation still runs (before 2026-12-06 the
-    final evaluation replaced it, so the last weights never competed for best/), then the final one."""
+@pytest.mark.parametrize("steps", [2 * EVAL_EVERY, 2 * EVAL_EVERY + 1], ids=["multiple", "off-schedule"])
+def test_the_evaluation_due_at_the_last_step_runs_and_its_weights_can_be_best(tmp_path, monkeypatch, steps):
+    """The last step is evaluated, then the final evaluation: with max_steps a multiple of bleu_every (before
+    2026-12-06 the final evaluation replaced it, so the last weights never competed for best/) and off the schedule
+    (before, the curve ended at the last multiple and those weights never competed either)."""
     tree = tiny_config_tree(write_corpus(tmp_path / "corpus"))
     tree["data"].update(bucket_boundaries=[32], batch_tokens=256)
     tree["model"].update(d_model=16, d_ff=32, num_heads=NUM_HEADS)
     tree["train"] = {
-        "max_steps": 2 * EVAL_EVERY, "precision": "float32", "xla": False, "learning_rate": PEAK,
+        "max_steps": steps, "precision": "float32", "xla": False, "learning_rate": PEAK,
         "warmup_steps": WARMUP, "eval_every": EVAL_EVERY, "bleu_every": EVAL_EVERY, "bleu_max_sentences": 3,
         "average_last": 0,
     }  # fmt: skip
@@ -258,10 +260,14 @@ def test_the_evaluation_due_at_the_last_step_runs_and_its_weights_can_be_best(tm
     run_dir.path.mkdir()
     write_atomic(run_dir.config_path, config.to_yaml())
     monkeypatch.setenv("NMT_DATA_CACHE", str(tmp_path / "data_cache"))
-    trainer = Trainer(config, run_dir, scorer=ScriptedScorer([10.0, 20.0, FINAL_BLEU]))
+    scores = [10.0, 20.0, *([30.0] if steps % EVAL_EVERY else []), FINAL_BLEU]
+    trainer = Trainer(config, run_dir, scorer=ScriptedScorer(scores))
     trainer.setup()
     assert trainer.train().status == "done"
     records = [json.loads(line) for line in run_dir.metrics_path.read_text(encoding="utf-8").splitlines()]
     evaluations = [(r["tag"], r["step"], r.get("bleu")) for r in records if "bleu" in r]
-    assert evaluations == [("validation", 2, 10.0), ("validation", 4, 20.0), ("final", 4, FINAL_BLEU)]
-    assert Path(tf.train.latest_checkpoint(str(run_dir.best_dir))).name == "ckpt-4"
+    expected = [("validation", 2, 10.0), ("validation", 4, 20.0)] + (
+        [("validation", 5, 30.0)] if steps == 5 else []
+    )
+    assert evaluations == [*expected, ("final", steps, FINAL_BLEU)]
+    assert Path(tf.train.latest_checkpoint(str(run_dir.best_dir))).name == f"ckpt-{steps}"

@@ -234,7 +234,9 @@ def test_the_bleu_recorded_in_training_translates_like_evaluate(run, monkeypatch
     sources = [" ".join(["the cat sees a red ball and a dog runs ."] * 4), "a dog ."]
     pieces = len(reference.tokenizer.tokenize_source([sources[0]])[0])
     assert config.data.max_length < pieces, pieces  # cut differently by the two limits
-    monkeypatch.setattr("data.corpus.load_text_pairs", lambda cfg, split: (sources, ["x", "y"]))
+    monkeypatch.setattr(
+        "data.corpus.load_text_pairs", lambda cfg, split, every_line=False: (sources, ["x", "y"])
+    )
     probe = object.__new__(Trainer)  # the trainer's evaluation methods on the final weights
     probe.config, probe.model, probe.tokenizer = config, reference.model, reference.tokenizer
     probe.scorer = ScriptedScorer([0.0])

@@ -301,6 +301,14 @@ def _metadata(
     return record
 
 
+def _names_our_format(directory: Path) -> bool:
+    """Whether `directory`'s METADATA says it is this project's export, whatever else it holds."""
+    try:
+        return json.loads((directory / METADATA).read_text(encoding="utf-8")).get("format") == FORMAT
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def export_ctranslate2(
     model,
     tokenizer,
@@ -332,9 +340,10 @@ def export_ctranslate2(
     if output.exists() and not (output.is_dir() and not any(output.iterdir())):
         try:
             read_export_metadata(output)
-        except ExportError:
-            message = f"{output} exists and is not a CTranslate2 export: choose another --output"
-            raise ExportError(message) from None
+        except ExportError as err:
+            if not _names_our_format(output):  # ours, damaged or from older code: replaced, as engines advise
+                message = f"{output} exists and is not a CTranslate2 export ({err}): choose another --output"
+                raise ExportError(message) from None
     spec = build_spec(model, tokenizer)
 
     class _Converter(ctranslate2.converters.Converter):

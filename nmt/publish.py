@@ -137,8 +137,10 @@ def _undo_interrupted_publish(output: Path, last: str) -> None:
     if len(aside) != 1 or aside[0][1].group(1) == _LEGACY_SET_ASIDE:
         return  # none, or not one we know the state of: left as it is (kept by `_remove_leftovers`)
     set_aside, match = aside[0]
-    if not _gone(int(match.group(2)), mine_too=True) or not (set_aside / last).exists():
-        return  # a live publish, or not one of an export (whose `last` was the first entry set aside)
+    if not _gone(int(match.group(2)), mine_too=True):
+        return  # a live publish
+    if not (set_aside / last).exists() and any(set_aside.iterdir()):
+        return  # not one of an export (whose `last` was the first entry set aside), nor of an empty `output`
     if match.group(1) == _SET_ASIDE:  # new entries were coming in: they go, `output` then holds only old ones
         leftover = re.compile(rf"\.(?:{_STAGING}|{_SETTING_ASIDE}|{_SET_ASIDE}|{_LEGACY_SET_ASIDE})-\d+")
         arrived = [entry for entry in output.iterdir() if not leftover.fullmatch(entry.name)]
@@ -167,8 +169,10 @@ def _remove_leftovers(output: Path, last: str) -> None:
         inside = [(entry, pattern.fullmatch(entry.name)) for entry in output.iterdir()]
         if complete or all(match for _, match in inside):
             # never an older export set aside while `output` has no complete one: it is all there is
-            candidates += [
-                (entry, match) for entry, match in inside if complete or not (entry / last).exists()
+            candidates += [  # a staging directory was never published: never the only whole export
+                (entry, match)
+                for entry, match in inside
+                if complete or entry.name.startswith(f".{_STAGING}-") or not (entry / last).exists()
             ]
     for entry, match in candidates:
         if match and entry.is_dir() and not entry.is_symlink() and _gone(int(match.group(1)), mine_too=True):

@@ -312,6 +312,11 @@ def test_export_refuses_to_overwrite_something_else(ours, tokenizer, exports, tm
     again = export_ctranslate2(ours.model, tokenizer, tmp_path / "again")
     export_ctranslate2(ours.model, tokenizer, again, quantization="int8")
     assert read_export_metadata(again)["quantization"] == "int8"
+    # So is one of ours that the engines refuse as damaged or older ("make it again with export.py").
+    metadata = json.loads((again / "nmt_export.json").read_text(encoding="utf-8"))
+    (again / "nmt_export.json").write_text(json.dumps({**metadata, "compute_type": None, "version": 0}))
+    export_ctranslate2(ours.model, tokenizer, again)
+    assert read_export_metadata(again)["quantization"] == "float32"
 
 
 def test_export_refuses_what_ctranslate2_cannot_run(ours, tokenizer, tmp_path):

@@ -197,6 +197,20 @@ def test_an_export_killed_during_its_moves_is_undone_by_the_next_one(tmp_path, k
     assert contents(output) == contents_of(NEW)
 
 
+@pytest.mark.parametrize("kill_at", [*range(5), -1])  # the set-aside directory's rename, 4 new entries
+def test_an_export_killed_while_it_moves_into_an_empty_directory_is_undone_by_the_next_one(tmp_path, kill_at):
+    """`mkdir x; export.py --output x`: nothing old to set aside, the new entries come in; a SIGKILL among them
+    leaves part of the new export, which the next export removes (before 2026-12-06 it was kept, with its staging,
+    and every later export refused the directory)."""
+    output = tmp_path / "export"
+    output.mkdir()
+    killed(output, "publish", kill_at)
+    staging_directory(output, "MARKER")  # what the next export does first
+    assert contents(output) in ({}, contents_of(NEW))  # nothing half there, and no leftovers
+    publish(output, NEW)
+    assert contents(output) == contents_of(NEW)
+
+
 @pytest.mark.parametrize("kill_at", range(5))
 def test_putting_the_old_export_back_survives_a_kill_of_its_own(tmp_path, kill_at):
     """Killed after two new entries came in; the export that undoes it is killed too, at each of its renames

@@ -116,6 +116,11 @@ def main(argv=None) -> int:
                 run_dir.config_path, "; ".join(changed),
             )  # fmt: skip
 
+    from nmt.config import ignored_settings
+
+    for note in ignored_settings(config.train):
+        log.warning("%s", note)
+
     from nmt.cluster import is_chief
 
     try:  # only the chief of a multi-worker run locks and writes the run directory

@@ -283,6 +283,25 @@ def search_setting_problem(beam_size: int | None, alpha: float | None) -> str:
     return ""
 
 
+def ignored_settings(train: TrainConfig) -> list[str]:
+    """Train settings accepted (a boundary, an experiment switched off in part) that do nothing in this config:
+    said once at the start, not discovered in the final weights' log."""
+    notes = []
+    if train.average_last == 1:
+        notes.append("train.average_last 1 averages one checkpoint: nothing (0 is off; 2 or more average)")
+    if train.average_fraction and train.average_last < 2:
+        notes.append(
+            f"train.average_fraction {train.average_fraction:g} spreads train.average_last snapshots, and "
+            f"average_last is {train.average_last}: no effect"
+        )
+    elif train.average_fraction and not (train.max_steps or train.max_minutes):
+        notes.append(
+            f"train.average_fraction {train.average_fraction:g} spreads the snapshots over the planned steps, and "
+            "there is no step plan (train.max_steps and train.max_minutes are 0): the last checkpoints are averaged"
+        )
+    return notes
+
+
 def _validate_train(train: TrainConfig) -> None:
     if train.schedule != "inverse_sqrt" and not (train.max_steps or train.max_minutes):
         raise ConfigError(

@@ -191,3 +191,26 @@ def test_yaml_1_1_exponent_floats_are_accepted(tmp_path):
         load_config(None, ["train.max_steps=1e3"])  # int fields take no strings
     with pytest.raises(ConfigError, match=r"train\.learning_rate: must be > 0, got -0\.001"):
         load_config(None, ["train.learning_rate=-1e-3"])  # and the parsed float still meets the range
+
+
+def test_settings_that_do_nothing_in_a_config_are_named():
+    """Accepted (boundaries, an experiment half switched off) but without effect: train.py warns with these."""
+    from nmt.config import ignored_settings
+
+    def notes(*overrides):
+        return ignored_settings(load_config(None, list(overrides)).train)
+
+    assert (
+        notes() == []
+        and notes("train.average_last=4", "train.average_fraction=0.2", "train.max_steps=100") == []
+    )
+    assert notes("train.average_last=1") == [
+        "train.average_last 1 averages one checkpoint: nothing (0 is off; 2 or more average)"
+    ]
+    (fraction,) = notes("train.average_fraction=0.2", "train.max_steps=100")
+    assert (
+        fraction
+        == "train.average_fraction 0.2 spreads train.average_last snapshots, and average_last is 0: no effect"
+    )
+    (unplanned,) = notes("train.average_fraction=0.2", "train.average_last=3")
+    assert "there is no step plan" in unplanned

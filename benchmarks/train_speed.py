@@ -217,7 +217,7 @@ def bench_train(
                     for name, step in steps.items()
                 }
                 # Under XLA the first pass after compiling ran much slower than the next (e.g. 6.07 s then 2.96 s,
-                # docs/bench-train-xla-2026-12-05-avx2/run2): one more untimed pass before the timed ones.
+                # docs/bench-train-xla-2026-12-05-avx2/run2.jsonl): one more untimed pass before the timed ones.
                 warmup_passes = 2 if xla else 1
                 for _ in range(warmup_passes - 1):
                     for name, step in steps.items():

@@ -145,10 +145,13 @@ def format_report(record: dict) -> str:
             1, f"ensemble       with {', '.join(record['ensemble'])} (the mean of the models' probabilities)"
         )
     if record.get("engine") == "ctranslate2":
-        loss_from = record.get("loss_weights") or record.get("loss_note", "")
+        loss_from = (
+            f"loss from the TensorFlow weights {record['loss_weights']}"
+            if record.get("loss_weights")
+            else record.get("loss_note", "no loss")
+        )
         lines.append(
-            f"engine         ctranslate2 {record.get('engine_dir')} ({record.get('compute_type')}); "
-            f"loss from the TensorFlow weights {loss_from}"
+            f"engine         ctranslate2 {record.get('engine_dir')} ({record.get('compute_type')}); {loss_from}"
         )
     if record.get("hypotheses"):
         lines.append(f"hypotheses     {record['hypotheses']}")

@@ -259,7 +259,9 @@ def test_export_ctranslate2_then_evaluate_with_it(tiny_run_dir, tmp_path, capsys
         and "loss_pairs_cut" not in record
     )
     assert "loss           n/a (not measured: no TensorFlow weights)" in captured.err
-    assert f"({record['compute_type']}); no TensorFlow weights for the loss: " in captured.err  # not "loss from..."
+    assert (
+        f"({record['compute_type']}); no TensorFlow weights for the loss: " in captured.err
+    )  # not "loss from..."
 
 
 def test_evaluate_an_ensemble(tiny_run_dir, tmp_path, capsys):

@@ -100,7 +100,7 @@ _TOKENIZER_STAMP = "data_config.yaml"
 
 def shared_tokenizer(config, root: Path) -> Path:
     """ROOT/tokenizer, trained on the train split unless it was trained for the same data config."""
-    from data.tokenizer import train_tokenizer
+    from data.tokenizer_training import train_tokenizer
 
     directory = root / "tokenizer"
     stamp = root / _TOKENIZER_STAMP

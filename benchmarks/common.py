@@ -113,7 +113,8 @@ class BenchContext:
     @property
     def tokenizer(self):
         if self._tokenizer is None:
-            from data.tokenizer import Tokenizer, train_tokenizer
+            from data.tokenizer import Tokenizer
+            from data.tokenizer_training import train_tokenizer
 
             directory = self.tokenizer_dir
             if directory is not None and any(Path(directory).glob("*.model")):

@@ -8,7 +8,8 @@
 - `data.corpus`: `load_split`, `load_text_pairs`, `split_sizes` for Multi30k, TFDS catalog datasets and folders.
 - `data.stream`: a split as a stream of raw pairs in bounded memory, and its identity (for cache keys).
 - `data.cleaning`: empty, invalid UTF-8, over-long and one-sided pairs, counted and dropped.
-- `data.tokenizer`: `train_tokenizer` (SentencePiece) and `Tokenizer` (applied in-graph with tensorflow_text).
+- `data.tokenizer`: `Tokenizer` (SentencePiece models applied in-graph with tensorflow_text); `data.tokenizer_training`:
+  `train_tokenizer` (SentencePiece, on a seeded sample of the train split).
 - `data.prepare`: `python -m data.prepare --config CONFIG`: tokenizer trained once, splits tokenized once.
 - `data.cache`, `data.store`: where prepared splits live, their token arrays and length index, and reading them.
 - `data.batching`: the seeded, checkpointable sampler of bucketed batches over a prepared split.

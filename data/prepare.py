@@ -42,7 +42,8 @@ def cached_tokenizer(cfg: DataConfig, *, chief: bool = True):
 
     A non-chief worker reads the chief's (it starts once the chief has prepared) instead of training it.
     """
-    from data.tokenizer import Tokenizer, train_tokenizer
+    from data.tokenizer import Tokenizer
+    from data.tokenizer_training import train_tokenizer
 
     inputs = cache.tokenizer_key_inputs(cfg, split_identity(cfg, cfg.train_split))
     final = cache.tokenizer_dir(cfg, inputs)

@@ -91,7 +91,8 @@ def compute_stats(cfg, seed: int, tokenizer_dir: Path | None) -> dict:
     from data.errors import DataError
     from data.pipeline import bucket_edges, open_split, train_batches
     from data.prepare import cached_tokenizer
-    from data.tokenizer import Tokenizer, train_tokenizer
+    from data.tokenizer import Tokenizer
+    from data.tokenizer_training import train_tokenizer
 
     log = logging.getLogger("data.stats")
     splits = split_sizes(cfg)

@@ -1,6 +1,6 @@
 """SentencePiece subword tokenizer: trained with the `sentencepiece` package, applied in-graph with TF Text.
 
-    tokenizer = train_tokenizer(cfg, out_dir)        # writes spm.model (joint) or spm.source/target.model
+    tokenizer = train_tokenizer(cfg, out_dir)        # data.tokenizer_training: writes spm.model (or two)
     tokenizer = Tokenizer.load(out_dir)
     ids = tokenizer.tokenize_source(["A man sleeps."])      # tf.RaggedTensor int32 (1, None), no BOS/EOS
     text = tokenizer.detokenize_target(ids)                  # tf.string (1,)
@@ -10,7 +10,7 @@ normalization (no NFKC), whitespace kept as it is (`remove_extra_whitespaces=Fal
 training text in the vocabulary (`character_coverage=1.0`) and, when the vocabulary has room (>= 2048 pieces),
 byte fallback for characters never seen in training. One known loss: TF Text's bundled SentencePiece drops
 whitespace at the very start of a line when detokenizing. With `data.lowercase` the normalization lowercases
-instead (a user-defined SentencePiece rule, `lowercase_rules`): lossless up to case, and every reader of the model
+instead (a user-defined SentencePiece rule, `data.tokenizer_training.lowercase_rules`): lossless up to case, and every reader of the model
 (TF Text in-graph, the `sentencepiece` package, a SavedModel, a CTranslate2 export) lowercases alike.
 
 Special ids are the project's (`common.special_ids`): <pad>=0, <unk>=1, <s>=2 (BOS), </s>=3 (EOS). A model file
@@ -20,22 +20,17 @@ ids in the padding (never produced by the tokenizer, maybe by a model) are dropp
 
 from __future__ import annotations
 
-import functools
 import hashlib
-import io
 import logging
 import os
-import tempfile
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import numpy as np
 import sentencepiece as spm
 import tensorflow as tf
 
 from common.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
-from data.config import DataConfig
 from data.errors import DataError
 from data.native_stderr import IDENTITY_NOTICE, without_lines
 
@@ -48,7 +43,7 @@ JOINT_MODEL = "spm.model"
 SOURCE_MODEL = "spm.source.model"
 TARGET_MODEL = "spm.target.model"
 BYTE_FALLBACK_MIN_VOCAB = 2048  # below this, 256 byte pieces would crowd out real subwords
-_SPECIAL_IDS = {"pad_id": PAD_ID, "unk_id": UNK_ID, "bos_id": BOS_ID, "eos_id": EOS_ID}
+SPECIAL_IDS = {"pad_id": PAD_ID, "unk_id": UNK_ID, "bos_id": BOS_ID, "eos_id": EOS_ID}
 _BUILDING = threading.RLock()  # the TF Text tokenizers of a `Tokenizer` are built once, on first use
 
 
@@ -83,8 +78,8 @@ def _piece_count(model: bytes, origin: str) -> int:
         "bos_id": processor.bos_id(),
         "eos_id": processor.eos_id(),
     }
-    if actual != _SPECIAL_IDS:
-        raise DataError(f"{origin} reserves special ids {actual}; this project needs {_SPECIAL_IDS}")
+    if actual != SPECIAL_IDS:
+        raise DataError(f"{origin} reserves special ids {actual}; this project needs {SPECIAL_IDS}")
     return processor.GetPieceSize()
 
 
@@ -265,148 +260,3 @@ def _detokenize(tokenizer: tf_text.SentencepieceTokenizer, ids, pieces: int) -> 
     keep = before_eos & (ids != PAD_ID) & (ids != BOS_ID) & (ids >= 0) & (ids < pieces)
     text = tokenizer.detokenize(tf.ragged.boolean_mask(ids, keep))  # (B,)
     return text[0] if single else text
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Training
-
-
-def _sample_sentences(cfg: DataConfig, seed: int) -> tuple[list[str], list[str]]:
-    """At most cfg.tokenizer_max_sentences sentences from the train split, drawn without replacement, seeded.
-
-    Joint: one pool of 2N sentences (both sides), returned as (pool sample, []). Separate: the same sampled
-    pairs for both sides, each side at most the limit. Streams the split, keeping only the drawn lines; pairs
-    that `data.cleaning` drops are skipped (so the sample may be a little smaller).
-    """
-    from data.cleaning import DropCounts, clean
-    from data.stream import count_pairs, stream_pairs  # here: loading a tokenizer needs no TFDS
-
-    size = count_pairs(cfg, cfg.train_split)
-    rng = np.random.default_rng(seed)
-    pool = 2 * size if cfg.joint_vocab else size
-    take = min(cfg.tokenizer_max_sentences, pool)
-    chosen = np.ones(pool, dtype=bool)
-    if take < pool:
-        log.info("sampling %d of %d sentences for SentencePiece (seed %d)", take, pool, seed)
-        chosen[:] = False
-        chosen[rng.choice(pool, size=take, replace=False)] = True
-    first, second = [], []
-    index, counts = 0, DropCounts()
-    for raw_sources, raw_targets in stream_pairs(cfg, cfg.train_split):
-        for raw_source, raw_target in zip(raw_sources, raw_targets):
-            picked = chosen[2 * index : 2 * index + 2] if cfg.joint_vocab else chosen[index : index + 1]
-            index += 1
-            if not picked.any():
-                continue
-            sources, targets = clean([raw_source], [raw_target], counts)
-            if not sources:
-                continue
-            if cfg.joint_vocab:
-                first.extend(text for text, keep in zip((sources[0], targets[0]), picked) if keep)
-            else:
-                first.append(sources[0])
-                second.append(targets[0])
-    counts.refuse_another_encoding(f"split {cfg.train_split!r} (the tokenizer's sample)")
-    if not first:  # all dropped: say why, not just "empty"
-        raise DataError(
-            f"no sentences to train the tokenizer on: split {cfg.train_split!r} has no usable pair "
-            f"({counts.summary()})"
-        )
-    return first, second
-
-
-@functools.cache  # 1.1M code points scanned: once per process
-def lowercase_rules() -> str:
-    """SentencePiece normalization rules (TSV of hex code points) that lowercase: every character whose
-    `str.lower()` is one other character, the rest unchanged. `str.lower`, not case folding: German ß stays ß,
-    as sacreBLEU's lowercased scoring keeps it (SentencePiece's `nmt_nfkc_cf` would write "ss")."""
-    rows = []
-    for code in range(0x110000):
-        char = chr(code)
-        lower = char.lower()
-        if lower != char and len(lower) == 1:
-            rows.append(f"{code:X}\t{ord(lower):X}")
-    return "\n".join(rows) + "\n"
-
-
-def _normalization(cfg: DataConfig, scratch: Path) -> dict:
-    """The trainer's normalization options: identity, or `lowercase_rules` with data.lowercase."""
-    if not cfg.lowercase:
-        return {"normalization_rule_name": "identity"}
-    rules = scratch / "lowercase.tsv"
-    rules.write_text(lowercase_rules(), encoding="utf-8")
-    return {"normalization_rule_tsv": str(rules)}
-
-
-def _train_model(sentences: list[str], cfg: DataConfig, seed: int, side: str, num_threads: int = 1) -> bytes:
-    """Trains one SentencePiece model in memory; deterministic for a given seed with one thread."""
-    if not sentences:
-        raise DataError(f"no {side} sentences to train the tokenizer on (split {cfg.train_split!r} is empty)")
-    model = io.BytesIO()
-    spm.set_random_generator_seed(seed)
-    with tempfile.TemporaryDirectory(prefix="nmt-spm-") as scratch:  # the lowercase rules' file, if any
-        normalization = _normalization(cfg, Path(scratch))
-        try:
-            spm.SentencePieceTrainer.Train(
-                sentence_iterator=iter(sentences),
-                model_writer=model,
-                model_type=cfg.tokenizer,
-                vocab_size=cfg.vocab_size,
-                character_coverage=1.0,
-                byte_fallback=cfg.vocab_size >= BYTE_FALLBACK_MIN_VOCAB,
-                remove_extra_whitespaces=False,
-                **normalization,
-                num_threads=num_threads,
-                minloglevel=2,
-                **_SPECIAL_IDS,
-            )
-        except RuntimeError as err:
-            raise DataError(
-                f"SentencePiece cannot train a {cfg.tokenizer} model of data.vocab_size={cfg.vocab_size} on "
-                f"{len(sentences)} {side} sentences of {cfg.dataset!r}: {str(err).strip()}. "
-                + (
-                    "Raise data.vocab_size: it must hold every character of the corpus."
-                    if "smaller than required" in str(err)
-                    else "Lower data.vocab_size (or use more data)."
-                )
-            ) from err
-    return model.getvalue()
-
-
-def train_tokenizer(
-    cfg: DataConfig, out_dir: str | Path, *, seed: int = 1234, num_threads: int = 1
-) -> Tokenizer:
-    """Trains SentencePiece on the train split only and writes the model file(s) into `out_dir`.
-
-    Args:
-      cfg: data config: dataset and languages, `tokenizer` (unigram|bpe), `vocab_size`, `joint_vocab`,
-        `tokenizer_max_sentences` (sentences sampled, seeded by `seed`).
-      out_dir: created if needed; receives `spm.model` (joint) or `spm.source.model` and `spm.target.model`.
-      seed: seeds the sentence sample and SentencePiece's own random generator.
-      num_threads: SentencePiece training threads (1 = bit-reproducible).
-    Raises:
-      DataError: e.g. a vocabulary too large for the corpus (the message names data.vocab_size and the limit).
-    """
-    out_dir = Path(out_dir)
-    first, second = _sample_sentences(cfg, seed)
-    if cfg.joint_vocab:
-        log.info(
-            "training a joint %s SentencePiece model (%d pieces) on %d sentences",
-            cfg.tokenizer,
-            cfg.vocab_size,
-            len(first),
-        )
-        tokenizer = Tokenizer(_train_model(first, cfg, seed, "source and target", num_threads))
-    else:
-        log.info(
-            "training source and target %s SentencePiece models (%d pieces each) on %d pairs",
-            cfg.tokenizer,
-            cfg.vocab_size,
-            len(first),
-        )
-        tokenizer = Tokenizer(
-            _train_model(first, cfg, seed, "source", num_threads),
-            _train_model(second, cfg, seed, "target", num_threads),
-        )
-    tokenizer.save(out_dir)
-    return Tokenizer.load(out_dir)

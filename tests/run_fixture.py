@@ -196,7 +196,8 @@ def make_tiny_run_dir(tmp_path: Path, *, seed: int | None = None, max_steps: int
     import numpy as np
     import tensorflow as tf
 
-    from data.tokenizer import Tokenizer, train_tokenizer
+    from data.tokenizer import Tokenizer
+    from data.tokenizer_training import train_tokenizer
     from nmt.checkpoints import save_model_weights
     from nmt.config import config_from_dict
     from nmt.losses import smoothed_cross_entropy

@@ -20,7 +20,7 @@ NUMBER = (int, float)
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """(config, tokenizer directory) on the tiny templated corpus."""
-    from data.tokenizer import train_tokenizer
+    from data.tokenizer_training import train_tokenizer
 
     root = tmp_path_factory.mktemp("bench")
     config = config_from_dict(tiny_config_tree(write_corpus(root / "corpus")))

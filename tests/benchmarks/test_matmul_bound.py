@@ -261,7 +261,7 @@ def test_sweep_emits_one_train_row_per_batch_tokens_value(tmp_path):
     than asked and padded to the asked edges, the matmul-only fields present and positive."""
     from benchmarks.common import JsonLines
     from benchmarks.runner import BenchOptions, run_benchmarks
-    from data.tokenizer import train_tokenizer
+    from data.tokenizer_training import train_tokenizer
     from nmt.config import config_from_dict
     from tests.run_fixture import tiny_config_tree, write_corpus
 

@@ -9,7 +9,8 @@ from tests.run_fixture import tiny_config_tree, write_corpus
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    from data.tokenizer import Tokenizer, train_tokenizer
+    from data.tokenizer import Tokenizer
+    from data.tokenizer_training import train_tokenizer
 
     root = tmp_path_factory.mktemp("sequence")
     config = config_from_dict(tiny_config_tree(write_corpus(root / "corpus")))

@@ -81,7 +81,7 @@ def data_cfg(mirror, prepared_dir, cache_dir) -> DataConfig:
 @pytest.fixture(scope="session")
 def tokenizer(mirror, prepared_dir, tmp_path_factory):
     """A joint unigram tokenizer trained once on the fake train split."""
-    from data.tokenizer import train_tokenizer
+    from data.tokenizer_training import train_tokenizer
 
     cfg = DataConfig(manual_dir=str(mirror), data_dir=str(prepared_dir), vocab_size=96)
     return train_tokenizer(cfg, tmp_path_factory.mktemp("spm"), seed=7)

@@ -348,7 +348,7 @@ def test_a_split_with_no_usable_pair_stops_before_any_step_saying_why(tmp_path):
 
 
 def test_a_train_split_with_no_usable_pair_says_why_not_just_empty(tmp_path):
-    from data.tokenizer import train_tokenizer
+    from data.tokenizer_training import train_tokenizer
 
     cfg = folder_cfg(tmp_path)
     (Path(cfg.folder) / "fr.train.txt").write_text(" \n" * (TRAIN + len(BAD)))
@@ -362,7 +362,7 @@ def test_a_split_in_another_encoding_is_refused_not_mostly_dropped(tmp_path):
     """Latin-1 files: every line with an accent is invalid UTF-8. Dropping them line by line (with a warning) would
     train on what is left; most of a split invalid means the files' encoding, named with the fix."""
     from data.pipeline import open_split
-    from data.tokenizer import train_tokenizer
+    from data.tokenizer_training import train_tokenizer
 
     cfg = folder_cfg(tmp_path)
     dev = Path(cfg.folder) / "fr.dev.txt"

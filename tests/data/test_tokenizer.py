@@ -10,14 +10,8 @@ import sentencepiece as spm
 import tensorflow as tf
 
 from data.errors import DataError
-from data.tokenizer import (
-    JOINT_MODEL,
-    SOURCE_MODEL,
-    TARGET_MODEL,
-    Tokenizer,
-    lowercase_rules,
-    train_tokenizer,
-)
+from data.tokenizer import JOINT_MODEL, SOURCE_MODEL, TARGET_MODEL, Tokenizer
+from data.tokenizer_training import lowercase_rules, train_tokenizer
 from tests.data.conftest import mirror_lines
 from transformer.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 

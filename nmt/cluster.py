@@ -61,20 +61,31 @@ def cluster_task(environ=os.environ) -> tuple[str, int, dict]:
     if not isinstance(task, dict) or "type" not in task:
         raise ConfigError('TF_CONFIG has no "task" with a "type" (and an "index") for this process')
     task_type, index = task["type"], task.get("index", 0)
-    if task_type not in cluster or not isinstance(cluster[task_type], list):
-        raise ConfigError(
-            f"TF_CONFIG's task type {task_type!r} is not in its cluster (task types: {', '.join(map(str, cluster))})"
-        )
-    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(cluster[task_type]):
-        raise ConfigError(
-            f"TF_CONFIG's task index {index!r} is not one of the cluster's {len(cluster[task_type])} "
-            f"{task_type!r} task(s) (0 to {len(cluster[task_type]) - 1})"
-        )
     others = [kind for kind in (*cluster, task_type) if kind not in COORDINATED]
     if others:
         raise ConfigError(
             f"TF_CONFIG has a task of type {others[0]!r}: train.distribute: multi_worker trains with chief and worker tasks "
             "only (MultiWorkerMirroredStrategy; no parameter servers or evaluators)"
+        )
+    for (
+        kind,
+        addresses,
+    ) in cluster.items():  # TensorFlow reads TF_CONFIG too: an empty "chief" list crashed it
+        if not isinstance(addresses, list) or not addresses:
+            raise ConfigError(
+                f"TF_CONFIG's cluster {kind!r} must be a non-empty list of host:port strings, got {addresses!r}"
+                + (": remove the entry" if addresses in ([], {}, "", None) else "")
+            )
+    if task_type not in cluster:
+        raise ConfigError(
+            f"TF_CONFIG's task type {task_type!r} is not in its cluster (task types: {', '.join(map(str, cluster))})"
+        )
+    if isinstance(index, bool) or not isinstance(index, int):
+        raise ConfigError(f"TF_CONFIG's task index must be an integer, got {index!r}")
+    if not 0 <= index < len(cluster[task_type]):
+        raise ConfigError(
+            f"TF_CONFIG's task index {index!r} is not one of the cluster's {len(cluster[task_type])} "
+            f"{task_type!r} task(s) (0 to {len(cluster[task_type]) - 1})"
         )
     if len(cluster.get("chief") or []) > 1:
         raise ConfigError(f"TF_CONFIG's cluster has {len(cluster['chief'])} chief tasks: at most one")

@@ -226,11 +226,10 @@ LOCATION_KEYS = {
     ("data", "cache_dir"),
     ("data", "tokenizer_max_sentences"),
 }
-# What the workers of one multi-worker run may hold differently: where the data is stored, the time budget
-# (every worker stops when any one's is spent, `nmt.distribute.StopControl`) and how long each waits for the others
-# to start (`nmt.cluster.wait_for_peers`).
-# Not the time budget: each worker plans its steps from it (nmt.budget), and workers with two plans would apply two
-# learning-rate schedules (and dropouts) to the same all-reduced gradients.
+# What the workers of one multi-worker run may hold differently: where the data is stored and how long each waits
+# for the others to start (`nmt.cluster.wait_for_peers`). Not the time budget: each worker plans its steps from it
+# (nmt.budget), and workers with two plans would apply two learning-rate schedules (and dropouts) to the same
+# all-reduced gradients.
 PER_WORKER_KEYS = LOCATION_KEYS | {("train", "cluster_wait_minutes")}
 
 

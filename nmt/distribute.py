@@ -273,7 +273,8 @@ class StopControl:
             )
             raise WorkersDisagree(
                 f"the workers were started with different configs (fingerprints {shown}); start every worker "
-                "with the same --config and --set values (only where the data is stored and the time budget may differ)"
+                "with the same --config and --set values (only where the data is stored and train.cluster_wait_minutes "
+                "may differ; train.max_minutes must match)"
             )
 
     def chief_first(self, chief: bool, work, what: str):

@@ -48,8 +48,25 @@ def test_the_chief_of_a_multi_worker_run(monkeypatch):
         (json.dumps({"cluster": TWO_WORKERS}), r'TF_CONFIG has no "task" with a "type"'),
         (
             tf_config({"type": "ps", "index": 0}),
-            r"task type 'ps' is not in its cluster \(task types: worker\)",
+            r"TF_CONFIG has a task of type 'ps'",
+        ),  # not listed: named as such
+        (
+            tf_config({"type": "chief", "index": 0}),
+            r"task type 'chief' is not in its cluster \(task types: worker\)",
         ),
+        (  # TensorFlow itself crashed on it (SIGSEGV), with no process the chief
+            tf_config({"type": "worker", "index": 0}, {"chief": [], **TWO_WORKERS}),
+            r"TF_CONFIG's cluster 'chief' must be a non-empty list of host:port strings, got \[\]: remove the entry",
+        ),
+        (
+            tf_config({"type": "chief", "index": 0}, {"chief": "127.0.0.1:3", **TWO_WORKERS}),
+            r"cluster 'chief' must be a non-empty list of host:port strings, got '127.0.0.1:3'$",
+        ),
+        (
+            tf_config({"type": "worker", "index": 0}, {"worker": {"0": "127.0.0.1:1", "1": "127.0.0.1:2"}}),
+            r"cluster 'worker' must be a non-empty list of host:port strings, got \{",
+        ),
+        (tf_config({"type": "worker", "index": 1.0}), r"TF_CONFIG's task index must be an integer, got 1.0"),
         (
             tf_config({"type": "worker", "index": 0}, {**TWO_WORKERS, "ps": ["127.0.0.1:3"]}),
             r"TF_CONFIG has a task of type 'ps': train.distribute: multi_worker trains with chief and worker tasks only",
@@ -76,7 +93,7 @@ def test_the_chief_of_a_multi_worker_run(monkeypatch):
             tf_config({"type": "worker", "index": 2}),
             r"task index 2 is not one of the cluster's 2 'worker' task",
         ),
-        (tf_config({"type": "worker", "index": "one"}), r"task index 'one' is not one of"),
+        (tf_config({"type": "worker", "index": "one"}), r"task index must be an integer, got 'one'"),
     ],
 )
 def test_a_malformed_tf_config_is_a_config_error(monkeypatch, value, message):

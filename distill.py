@@ -127,6 +127,12 @@ def _corpus(args: argparse.Namespace):
                 f"{teacher.target}; a corpus of other languages needs another teacher",
                 exit_code=2,
             )
+    from data.stream import split_exists
+
+    for key in ("validation_split", "test_split"):  # one the command names must exist (the teacher's may not)
+        split = getattr(data, key)
+        if split and split != getattr(teacher, key) and not split_exists(data, split):
+            raise cli.CliError(f"--set data.{key}={split}: the corpus has no such split", exit_code=2)
     return data
 
 
@@ -212,12 +218,9 @@ def _distill(args: argparse.Namespace, data) -> int:
     warnings = cli.LineWarnings(source=f"{data.source}.train.txt")
     keep = translator.max_source_length - 1
 
-    def truncated(index: int, length: int) -> None:
-        warnings(
-            index + 1,
-            "truncated",
-            f"{length} subwords, longer than the model allows: translated the first {keep}",
-        )
+    def truncated(index: int, length: int | None) -> None:
+        what = "subwords" if length is None else f"{length} subwords"  # None: not counted, a very long line
+        warnings(index + 1, "truncated", f"{what}, longer than the model allows: translated the first {keep}")
 
     try:
         with logging_redirect_tqdm():

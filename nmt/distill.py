@@ -90,6 +90,8 @@ def _corpus_splits(data: DataConfig) -> dict[str, str]:
     for name, split in (("validation", data.validation_split), ("test", data.test_split)):
         if split and split_exists(data, split):
             splits[name] = split
+        elif split:
+            log.warning("data.%s_split %r: the corpus has no such split; the folder gets none", name, split)
     return splits
 
 

@@ -103,6 +103,10 @@ def _run_the_printed_student_command(stderr: str, output, tmp_path) -> None:
         (["--beam", "0"], "--beam must be at least 1"),
         (["--set", "data.train_split=[1"], "invalid config: --set data.train_split"),
         (["--set", "data.source=de", "data.target=en"], "the teacher translates en into de"),
+        (  # before 2026-12-06: a folder without validation pairs, exit 0, an INFO line
+            ["--set", "data.validation_split=valid"],
+            "--set data.validation_split=valid: the corpus has no such split",
+        ),
     ],
 )
 def test_usage_errors_exit_2_before_tensorflow_and_write_nothing(args, message, tiny_run_dir, tmp_path):

@@ -62,7 +62,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--reuse",
         action="store_true",
-        help="keep variants that already have final weights, resume those stopped with a checkpoint",
+        help="keep variants that already have final weights, resume those stopped with a checkpoint (only runs "
+        "trained with the same settings; others are trained anew)",
     )
     parser.add_argument("--list", action="store_true", help="print the variants and exit")
     return parser.parse_args(argv)
@@ -140,6 +141,15 @@ def check_options(options) -> str | None:
             return f"--{name.replace('_', '-')} must be >= 0, got {getattr(options, name)}"
     if not options.variants:
         return "--variants names no variant"
+    from benchmarks.ablation import protocol_overrides
+
+    protocol = {text.split("=", 1)[0] for text in protocol_overrides(options)}
+    clash = [text for text in options.overrides if text.split("=", 1)[0].strip() in protocol]
+    if clash:  # applied last, the protocol's values would silently replace them
+        return (
+            f"--set {' '.join(clash)}: the ablation protocol sets these for every variant (use --max-steps, "
+            "--budget, --eval-every)"
+        )
     output = Path(options.output).resolve()
     try:  # the report is written after all the training: a path it cannot be written to is refused now
         output.parent.mkdir(parents=True, exist_ok=True)

@@ -87,6 +87,17 @@ def protocol_overrides(options: AblationOptions) -> list[str]:
     ]
 
 
+def trained_with(run_dir: Path, wanted) -> bool:
+    """Whether the run directory's config.yaml holds the settings `wanted` (where data is stored aside): a run made
+    with other options (--set, --max-steps, --budget, the config) is not reported under these."""
+    from nmt.config import absolute_paths, load_config
+
+    try:  # train.py saves its config with absolute paths
+        return load_config(run_dir / "config.yaml").fingerprint() == absolute_paths(wanted).fingerprint()
+    except Exception:  # noqa: BLE001 - missing or unreadable: not the run asked for
+        return False
+
+
 def variant_overrides(options: AblationOptions, variant: Variant, config) -> list[str]:
     return [*options.overrides, *resolve_overrides(variant, config), *protocol_overrides(options)]
 
@@ -276,13 +287,16 @@ def run_ablation(options: AblationOptions) -> tuple[Path, list[str]]:
     for variant in variants:
         run_dir = root / variant.name
         overrides = variant_overrides(options, variant, config)
-        load_config(config_path, overrides)  # a bad override fails here, before anything is removed
+        wanted = load_config(config_path, overrides)  # a bad override fails here, before anything is removed
         entry = {"variant": variant, "overrides": resolve_overrides(variant, config), "run_dir": str(run_dir)}
-        if options.reuse and (run_dir / "final").is_dir():
+        same = options.reuse and trained_with(run_dir, wanted)
+        if options.reuse and not same and ((run_dir / "final").is_dir() or resumable(run_dir)):
+            log.warning("%s: %s was trained with other settings: training it anew", variant.name, run_dir)
+        if same and (run_dir / "final").is_dir():
             log.info("%s: reusing %s", variant.name, run_dir)
             entry["exit_code"], entry["wall_minutes"] = 0, None
         else:
-            if options.reuse and resumable(run_dir):  # stopped before its end: train.py resumes it
+            if same and resumable(run_dir):  # stopped before its end: train.py resumes it
                 log.info("%s: resuming the interrupted run in %s", variant.name, run_dir)
             else:
                 fresh_run_dir(run_dir, tokenizer_dir)

@@ -111,6 +111,10 @@ def test_ablate_cli_rejects_unknown_variant(capsys):
         (["--grad-steps", "-3"], "--grad-steps must be >= 0, got -3"),
         (["--variants", ","], "--variants names no variant"),
         (["--output", "/proc/no/report.md"], "--output /proc/no/report.md: cannot write there"),
+        (  # before 2026-12-06: silently replaced by the protocol's values (--max-steps 0: no step cap)
+            ["--set", "train.max_steps=300", "model.d_model=16"],
+            "--set train.max_steps=300: the ablation protocol sets these for every variant (use --max-steps",
+        ),
     ],
 )
 def test_ablate_cli_refuses_bad_options_before_training(tmp_path, capsys, args, message):
@@ -160,3 +164,21 @@ def test_ablate_quick_cli_on_multi30k(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     text = output.read_text(encoding="utf-8")
     assert "### Claimed" in text and "### Measured" in text and "| scale_unscaled |" in text
+
+
+def test_reuse_takes_only_a_run_trained_with_the_settings_asked_for(tmp_path, monkeypatch):
+    """ablate.py --reuse compares the run's config.yaml (as train.py saved it: absolute paths) with the variant's
+    settings now; before 2026-12-06 any finished run was reused and reported under the new options."""
+    from benchmarks.ablation import trained_with
+    from nmt.config import absolute_paths, load_config
+    from nmt.run_dir import write_atomic
+
+    monkeypatch.chdir(tmp_path)
+    overrides = ["data.dataset=folder", "data.folder=corpus", "train.max_steps=10"]
+    run_dir = tmp_path / "baseline"
+    assert not trained_with(run_dir, load_config("tiny.yaml", overrides))  # nothing there
+    run_dir.mkdir()
+    write_atomic(run_dir / "config.yaml", absolute_paths(load_config("tiny.yaml", overrides)).to_yaml())
+    assert trained_with(run_dir, load_config("tiny.yaml", overrides))
+    assert not trained_with(run_dir, load_config("tiny.yaml", [*overrides, "train.max_steps=20"]))
+    assert not trained_with(run_dir, load_config("tiny.yaml", [*overrides, "model.d_model=16"]))

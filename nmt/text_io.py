@@ -147,7 +147,8 @@ class LineWriter:
             )
             self._tmp = os.path.join(directory, f".{name}.{os.getpid()}.tmp")
             self._handle = open(self._tmp, "wb")  # noqa: SIM115
-            with contextlib.suppress(FileNotFoundError):  # a file replaced keeps its permissions (e.g. 600)
+            # a file replaced keeps its permissions (e.g. 600); best effort (a new file, a filesystem without modes)
+            with contextlib.suppress(OSError):
                 os.chmod(self._tmp, stat.S_IMODE(os.stat(self.path).st_mode))
 
     def write(self, line: str) -> None:

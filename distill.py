@@ -219,8 +219,7 @@ def _distill(args: argparse.Namespace, data) -> int:
     keep = translator.max_source_length - 1
 
     def truncated(index: int, length: int | None) -> None:
-        what = "subwords" if length is None else f"{length} subwords"  # None: not counted, a very long line
-        warnings(index + 1, "truncated", f"{what}, longer than the model allows: translated the first {keep}")
+        warnings(index + 1, "truncated", cli.truncation_message(length, keep))
 
     try:
         with logging_redirect_tqdm():

@@ -250,23 +250,15 @@ def main(argv: list[str] | None = None) -> int:
     beam = 1 if args.sampling is not None else beam
     if args.nbest > beam:
         raise cli.CliError(f"--nbest {args.nbest} exceeds the beam size {beam} (set --beam)", exit_code=2)
-    if (
-        args.alpha is not None and beam == 1 and args.sampling is None
-    ):  # `--beam 1 --alpha` is refused earlier
-        raise cli.CliError(
-            "--alpha is the beam search's length penalty: nothing to do with greedy search (the run's "
-            "eval.beam_size is 1: give --beam N)",
-            exit_code=2,
-        )
+    if args.alpha is not None and beam == 1 and args.sampling is None:  # `--beam 1 --alpha`: refused earlier
+        raise cli.CliError(cli.GREEDY_RUN_ALPHA, exit_code=2)
 
     warnings = cli.LineWarnings(source=args.input or "stdin")
     keep = translator.max_source_length - 1
 
     def truncated(index: int, length: int | None) -> None:
         done = "scored" if args.score is not None else "translated"
-        what = "subwords" if length is None else f"{length} subwords"  # None: not counted, a very long line
-        message = f"{what}, longer than the model allows: {done} only the first {keep}"
-        warnings(index + 1, "truncated", message)
+        warnings(index + 1, "truncated", cli.truncation_message(length, keep, done))
 
     interactive = args.input is None and sys.stdin.isatty()
     total = count_lines_if_file(args.input)  # before reading: a pipe is read only once, by read_lines

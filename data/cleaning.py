@@ -98,8 +98,8 @@ def decode_every_line(
     sources: list[bytes], targets: list[bytes], counts: DropCounts
 ) -> tuple[list[str], list[str]]:
     """Every pair of a chunk, decoded as the evaluation CLIs read files (`nmt.text_io`): invalid UTF-8 becomes
-    U+FFFD and NUL bytes are removed; blank lines stay (over-long ones as `data.folder` cut them). `counts` counts the pairs with invalid UTF-8
-    (for `refuse_another_encoding`) and the blank ones, though none is dropped."""
+    U+FFFD and NUL bytes are removed; blank lines stay (over-long ones as `data.folder` cut them). `counts` counts
+    the pairs with invalid UTF-8 (for `refuse_another_encoding`) and the blank ones, though none is dropped."""
     counts.total += len(sources)
     decoded: tuple[list[str], list[str]] = ([], [])
     for pair in zip(sources, targets):

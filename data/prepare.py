@@ -33,7 +33,8 @@ from data.stream import CHUNK_PAIRS, count_pairs, split_exists, split_identity, 
 log = logging.getLogger(__name__)
 
 
-def _threads() -> int:
+def tokenizer_threads() -> int:
+    """SentencePiece's threads for training and encoding (data.stats trains as this module does)."""
     return max(1, min(os.cpu_count() or 1, 16))
 
 
@@ -57,7 +58,7 @@ def cached_tokenizer(cfg: DataConfig, *, chief: bool = True):
                     "training the SentencePiece tokenizer on the %s split into %s", cfg.train_split, final
                 )
                 try:
-                    train_tokenizer(cfg, partial, seed=cache.TOKENIZER_SEED, num_threads=_threads())
+                    train_tokenizer(cfg, partial, seed=cache.TOKENIZER_SEED, num_threads=tokenizer_threads())
                 except DataError:  # the corpus or the settings refused it: nothing stays
                     shutil.rmtree(partial, ignore_errors=True)
                     raise
@@ -113,7 +114,7 @@ def _tokenize_into(
     target_sp = source_sp if target_model is None else spm.SentencePieceProcessor(model_proto=target_model)
     vocab = max(source_sp.get_piece_size(), target_sp.get_piece_size())
     writer = SplitWriter(directory, values_dtype(vocab))
-    counts, threads, start = DropCounts(), _threads(), time.perf_counter()
+    counts, threads, start = DropCounts(), tokenizer_threads(), time.perf_counter()
     total = count_pairs(cfg, split)
     bar = tqdm(
         total=total, unit="pairs", unit_scale=True, desc=f"preparing {split}", disable=not progress,

@@ -111,11 +111,11 @@ def compute_stats(cfg, seed: int, tokenizer_dir: Path | None) -> dict:
         # of the tokenizer a run of this config would train; into a staging folder, the model files moved into
         # DIR once whole (a failure leaves no model file there to be loaded next time)
         from data import cache
-        from data.prepare import _threads
+        from data.prepare import tokenizer_threads
 
         staging = tokenizer_dir / f".partial-{os.getpid()}"
         try:
-            train_tokenizer(cfg, staging, seed=cache.TOKENIZER_SEED, num_threads=_threads())
+            train_tokenizer(cfg, staging, seed=cache.TOKENIZER_SEED, num_threads=tokenizer_threads())
             for model in sorted(staging.glob("*.model")):
                 os.replace(model, tokenizer_dir / model.name)
         except OSError as err:

@@ -52,8 +52,9 @@ def padded_size(size: int, multiple: int = 8) -> int:
     return -(-size // multiple) * multiple
 
 
-def _piece_count(model: bytes, origin: str) -> int:
-    """Checks the special ids of a serialized model; returns its number of pieces."""
+def _model_facts(model: bytes, origin: str) -> tuple[int, int]:
+    """Checks a serialized model (whole, the project's special ids); returns its number of pieces and the characters
+    of its longest piece ("▁" stands for one space)."""
     processor = spm.SentencePieceProcessor()
     try:
         processor.LoadFromSerializedProto(model)
@@ -80,14 +81,7 @@ def _piece_count(model: bytes, origin: str) -> int:
     }
     if actual != SPECIAL_IDS:
         raise DataError(f"{origin} reserves special ids {actual}; this project needs {SPECIAL_IDS}")
-    return processor.GetPieceSize()
-
-
-def _longest_piece(model: bytes) -> int:
-    """Characters of the model's longest piece ("▁" stands for one space)."""
-    processor = spm.SentencePieceProcessor()
-    processor.LoadFromSerializedProto(model)
-    return max(len(processor.id_to_piece(i)) for i in range(processor.get_piece_size()))
+    return processor.GetPieceSize(), max(len(piece.piece) for piece in proto.pieces)
 
 
 class _SharedSentencepieceModel(tf.saved_model.experimental.TrackableResource):
@@ -144,10 +138,9 @@ class Tokenizer(tf.Module):
     ):
         super().__init__(name=name)
         self.joint = target_model is None
-        self._source_pieces = _piece_count(source_model, "source model")
-        self._longest_source_piece = _longest_piece(source_model)
+        self._source_pieces, self._longest_source_piece = _model_facts(source_model, "source model")
         self._target_pieces = (
-            self._source_pieces if self.joint else _piece_count(target_model, "target model")
+            self._source_pieces if self.joint else _model_facts(target_model, "target model")[0]
         )
         self._models = (source_model, target_model)
         self._source = self._target = None  # TF Text tokenizers, built by _in_graph()

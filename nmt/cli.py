@@ -170,6 +170,20 @@ def check_search(beam: int | None, alpha: float | None) -> None:
         )
 
 
+# --alpha for a run whose eval.beam_size is 1, --beam not given (refused once the run's config is read)
+GREEDY_RUN_ALPHA = (
+    "--alpha is the beam search's length penalty: nothing to do with greedy search (the run's eval.beam_size is 1: "
+    "give --beam N)"
+)
+
+
+def truncation_message(length: int | None, keep: int, done: str = "translated") -> str:
+    """The warning for a source line cut to `keep` pieces; `length` None: a very long line, not counted
+    (`nmt.batch_decoding.source_ids`)."""
+    what = "subwords" if length is None else f"{length} subwords"
+    return f"{what}, longer than the model allows: {done} only the first {keep}"
+
+
 def check_streams(streams: int | None) -> None:
     if streams is not None and streams < 0:
         raise CliError(f"--streams must be >= 0 (0 = auto), got {streams}", exit_code=2)

@@ -263,10 +263,9 @@ def evaluate_run_dir(
     config = translator.config
     if alpha is not None:
         if (beam_size or translator.eval_config.beam_size) == 1:  # `--beam 1 --alpha`: refused by the CLI
-            raise EvaluationError(
-                "--alpha is the beam search's length penalty: nothing to do with greedy search (the run's "
-                "eval.beam_size is 1: give --beam N)"
-            )
+            from nmt.cli import GREEDY_RUN_ALPHA
+
+            raise EvaluationError(GREEDY_RUN_ALPHA)
         translator.eval_config = dataclasses.replace(translator.eval_config, alpha=alpha)
     if source_file is not None:
         sources = read_text_file(source_file, functools.partial(warn, source=source_file) if warn else None)

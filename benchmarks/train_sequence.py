@@ -61,7 +61,6 @@ def measure(config, tokenizer, *, precision: str, xla: str, steps: int) -> dict:
             return None
         return round(float((cumulative[-1] - cumulative[first]) / (ends[-1] - ends[first])), 1)
 
-    durations = np.diff(ends, prepend=0.0)
     shapes = {(tuple(b["source"].shape), tuple(b["target_in"].shape)) for b in batches}
     return {
         "bench": "train_sequence",
@@ -75,8 +74,16 @@ def measure(config, tokenizer, *, precision: str, xla: str, steps: int) -> dict:
         "tokens_per_sec_after": {
             str(first): rate(first) for first in (steps // 4, steps // 2, 3 * steps // 4)
         },
-        "slow_steps": [[i + 1, round(float(d), 2)] for i, d in enumerate(durations) if d > SLOW_STEP_SECONDS],
+        "slow_steps": slow_steps(ends),
     }
+
+
+def slow_steps(ends, threshold: float = SLOW_STEP_SECONDS) -> list[list]:
+    """[step (from 1), seconds] of the steps that took over `threshold` seconds, from the steps' end times."""
+    import numpy as np
+
+    durations = np.diff(np.asarray(ends, dtype=np.float64), prepend=0.0)
+    return [[i + 1, round(float(d), 2)] for i, d in enumerate(durations) if d > threshold]
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -170,6 +170,7 @@ class StopControl:
         self.agreed: int | None = None  # multi-worker: the signal all workers stop for
         self.out_of_time = False  # multi-worker: a worker's time budget is spent
         self._in_evaluation = False  # inside `interruptible()`: a signal ends the evaluation at once
+        self.step_in_progress: int | None = None  # set by the training loop: the step a signal interrupts
 
     def install(self) -> dict:
         """SIGINT/SIGTERM handlers; returns the previous ones (for `uninstall`)."""
@@ -188,9 +189,11 @@ class StopControl:
                     signal.Signals(signum).name,
                 )
                 raise EvaluationInterrupted
-            log.warning(
-                "received %s: finishing this step and saving a checkpoint", signal.Signals(signum).name
-            )
+            name, step = signal.Signals(signum).name, self.step_in_progress
+            if step is None:
+                log.warning("received %s: finishing this step and saving a checkpoint", name)
+            else:
+                log.warning("received %s during step %d: finishing it and saving a checkpoint", name, step)
 
         return {signum: signal.signal(signum, handler) for signum in (signal.SIGINT, signal.SIGTERM)}
 

@@ -301,6 +301,7 @@ class Trainer(TrainerEvaluation):
                 if self.stop.requested():
                     status, message = "stopped", self._stop_message()
                     break
+                self.stop.step_in_progress = self.step + 1
                 started, wall = self.clock(), time.perf_counter()
                 batches = [
                     replica_batches(self.strategy, next(self.iterator), self.part)

@@ -4,6 +4,8 @@ The tiny fixture reproduces every sentence of its corpus (tests/run_fixture.py, 
 sentences are checked to be their references; the loss is checked against a sentence-by-sentence NumPy reference.
 """
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import sacrebleu
@@ -63,6 +65,16 @@ def test_evaluate_run_dir_scores_a_lowercased_run_case_insensitively(tiny_run_di
     assert record["lowercase"] and "case:lc" in record["signature"]
     assert record["bleu"] == sacrebleu.corpus_bleu(hypotheses, [references], lowercase=True).score
     assert "LOWERCASED" in format_report(record)
+    # References in capitals: the hypotheses match them only if case is ignored (the tiny model has learnt the
+    # test split, so the cased score above could not tell).
+    source, shouted = tmp_path / "source.txt", tmp_path / "shouted.txt"
+    source.write_text("".join(s + "\n" for s, _ in tiny_corpus()["test"][:8]), encoding="utf-8")
+    shouted.write_text("".join(t.upper() + "\n" for t in references), encoding="utf-8")
+    record = evaluate_run_dir(run, source_file=str(source), reference_file=str(shouted), beam_size=1)
+    hypotheses = Path(record["hypotheses"]).read_text(encoding="utf-8").splitlines()
+    upper = [t.upper() for t in references]
+    assert record["bleu"] == sacrebleu.corpus_bleu(hypotheses, [upper], lowercase=True).score
+    assert record["bleu"] > sacrebleu.corpus_bleu(hypotheses, [upper]).score + 20
 
 
 def test_the_loss_says_how_many_pairs_it_cut(tiny_run_dir, tmp_path, caplog):

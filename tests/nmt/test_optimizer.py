@@ -59,11 +59,21 @@ def _train(optimizer, *, compiled, dense=False):
     ],
 )
 def test_same_variables_as_keras_adam(kwargs, compiled):
-    ours, _ = _train(FusedAdam(**kwargs), compiled=compiled)
-    reference, _ = _train(keras.optimizers.Adam(**kwargs), compiled=compiled, dense=True)
+    ours, our_optimizer = _train(FusedAdam(**kwargs), compiled=compiled)
+    reference, keras_optimizer = _train(keras.optimizers.Adam(**kwargs), compiled=compiled, dense=True)
     for a, b in zip(ours, reference):
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-7, err_msg=a.name)
         assert not np.array_equal(a.numpy(), _variables()[[v.name for v in ours].index(a.name)].numpy())
+    if kwargs.get(
+        "use_ema"
+    ):  # the moving averages too (what finalize_variable_values writes into the weights)
+        initial = _variables()
+        averages = zip(
+            our_optimizer._model_variables_moving_average, keras_optimizer._model_variables_moving_average
+        )
+        for (a, b), start in zip(averages, initial):
+            np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-7, err_msg=f"EMA of {a.name}")
+            assert not np.array_equal(a.numpy(), start.numpy())
 
 
 def test_with_a_learning_rate_schedule():

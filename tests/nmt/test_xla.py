@@ -113,5 +113,6 @@ def test_fusible_bfloat16_step_stays_within_rounding_of_the_unclustered_one():
     losses, _ = adam_losses(dropout_model(), autocluster=False)
     fused, _ = adam_losses(dropout_model(), autocluster=True)
     # XLA keeps fused intermediates in float32 where TensorFlow rounds each op's output to bfloat16 (8 bits of
-    # mantissa): the runs part by rounding, not by masks or math.
-    np.testing.assert_allclose(fused, losses, rtol=2e-2)
+    # mantissa): the runs part by rounding, not by masks or math (0.2% measured on a Zen 3; another dropout mask
+    # moves a step's loss by 4% or more).
+    np.testing.assert_allclose(fused, losses, rtol=1e-2)

@@ -128,11 +128,15 @@ def _corpus(args: argparse.Namespace):
                 exit_code=2,
             )
     from data.stream import split_exists
+    from nmt.distill import missing_validation
 
-    for key in ("validation_split", "test_split"):  # one the command names must exist (the teacher's may not)
-        split = getattr(data, key)
-        if split and split != getattr(teacher, key) and not split_exists(data, split):
-            raise cli.CliError(f"--set data.{key}={split}: the corpus has no such split", exit_code=2)
+    # A split the command names must exist; the teacher's test split may not (the folder gets none), but a student
+    # cannot train without a validation split.
+    if not data.validation_split or not split_exists(data, data.validation_split):
+        raise cli.CliError(missing_validation(data.validation_split), exit_code=2)
+    split = data.test_split
+    if split and split != teacher.test_split and not split_exists(data, split):
+        raise cli.CliError(f"--set data.test_split={split}: the corpus has no such split", exit_code=2)
     return data
 
 

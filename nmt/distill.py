@@ -36,6 +36,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from data.cleaning import DropCounts
 from data.config import DataConfig
 from data.folder import FILE_NAME
 from data.stream import split_exists, split_identity, stream_pairs
@@ -84,15 +85,28 @@ def settings_of(
     }
 
 
-def _corpus_splits(data: DataConfig) -> dict[str, str]:
-    """Folder split name -> the corpus's split name, for the splits the corpus has (train must exist)."""
+def _corpus_splits(data: DataConfig, warn: bool = True) -> dict[str, str]:
+    """Folder split name -> the corpus's split name, for the splits the corpus has (train must exist).
+
+    A missing validation split is a DistillError: a student's training needs one (a missing test split only
+    leaves the folder without one, with a warning unless `warn` is false: `settings_of` warned already)."""
     splits = {"train": data.train_split}
     for name, split in (("validation", data.validation_split), ("test", data.test_split)):
         if split and split_exists(data, split):
             splits[name] = split
-        elif split:
+        elif name == "validation":
+            raise DistillError(missing_validation(split))
+        elif split and warn:
             log.warning("data.%s_split %r: the corpus has no such split; the folder gets none", name, split)
     return splits
+
+
+def missing_validation(split: str | None) -> str:
+    """The refusal of a corpus without the validation split a student's training needs."""
+    return (
+        f"data.validation_split={split or '(none)'}: the corpus has no such split, and a student trained on the "
+        "folder needs one for its validation; name one with --set data.validation_split=NAME"
+    )
 
 
 def distill(
@@ -160,7 +174,7 @@ def _distill(translator, data, output, settings, beam_size, chunk_size, progress
         log.info("%s is complete already (%d pairs): nothing to do", output, manifest["lines"])
         return Summary(output, manifest["lines"], 0, manifest["lines"], manifest["references"])
     if "lines" not in manifest:  # first call: the sources and the real pairs, each file through a rename
-        splits = _corpus_splits(data)
+        splits = _corpus_splits(data, warn=False)
         counts = {name: _copy_split(data, split, output, name) for name, split in splits.items()}
         manifest.update(lines=counts.pop("train"), references=counts, translated=0, bytes=0)
         _save(output, manifest)  # from here on, the settings are the folder's
@@ -341,12 +355,24 @@ def _copy_split(data: DataConfig, split: str, output: Path, name: str) -> int:
     paths = [output / f"{language}.{name}.txt" for language in languages]
     temporary = [path.with_name(f".{path.name}.tmp") for path in paths]
     handles = [open(path, "wb") for path in temporary]  # noqa: SIM115 - closed below
-    count = 0
+    count, sources, damaged = 0, 0, {"utf8": set(), "nul": set()}  # damaged: kind -> line numbers (from 1)
+
+    def warn(line_number: int, kind: str, message: str) -> None:
+        damaged[kind].add(line_number)
+
     try:
         for pair in stream_pairs(data, split):
             for handle, chunk in zip(handles, pair):
-                handle.write(b"".join(_line(raw) for raw in chunk))
+                handle.write(b"".join(_line(raw, count + i + 1, warn) for i, raw in enumerate(chunk)))
+            sources += sum(1 for raw in pair[0] if raw.strip())
             count += len(pair[0])
+        DropCounts(total=count, invalid_utf8=len(damaged["utf8"])).refuse_another_encoding(
+            f"split {split!r} of the corpus"
+        )
+        if name == "train" and not sources:
+            raise DistillError(
+                f"split {split!r} of the corpus has no source sentence to translate ({count} lines)"
+            )
         for handle in handles:
             handle.flush()
             os.fsync(handle.fileno())
@@ -359,6 +385,13 @@ def _copy_split(data: DataConfig, split: str, output: Path, name: str) -> int:
         handle.close()
     for tmp, path in zip(temporary, paths):
         os.replace(tmp, path)
+    for kind, what in (
+        ("utf8", "had invalid UTF-8 (replaced with U+FFFD)"),
+        ("nul", "had NUL bytes (removed)"),
+    ):
+        if lines := sorted(damaged[kind]):
+            shown = ", ".join(map(str, lines[:10])) + (", ..." if len(lines) > 10 else "")
+            log.warning("split %r: %d line(s) %s: line %s", split, len(lines), what, shown)
     log.info("%s: %d pairs of split %r", output, count, split)
     return count
 
@@ -367,8 +400,8 @@ def _shifted(callback: Callable[[int, int], None], start: int, index: int, lengt
     callback(start + index, length)  # an index in the chunk -> in the split
 
 
-def _line(raw: bytes) -> bytes:
-    return one_line(decode_line(raw)).encode("utf-8") + b"\n"
+def _line(raw: bytes, line_number: int = 0, warn=None) -> bytes:
+    return one_line(decode_line(raw, line_number, warn)).encode("utf-8") + b"\n"
 
 
 def _bar(enabled: bool, total: int, done: int):

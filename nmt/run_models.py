@@ -26,6 +26,12 @@ def load_run_models(path: str | Path, weights: str = "auto", ensemble: Sequence[
     from transformer.ensemble import Ensemble
 
     def check(other, other_config, other_tokenizer):
+        there, here = other_config.data, config.data
+        if (there.source, there.target) != (here.source, here.target):
+            raise RunDirError(
+                f"{other} translates {there.source} into {there.target}, {path} {here.source} into {here.target}: "
+                "the runs of an ensemble translate alike"
+            )
         if other_tokenizer.fingerprint != tokenizer.fingerprint:
             raise RunDirError(
                 f"{other} has another tokenizer than {path}: the runs of an ensemble share one (train them with the "

@@ -105,11 +105,18 @@ def _run_the_printed_student_command(stderr: str, output, tmp_path) -> None:
         (["--set", "data.source=de", "data.target=en"], "the teacher translates en into de"),
         (  # before 2026-12-06: a folder without validation pairs, exit 0, an INFO line
             ["--set", "data.validation_split=valid"],
-            "--set data.validation_split=valid: the corpus has no such split",
+            "data.validation_split=valid: the corpus has no such split, and a student",
+        ),
+        (  # before 2026-12-07: the teacher's validation split missing from the corpus was a warning, exit 0
+            ["--set", "data.folder=CORPUS_WITHOUT_VALIDATION"],
+            "data.validation_split=validation: the corpus has no such split, and a student",
         ),
     ],
 )
 def test_usage_errors_exit_2_before_tensorflow_and_write_nothing(args, message, tiny_run_dir, tmp_path):
+    if "data.folder=CORPUS_WITHOUT_VALIDATION" in args:
+        corpus = write_corpus(tmp_path / "corpus", corpus={"train": [("a hat.", "einen hut.")]})
+        args = [f"data.folder={corpus}" if arg.endswith("WITHOUT_VALIDATION") else arg for arg in args]
     done = without_tensorflow(["--model-dir", str(tiny_run_dir), "--output", str(tmp_path / "kd"), *args])
     assert done.returncode == 2, done.stderr.decode()[-2000:]
     assert message in done.stderr.decode()
@@ -190,7 +197,9 @@ def test_sigint_stops_and_the_same_command_resumes_to_the_uninterrupted_folder(t
 
     from tests.test_cli_translate import RUN_DEADLINE
 
-    corpus = write_corpus(tmp_path / "corpus", corpus={"train": [(s, "x") for s in salads(1500, seed=9)]})
+    real = [("a hat.", "einen hut.")]
+    train = [(s, "x") for s in salads(1500, seed=9)]
+    corpus = write_corpus(tmp_path / "corpus", corpus={"train": train, "validation": real})
 
     def command(output):
         return ["distill.py", "--model-dir", tiny_run_dir, "--output", output, "--xla", "off", "--chunk-size",

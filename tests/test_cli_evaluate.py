@@ -301,6 +301,12 @@ def test_evaluate_an_ensemble(tiny_run_dir, tmp_path, capsys):
     ) as raised:
         evaluate.main([*argv, "--ensemble", str(other)])
     assert raised.value.exit_code == 2
+    reverse = reversed_run(
+        tiny_run_dir, tmp_path / "reverse"
+    )  # the same joint tokenizer, the other direction
+    with pytest.raises(CliError, match=f"--ensemble {reverse} translates de into en, --model-dir") as raised:
+        evaluate.main([*argv, "--ensemble", str(reverse)])
+    assert raised.value.exit_code == 2
     import translate
 
     plot = ["--plot-attention", str(tmp_path / "a.svg"), "--ensemble", str(tiny_run_dir)]
@@ -379,3 +385,16 @@ def test_evaluate_on_a_folder_split_scores_every_line_as_sacrebleu_does_on_the_f
     assert hypotheses[2] == "" and references[2]
     assert record["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hypotheses, [references]).score, abs=1e-9)
     assert record["bleu"] < 100.0  # the memorised split, but one hypothesis is empty
+
+
+def reversed_run(run_dir, copy):
+    """A copy of a run directory whose config.yaml translates the other way (a joint tokenizer fits both)."""
+    import shutil
+
+    import yaml
+
+    shutil.copytree(run_dir, copy)
+    tree = yaml.safe_load((copy / "config.yaml").read_text(encoding="utf-8"))
+    tree["data"]["source"], tree["data"]["target"] = tree["data"]["target"], tree["data"]["source"]
+    (copy / "config.yaml").write_text(yaml.safe_dump(tree, sort_keys=False), encoding="utf-8")
+    return copy

@@ -256,3 +256,50 @@ def test_stopped_between_the_rename_and_the_manifest(translator, corpus, tmp_pat
         handle.write(b"a line from elsewhere\n")  # not the recorded file: not taken as complete
     with pytest.raises(DistillError, match="the progress is damaged"):
         run(translator, corpus, output)
+
+
+def test_a_corpus_in_another_encoding_is_refused_and_a_few_damaged_lines_are_named(
+    translator, corpus, tmp_path, caplog
+):
+    """As data.prepare does (`DropCounts.refuse_another_encoding`): Latin-1 files are refused, not turned into
+    U+FFFD; a damaged line or two are warned about by number (before 2026-12-07: silently U+FFFD, exit 0)."""
+    from data.errors import DataError
+
+    latin = [(f"the caf\u00e9 number {i} is tr\u00e8s bon", f"target {i}") for i in range(30)]
+    for split in ("train", "validation"):
+        (corpus / f"en.{split}.txt").write_bytes("".join(s + "\n" for s, _ in latin).encode("latin-1"))
+        (corpus / f"de.{split}.txt").write_text("".join(t + "\n" for _, t in latin), encoding="utf-8")
+    output = tmp_path / "kd"
+    with pytest.raises(DataError, match=r"split 'train' of the corpus: 30 of 30 pairs are not valid UTF-8"):
+        run(translator, corpus, output)
+    assert sorted(p.name for p in output.iterdir()) == sorted([MANIFEST, LOCK])  # no half-copied file
+    damaged = [line.encode("utf-8") for line in SOURCES]
+    damaged[3], damaged[7] = b"caf\xe9 au lait", b"a \x00cat"
+    (corpus / "en.train.txt").write_bytes(b"".join(line + b"\n" for line in damaged))
+    (corpus / "de.train.txt").write_text(
+        "".join(f"target {i}\n" for i in range(len(damaged))), encoding="utf-8"
+    )
+    write_corpus(corpus, corpus={"validation": [("a hat.", "einen hut.")]})
+    caplog.set_level("WARNING", logger="nmt.distill")
+    run(translator, corpus, output)
+    assert "split 'train': 1 line(s) had invalid UTF-8 (replaced with U+FFFD): line 4" in caplog.text
+    assert "split 'train': 1 line(s) had NUL bytes (removed): line 8" in caplog.text
+    assert (output / "en.train.txt").read_text().splitlines()[3] == "caf\ufffd au lait"
+
+
+@pytest.mark.parametrize("lines", [[], ["", "  "]])
+def test_a_training_split_without_sources_is_an_error(translator, tmp_path, lines):
+    real = [("a hat.", "einen hut.")]
+    corpus = write_corpus(tmp_path / "corpus", corpus={"train": [(s, s) for s in lines], "validation": real})
+    with pytest.raises(DistillError, match=f"split 'train' of the corpus has no source sentence to translate "
+                       f"\\({len(lines)} lines\\)"):  # fmt: skip
+        run(translator, corpus, tmp_path / "kd")
+    assert not (tmp_path / "kd" / "en.train.txt").exists()
+
+
+def test_a_corpus_without_the_validation_split_is_refused(translator, tmp_path):
+    """A student trained on the folder needs a validation split (before 2026-12-07: a folder without one, exit 0,
+    and a printed student command that could not train)."""
+    corpus = write_corpus(tmp_path / "corpus", corpus={"train": [("a hat.", "x")]})
+    with pytest.raises(DistillError, match="data.validation_split=validation: the corpus has no such split"):
+        run(translator, corpus, tmp_path / "kd")

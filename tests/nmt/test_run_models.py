@@ -80,6 +80,11 @@ def test_an_ensemble_needs_one_tokenizer(tiny_run_dir, tmp_path):
     model_file.write_bytes(proto.SerializeToString())
     with pytest.raises(RunDirError, match=f"{other} has another tokenizer than {tiny_run_dir}"):
         Translator.from_run_dir(tiny_run_dir, ensemble=[other])
+    from tests.test_cli_evaluate import reversed_run
+
+    reverse = reversed_run(tiny_run_dir, tmp_path / "reverse")
+    with pytest.raises(RunDirError, match=f"{reverse} translates de into en, {tiny_run_dir} en into de"):
+        Translator.from_run_dir(tiny_run_dir, ensemble=[reverse])
 
 
 def test_an_ensemble_run_with_a_shorter_position_table_is_refused(tiny_run_dir, tmp_path):

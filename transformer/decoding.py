@@ -220,8 +220,11 @@ def beam_search(
 
     def final(t, s):
         """Results at ``t`` steps: the unfinished compete with the finished on their current score (as if EOS were
-        forced there); after an early finish they cannot win by construction."""
-        alive_score = s["alive_log_prob"] / length_penalty(t, alpha)
+        forced there); after an early finish they cannot win by construction. With ``alpha < 0`` a shorter length
+        scores better, so before the limit the unfinished are scored at ``t + 1`` steps, as `bound_penalty` did
+        when it stopped the search (at ``t`` an unfinished hypothesis could beat the finished ones it lost to)."""
+        steps = tf.where(t < limit, t + 1, t) if alpha < 0 else t
+        alive_score = s["alive_log_prob"] / length_penalty(steps, alpha)
         scores, best = tf.math.top_k(tf.concat([s["finished_score"], alive_score], axis=1), k=k)  # (M, beam)
         ids = tf.gather(tf.concat([s["finished_seq"], s["alive_seq"]], axis=1), best, batch_dims=1)
         return {"seq": ids, "scores": scores}

@@ -27,8 +27,9 @@ class Transformer(keras.Model):
     ``source -> TokenAndPositionEmbedding -> num_layers x EncoderLayer -> memory``;
     ``target_in -> TokenAndPositionEmbedding -> num_layers x DecoderLayer(memory) -> output projection -> logits``.
     All masks are explicit: source padding ``(B, 1, 1, S)`` from ``pad_id``; decoder self-attention is causal and
-    target padding ``(B, 1, T, T)``. Logits are always float32 (the output projection runs in float32), as are the
-    softmaxes and LayerNorms, so the model works under ``mixed_float16`` and ``mixed_bfloat16`` policies.
+    target padding ``(B, 1, T, T)``. Logits are always float32 (a tied output projection runs in the compute dtype
+    and is cast to float32 after it; an untied one runs in float32), as are the softmaxes and LayerNorms, so the
+    model works under ``mixed_float16`` and ``mixed_bfloat16`` policies.
 
     Args:
         source_vocab_size, target_vocab_size: ints.
@@ -293,7 +294,8 @@ class Transformer(keras.Model):
             flat = tf.reshape(x, [-1, tf.shape(x)[-1]])  # (batch * len, d_model)
             logits = tf.matmul(flat, embeddings, transpose_b=True)  # (batch * len, V)
             if bias is not None:  # right after the product, where grappler can fuse it into the matmul
-                logits = tf.nn.bias_add(logits, tf.cast(bias, logits.dtype))
+                # within the dtype's range with room for the logit: -1e9 would be -inf in float16 (exp() is 0 either way)
+                logits = tf.nn.bias_add(logits, tf.cast(tf.maximum(bias, logits.dtype.min / 2), logits.dtype))
             shape = tf.concat([tf.shape(x)[:-1], tf.shape(embeddings)[:1]], axis=0)
             return tf.cast(tf.reshape(logits, shape), tf.float32)
         logits = tf.cast(self.output_projection(tf.cast(x, tf.float32)), tf.float32)

@@ -2,8 +2,9 @@
 
 Both adapters forbid the ``PAD`` and ``BOS`` tokens: they are never valid outputs, and a generated ``PAD`` would be
 masked as padding by the full pass but not by the cached step. The full pass sets their logits to ``-1e9``; the
-cached step adds ``-1e9`` to them right after the output projection's matmul (`Transformer.decode_step`'s
-``logit_bias``, which grappler can fuse into the matmul: one select over the ``(N, V)`` logits less per step).
+cached step adds ``-1e9`` (half float16's lowest finite value under mixed_float16) to them right after the output
+projection's matmul (`Transformer.decode_step`'s ``logit_bias``, which grappler can fuse into the matmul: one select
+over the ``(N, V)`` logits less per step).
 Either way their probability is exactly 0 and every other token's logit and log-probability are the same.
 
 Example:

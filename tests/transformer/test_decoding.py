@@ -384,3 +384,30 @@ def test_decode_batch_compacted_equals_static_and_xla(beam):
     for other, atol in ((static, 1e-5), (xla, 1e-4)):
         np.testing.assert_array_equal(compacted[0].numpy(), other[0].numpy())
         np.testing.assert_allclose(compacted[1].numpy(), other[1].numpy(), atol=atol)
+
+
+def test_a_negative_alpha_search_stopped_early_returns_the_finished_hypothesis():
+    """alpha < 0 favours short hypotheses: the search stops once no alive one can beat the finished set even one
+    step later, so the result must be a finished hypothesis, not the alive one scored as if it ended there.
+
+    Step 0: P(A) = 0.45, P(EOS) = 0.44; then EOS is certain. [EOS] scores log 0.44 / lp(1); any continuation of A
+    scores at most log 0.45 / lp(2), lower, so the search stops after step 0 (before the fix: [A, pad, pad],
+    never finished, scored log 0.45 / lp(1))."""
+    a, vocab, length = 4, 6, 3
+    p = np.full((length, vocab, vocab), 1e-6)
+    p[..., EOS_ID] = 1.0
+    p[0, BOS_ID] = 1e-6
+    p[0, BOS_ID, a], p[0, BOS_ID, EOS_ID] = 0.45, 0.44
+    table = tf.constant(np.log(p / p.sum(-1, keepdims=True)).astype(np.float32))
+    steps = []
+
+    def step(ids, index, cache):
+        steps.append(int(index))
+        rows = tf.stack([tf.fill([tf.shape(ids)[0]], index), tf.gather(ids, index, axis=1)], axis=1)
+        return tf.gather_nd(table, rows), cache
+
+    ids, scores = beam_search(step, None, batch_size=1, beam_size=1, max_length=length, alpha=-1.0)
+    assert steps == [0]  # stopped early
+    assert ids.numpy()[0, 0].tolist() == [EOS_ID, PAD_ID, PAD_ID]
+    expected = math.log(0.44 / p[0, BOS_ID].sum()) / float(length_penalty(1, -1.0))
+    assert float(scores[0, 0]) == pytest.approx(expected, rel=1e-5)

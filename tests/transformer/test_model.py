@@ -158,6 +158,15 @@ def test_mixed_precision_is_finite_with_all_padding_rows(pre_ln_model, policy, t
     np.testing.assert_allclose(logits.numpy(), expected, atol=tolerance)
     step_logits, _ = model.decode_step(target[:, 0], model.init_cache(source, model.encode(source), 4), 0)
     assert step_logits.dtype == tf.float32 and np.isfinite(step_logits.numpy()).all()
+    # The decoders' bias forbidding PAD and BOS (-1e9, beyond float16's range): finite, far below the others
+    forbid = tf.tensor_scatter_nd_update(tf.zeros([VOCAB]), [[PAD_ID], [BOS_ID]], [-1e9, -1e9])
+    cache = model.init_cache(source, model.encode(source), 4)
+    biased, _ = model.decode_step(target[:, 0], cache, 0, logit_bias=forbid)
+    biased = biased.numpy()
+    assert np.isfinite(biased).all() and biased[:, [PAD_ID, BOS_ID]].max() < -3e4
+    allowed = np.ones(VOCAB, bool)
+    allowed[[PAD_ID, BOS_ID]] = False
+    np.testing.assert_array_equal(biased[:, allowed], step_logits.numpy()[:, allowed])
 
 
 def test_config_round_trip(model):

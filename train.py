@@ -341,17 +341,21 @@ def report_failure(err: Exception, run_dir: RunDir, removed: bool, multi_worker:
 
 
 def _exit(code: int) -> None:
-    """sys.exit, but for a process that gave up a pending collective (`nmt.collectives.abandoned_collective`): its
-    exit handlers run, then `os._exit` skips the interpreter's teardown, which TensorFlow's threads can abort."""
-    collectives = sys.modules.get("nmt.collectives")
-    if collectives is not None and collectives.abandoned_collective:
-        import atexit
+    """The process' exit once main has returned (its files written and flushed): the exit handlers run (logging's
+    flush among them), then `os._exit` skips the interpreter's teardown. That teardown destroys the Trainer's
+    training iterator, whose destructor waits for tf.data's threads: a finished run's process once lived on 42 s
+    after its last line on a loaded 2-core machine (docs/make-test-2026-12-07-avx2/README.md); and in a process that
+    gave up a pending collective (`nmt.collectives.interruptibly`), the threads of the aborted collective can abort
+    it ("terminate called after throwing an instance of ..."; seen in one of two runs of the SIGINT test)."""
+    import atexit
 
-        atexit._run_exitfuncs()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    sys.exit(code)
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe: nothing more can be said
+            pass
+    os._exit(code)
 
 
 if __name__ == "__main__":

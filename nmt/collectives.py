@@ -48,12 +48,6 @@ def _gather_function(strategy, timeout: float):
     return run
 
 
-# Set when `interruptibly` gave up a collective: the process then ends with `os._exit` after its exit handlers
-# (train.py), as TensorFlow's threads of the aborted collective can abort the interpreter's own exit
-# ("terminate called after throwing an instance of ..."; seen in one of two runs of the SIGINT test).
-abandoned_collective = False
-
-
 def interruptibly(function, check=None):
     """`function()` (a collective), run in a thread while this one waits in Python: signal handlers (which run in
     the main thread, between Python instructions) are heard during it. A handler's exception (KeyboardInterrupt), or
@@ -76,8 +70,6 @@ def interruptibly(function, check=None):
             if check is not None and thread.is_alive():
                 check()
     except BaseException:
-        global abandoned_collective
-        abandoned_collective = True
         if thread.is_alive():
             from tensorflow.python.eager import context  # no public API aborts pending collectives
 

@@ -136,11 +136,39 @@ def train_in_process(config, run_dir: Path, clock):
     return trainer, result, log.text
 
 
+@dataclasses.dataclass
+class Finished:
+    """What the module's tests read of a finished run kept for the module: the Trainer itself is released."""
+
+    model: object
+    config: object
+    progress: object
+
+
+def train_and_release(config, run_dir: Path, clock) -> tuple[Finished, object, str]:
+    """`train_in_process` for a run the module keeps: (what its tests read, result, log); the Trainer (and its
+    training iterator) released now.
+
+    A training iterator kept alive for the whole module was destroyed in the module's teardown, which then took up
+    to a minute on a loaded 2-core machine (the main thread waiting for tf.data's autotuning thread, in
+    `RootDataset::Iterator`'s destructor; docs/make-test-2026-12-07-avx2/). Released right after its training, the
+    iterator is young and goes at once."""
+    import gc
+    import weakref
+
+    trainer, result, log = train_in_process(config, run_dir, clock)
+    finished, gone = Finished(trainer.model, trainer.config, trainer.progress), weakref.ref(trainer)
+    del trainer
+    gc.collect()  # the Trainer's reference cycles (its tf.functions) hold the iterator until a collection
+    assert gone() is None, "the Trainer is still referenced"
+    return finished, result, log
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(budget_config, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("uninterrupted") / "run"
-    trainer, result, log = train_in_process(budget_config, run_dir, StepClock())
-    return run_dir, result, log, trainer
+    finished, result, log = train_and_release(budget_config, run_dir, StepClock())
+    return run_dir, result, log, finished
 
 
 def read_records(run_dir: Path) -> list[dict]:
@@ -193,7 +221,8 @@ def test_resumed_run_keeps_the_plan_and_ends_bit_identical(budget_config, uninte
     # before the re-plan (step 17). The mark comes back from the checkpoint (compared below with the replan/ state).
     _, stopped, _ = train_in_process(budget_config, run_dir, StepClock(signal_at=13))
     assert stopped.status == "stopped" and stopped.step == 13, stopped
-    # A slower machine after the restart: the plan stays (the time budget would now stop the run early).
+    # The same step time after the restart: the plan comes from the checkpoint, not from a new probe (a 4x slower
+    # clock keeping the plan: tests/nmt/test_budget.py, test_a_resumed_plan_is_kept_and_...).
     trainer, done, log = train_in_process(budget_config, run_dir, StepClock())
     assert trainer.resumed_from == 13 and trainer.progress.total == PLANNED  # the kept plan, from the start
     assert "plan: 24 steps (decided at step 6, 4 steps/s measured), kept from the checkpoint" in log
@@ -306,8 +335,8 @@ def planned_dropout_run(budget_config, tmp_path_factory):
         ),
     )
     run_dir = tmp_path_factory.mktemp("planned-dropout") / "run"
-    trainer, result, log = train_in_process(config, run_dir, StepClock())
-    return config, run_dir, result, log, trainer
+    finished, result, log = train_and_release(config, run_dir, StepClock())
+    return config, run_dir, result, log, finished
 
 
 def test_the_plan_sets_the_dropout_and_the_run_trains_with_it(planned_dropout_run, uninterrupted):

@@ -46,13 +46,23 @@ def resolve_precision(precision: str, device: str, *, flags: set[str] | None = N
     return "float32"
 
 
-def resolve_xla(xla: bool | str, device: str) -> bool:
+def resolve_xla(xla: bool | str, device: str, local_replicas: int = 1) -> bool:
     """Whether the train step is jit-compiled whole: `auto` turns XLA on for GPU/TPU only.
 
-    On CPU whole-step XLA loses: its matmuls do not reach oneDNN's kernels (0.61x for bf16 on AMX; README).
+    On CPU whole-step XLA loses: its matmuls do not reach oneDNN's kernels (0.61x for bf16 on AMX; README). And
+    over several CPU replicas in one process (logical devices) it cannot run at all: the compiled step of one replica reads the
+    variables of another's device (TensorFlow's "tf.Variable on a different device" known issue), so `xla: true`
+    is refused there (ConfigError) instead of failing at the first step.
     """
     if xla == "auto":
         return device in ("gpu", "tpu")
+    if xla is True and device == "cpu" and local_replicas > 1:
+        from nmt.config import ConfigError
+
+        raise ConfigError(
+            f"train.xla: true cannot compile a step over {local_replicas} CPU replicas in one process (each "
+            "replica's compiled step would read another device's variables): use train.xla: fusible or false"
+        )
     return xla is True
 
 

@@ -94,7 +94,8 @@ class Trainer(TrainerEvaluation):
             raise TrainingError(str(err)) from None
         device = device_kind(self.strategy)
         self.precision = resolve_precision(cfg.train.precision, device)
-        self.xla = resolve_xla(cfg.train.xla, device)
+        local = 1 if cfg.train.distribute == "none" else len(self.strategy.extended.worker_devices)
+        self.xla = resolve_xla(cfg.train.xla, device, local)
         self.autocluster = resolve_autocluster(cfg.train.xla)
         set_policy(self.precision)
         keras.utils.set_random_seed(cfg.train.seed)

@@ -52,17 +52,25 @@ def test_every_split_is_two_normal_pieces_that_spell_the_piece(processor, table)
         for i in range(processor.GetPieceSize())
         if not (processor.IsControl(i) or processor.IsUnknown(i) or processor.IsByte(i))
     ]
+
+    def piece_id(
+        text: str,
+    ) -> int | None:  # the normal piece spelt `text`, looked up by text (not the table's map)
+        i = processor.PieceToId(text)
+        return i if i in normal and processor.IdToPiece(i) == text else None
+
     splittable = 0
     for piece in range(processor.GetPieceSize()):
         start, end = table.offsets[piece], table.offsets[piece + 1]
         splittable += end > start
         if piece not in normal:
             assert start == end, f"special or byte piece {piece} splits"
-        for left, right in zip(table.left[start:end], table.right[start:end]):
-            assert int(left) in normal and int(right) in normal
-            assert processor.IdToPiece(int(left)) + processor.IdToPiece(int(right)) == processor.IdToPiece(
-                piece
-            )
+            continue
+        text = processor.IdToPiece(piece)  # every cut of it into two normal pieces, in order: all of them
+        cuts = [(piece_id(text[:cut]), piece_id(text[cut:])) for cut in range(1, len(text))]
+        expected = [(a, b) for a, b in cuts if a is not None and b is not None]
+        assert list(zip(table.left[start:end].tolist(), table.right[start:end].tolist())) == expected, text
+        assert table.counts[piece] == len(expected)
     assert splittable > 10, "the test needs splittable pieces"
 
 

@@ -42,6 +42,19 @@ def test_auto_xla_per_device(device, xla):
     assert resolve_xla("auto", device) is xla
     assert resolve_xla(True, device) is True and resolve_xla(False, device) is False
     assert resolve_xla("fusible", device) is False  # auto-clustering, not the whole step
+    assert resolve_xla("auto", device, 2) is xla and resolve_xla(True, "gpu", 2) is True
+
+
+def test_whole_step_xla_over_cpu_replicas_is_refused_before_training():
+    """A compiled step over two logical CPU devices reads the other device's variables (InvalidArgumentError at the
+    first step, before 2026-12-07)."""
+    from nmt.config import ConfigError
+
+    with pytest.raises(
+        ConfigError, match="train.xla: true cannot compile a step over 2 CPU replicas in one process"
+    ):
+        resolve_xla(True, "cpu", 2)
+    assert resolve_xla("fusible", "cpu", 2) is False and resolve_xla(True, "cpu", 1) is True
 
 
 @pytest.mark.parametrize(

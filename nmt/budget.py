@@ -227,6 +227,10 @@ class TrainingPlan:
         elif t.max_minutes:
             self._probe_start = step + t.budget_probe_skip
             self._probe = (step, clock) if t.budget_probe_skip == 0 else None
+            log.info(
+                "time budget %g minutes of training steps: the steps are planned once the step rate is measured "
+                "(steps %d-%d; no total or ETA before)", t.max_minutes, self._probe_start + 1, self._probe_end(step),
+            )  # fmt: skip
         elif t.max_steps:
             self._decide(t.max_steps, at=0, rate=0.0)
         self._replan_steps = self._pending_replan()

@@ -134,6 +134,15 @@ class RunDir:
                 + ("read others with --weights best or latest, " if name == "final" else "")
                 + "or train again"
             )
+        others = [name for name in dirs if name not in order and (dirs[name] / "checkpoint").is_file()]
+        if others:  # e.g. --weights final of a run stopped before its end
+            unfinished = (
+                " (its training has not finished: rerun train.py to end it)" if "final" in order else ""
+            )
+            raise RunDirError(
+                f"{self.path}: no {' or '.join(order)} weights{unfinished}; it has {' and '.join(others)}: "
+                f"use --weights {others[0]}"
+            )
         raise RunDirError(f"{self.path}: no trained weights found (looked for {', '.join(order)})")
 
     # --- writing ---------------------------------------------------------------------------------------------

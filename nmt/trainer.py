@@ -291,6 +291,9 @@ class Trainer(TrainerEvaluation):
         # the window. Step 1's (the trace) is left out of TensorBoard; a resumed process's first window is written
         # (with its trace), so an interrupted run's events are at the steps of the uninterrupted run's
         window_tokens, window_seconds, traced_window = 0.0, 0.0, self.step == 0
+        first_window = (
+            True  # the progress bar shows no tokens/s for it (a resumed process' trace is in it too)
+        )
         try:
             if self._patience_spent():  # stopped early, then interrupted in its final evaluation
                 status, message = "early_stopped", "validation BLEU stopped improving"
@@ -333,10 +336,14 @@ class Trainer(TrainerEvaluation):
                 if step % cfg.log_every == 0 or step == 1:
                     tokens_per_sec = window_tokens / max(window_seconds, 1e-9)
                     logged_rate = None if traced_window else tokens_per_sec
-                    window_tokens, window_seconds, traced_window = 0.0, 0.0, False
+                    shown_rate = (
+                        None if first_window else tokens_per_sec
+                    )  # this process' trace is in its first
+                    window_tokens, window_seconds, traced_window, first_window = 0.0, 0.0, False, False
                     lr = float(self.schedule(step - 1))
                     loss = float(metrics["loss"].numpy())
-                    bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_sec:,.0f}")
+                    rate = {} if shown_rate is None else {"tok_s": f"{shown_rate:,.0f}"}
+                    bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", **rate)
                     if writer is not None:
                         write_train_summaries(
                             writer, step, metrics, lr, logged_rate, self.step_fn.skipped_steps,

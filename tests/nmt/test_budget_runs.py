@@ -187,6 +187,10 @@ def test_time_budget_run_plans_its_steps_and_decays_to_the_floor_at_the_plan(uni
     (plan,) = [r for r in read_records(run_dir) if r["tag"] == "plan"]
     assert (plan["step"], plan["total_steps"], plan["steps_per_second"]) == (SKIP + PROBE, PLANNED, 4.0)
     assert f"plan: {PLANNED} steps for the {BUDGET_MINUTES:g}-minute budget" in log
+    assert (  # said at the start: the bar has no total before the plan
+        f"time budget {BUDGET_MINUTES:g} minutes of training steps: the steps are planned once the step rate is "
+        f"measured (steps {SKIP + 1}-{SKIP + PROBE}; no total or ETA before)" in log
+    )
     assert f"the time budget ended the run at step {PLANNED}, as planned" in log
     events, _ = read_events(run_dir / "tensorboard" / "train")
     logged = dict((step, float(value)) for step, value in events["learning_rate"])

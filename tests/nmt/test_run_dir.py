@@ -22,3 +22,20 @@ def test_metrics_lines_that_are_not_records_are_skipped(tmp_path):
     assert run_dir.read_metrics() == records
     assert run_dir.drop_metrics_after(2) == 3  # step 3, the undecodable line, the cut line
     assert run_dir.read_metrics() == records[:2]
+
+
+def test_weights_a_stopped_run_lacks_are_refused_naming_the_ones_it_has(tmp_path):
+    """--weights final of a run stopped before its end: the message says why and what to use (before 2026-12-07:
+    "no trained weights found (looked for final)" beside a run full of checkpoints)."""
+    import pytest
+
+    from nmt.run_dir import RunDirError
+
+    run = RunDir(tmp_path)
+    (run.checkpoint_dir).mkdir(parents=True)
+    (run.checkpoint_dir / "checkpoint").write_text('model_checkpoint_path: "ckpt-115"\n', encoding="utf-8")
+    message = "no final weights (its training has not finished: rerun train.py to end it); it has latest: use --weights latest"
+    with pytest.raises(RunDirError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        run.weights_prefix("final")
+    with pytest.raises(RunDirError, match=r"no best weights; it has latest: use --weights latest"):
+        run.weights_prefix("best")

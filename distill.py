@@ -253,4 +253,4 @@ def _distill(args: argparse.Namespace, data) -> int:
 
 if __name__ == "__main__":
     cli.stop_on_sigterm()  # SIGTERM stops like SIGINT: exit 130, the progress kept for a resume
-    cli.run(main)
+    cli.run_script(main)

@@ -155,4 +155,4 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     cli.stop_on_sigterm()  # SIGTERM stops like SIGINT: exit 130, nothing half-written left
-    cli.run(main)
+    cli.run_script(main)

@@ -124,4 +124,4 @@ def _export_ctranslate2(args: argparse.Namespace) -> int:
 
 if __name__ == "__main__":
     cli.stop_on_sigterm()  # SIGTERM stops like SIGINT: exit 130, nothing half-written left
-    cli.run(main)
+    cli.run_script(main)

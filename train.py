@@ -23,7 +23,7 @@ from pathlib import Path
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import nmt.xla  # noqa: E402, F401  (TF_XLA_FLAGS before TensorFlow reads them: train.xla fusible)
-from nmt.cli import add_set_argument, stop_on_sigterm  # noqa: E402
+from nmt.cli import add_set_argument, exit_now, stop_on_sigterm  # noqa: E402
 from nmt.config import LOCATION_KEYS, ConfigError, absolute_paths, load_config  # noqa: E402
 from nmt.run_dir import RunDir, RunDirError, RunLock, write_atomic  # noqa: E402
 
@@ -340,28 +340,10 @@ def report_failure(err: Exception, run_dir: RunDir, removed: bool, multi_worker:
     return None
 
 
-def _exit(code: int) -> None:
-    """The process' exit once main has returned (its files written and flushed): the exit handlers run (logging's
-    flush among them), then `os._exit` skips the interpreter's teardown. That teardown destroys the Trainer's
-    training iterator, whose destructor waits for tf.data's threads: a finished run's process once lived on 42 s
-    after its last line on a loaded 2-core machine (docs/make-test-2026-12-07-avx2/README.md); and in a process that
-    gave up a pending collective (`nmt.collectives.interruptibly`), the threads of the aborted collective can abort
-    it ("terminate called after throwing an instance of ..."; seen in one of two runs of the SIGINT test)."""
-    import atexit
-
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):  # a closed pipe: nothing more can be said
-            pass
-    os._exit(code)
-
-
 if __name__ == "__main__":
     try:
         code = main()
     except KeyboardInterrupt:  # before main's own handling (the imports above, argument parsing)
         print("train.py: interrupted before training started (nothing was written)", file=sys.stderr)
         code = 130
-    _exit(code)
+    exit_now(code)  # not after the interpreter's teardown: its wait for TensorFlow's threads (nmt.cli)

@@ -347,4 +347,4 @@ def _score(args, translator, lines, warnings, truncated, total, interactive) -> 
 
 if __name__ == "__main__":
     cli.stop_on_sigterm()
-    cli.run(main)
+    cli.run_script(main)

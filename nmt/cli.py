@@ -116,6 +116,34 @@ def run(main: Callable[[], int | None]) -> None:
     sys.exit(code)
 
 
+def exit_now(code: int) -> None:
+    """Ends the process with `code` once its work is done: the exit handlers run (logging's flush among them), then
+    `os._exit` skips the interpreter's teardown, whose wait for TensorFlow's threads is not the user's: a training
+    iterator's destructor waited up to 42 s after train.py's last line (docs/make-test-2026-12-07-avx2/), decoding
+    threads still inside TensorFlow after a Ctrl-C kept evaluate.py 5-25 s after "interrupted" and once crashed it
+    (SIGSEGV), and the threads of an aborted collective can abort the exit ("terminate called ...")."""
+    import atexit
+
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe: nothing more can be said
+            pass
+    os._exit(code)
+
+
+def run_script(main: Callable[[], int | None]) -> None:
+    """`run` for a script's `__main__`: an interrupted run (exit 130, its output already removed or kept for a
+    resume) ends with `exit_now`, not after its decoding threads."""
+    try:
+        run(main)
+    except SystemExit as done:
+        if done.code == 130:
+            exit_now(130)
+        raise
+
+
 def stop_on_sigterm():
     """SIGTERM as SIGINT: a KeyboardInterrupt, so the CLI stops cleanly (temporary output removed, exit 130).
 

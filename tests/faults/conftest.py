@@ -294,4 +294,4 @@ def _background_scenarios(request):
 
 @pytest.fixture(scope="session")
 def tiny_run_dir(tmp_path_factory, request) -> Path:
-    return shared_tiny_run_dir(tmp_path_factory, request.config.cache)
+    return shared_tiny_run_dir(tmp_path_factory, getattr(request.config, "cache", None))

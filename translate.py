@@ -60,14 +60,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--alpha", type=float, default=None, help="beam length-penalty exponent; default: eval.alpha"
     )
-    parser.add_argument("--nbest", type=int, default=1, help="translations per line, at most the beam size")
+    parser.add_argument(
+        "--nbest", type=int, default=1, help="translations per line, at most the beam size (default 1)"
+    )
     parser.add_argument(
         "--no-cache", action="store_true", help="recompute the decoder each step (same output)"
     )
     parser.add_argument(
         "--batch-size", type=int, default=None, help="sentences per batch; default eval.batch_size"
     )
-    parser.add_argument("--chunk-size", type=int, default=1000, help="lines read and translated at a time")
+    parser.add_argument(
+        "--chunk-size", type=int, default=1000, help="lines read and translated at a time (default 1000)"
+    )
     cli.add_weights_argument(parser)
     cli.add_xla_argument(parser)
     cli.add_streams_argument(parser)

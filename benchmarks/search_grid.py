@@ -113,11 +113,17 @@ def main(argv: list[str] | None = None) -> int:
         "JSON lines: one per decoding, one per setting (mean over runs), the choice (highest mean BLEU).",
     )
     parser.add_argument("--model-dir", nargs="+", required=True, help="run directories written by train.py")
-    parser.add_argument("--beams", default="1,4,8", help="comma-separated beam sizes (1 = greedy)")
     parser.add_argument(
-        "--alphas", default="0.6,1.0,1.4,1.8", help="comma-separated length-penalty exponents"
+        "--beams", default="1,4,8", help="comma-separated beam sizes (1 = greedy; default 1,4,8)"
     )
-    parser.add_argument("--split", default="validation", help="the split searched (not the test split)")
+    parser.add_argument(
+        "--alphas",
+        default="0.6,1.0,1.4,1.8",
+        help="comma-separated length-penalty exponents (default 0.6,1.0,1.4,1.8)",
+    )
+    parser.add_argument(
+        "--split", default="validation", help="the split searched (not the test split; default validation)"
+    )
     parser.add_argument("--max-sentences", type=int, default=0, help="only the first N sentences (0 = all)")
     parser.add_argument("--output", help="also write the JSON lines to this file (replaced)")
     args = parser.parse_args(argv)

@@ -334,9 +334,13 @@ def build(cls: type, tree: Any, path: str = ""):
     tree = {key: value for key, value in tree.items() if key in fields or key not in legacy}
     unknown = sorted(set(tree) - set(fields))
     if unknown:
+        import difflib
+
         known = ", ".join(sorted(fields))
+        close = difflib.get_close_matches(str(unknown[0]), sorted(fields), n=1)
+        meant = f"did you mean {path}{close[0]}? " if close else ""
         raise ConfigError(
-            f"unknown config key {path}{unknown[0]} (known keys of {path[:-1] or 'top level'}: {known})"
+            f"unknown config key {path}{unknown[0]} ({meant}known keys of {path[:-1] or 'top level'}: {known})"
         )
     kwargs = {}
     for name, value in tree.items():

@@ -70,6 +70,12 @@ def _prepare(builder: tfds.core.DatasetBuilder, cfg: DataConfig) -> None:
     """download_and_prepare, reusing prepared data; errors that need a person become `DataError`s."""
     mirror = find_mirror(cfg)
     config = tfds.download.DownloadConfig(manual_dir=mirror, try_download_gcs=False)
+    if (
+        mirror is not None and not builder.is_prepared()
+    ):  # TFDS's own line says "Downloading" for local files too
+        log.info(
+            "preparing %s from the local files in %s (into %s)", builder.name, mirror, builder.data_dir_root
+        )
     try:
         with exclusive(preparation_lock(builder), required=False):
             builder.download_and_prepare(download_config=config)

@@ -4,8 +4,10 @@
 `smoothed_cross_entropy(logits (B, T, V), labels (B, T))` sums it over the non-padding positions (validation, and
 the XLA step whose shapes must be static).
 
-Smoothing follows the `uniform` convention of fairseq/OpenNMT: the target distribution is q = (1 - eps) one_hot +
-eps / V, so the true class gets 1 - eps + eps / V, and the loss is -sum_k q_k log p_k.
+Smoothing is uniform over the whole vocabulary, as Keras' label smoothing and fairseq's older
+criterion: the target distribution is q = (1 - eps) one_hot + eps / V, so the true class gets 1 - eps + eps / V
+(current fairseq gives the others eps / (V - 1); OpenNMT-py eps / (V - 2), leaving out PAD and the true class),
+and the loss is -sum_k q_k log p_k. The eps / V on PAD, BOS and UNK, never targets, is eps x 3/V of the mass.
 """
 
 from __future__ import annotations

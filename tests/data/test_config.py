@@ -19,8 +19,14 @@ def test_inheritance_overrides_and_strict_data_section(tmp_path):
     cfg, tree = load_data_config(child, ["data.target=fr", "data.bucket_boundaries=[8, 16]"])
     assert (cfg.vocab_size, cfg.source, cfg.target, cfg.max_length) == (500, "de", "fr", 30)
     assert cfg.bucket_boundaries == [8, 16] and tree["train"] == {"seed": 9}
-    with pytest.raises(ConfigError, match="unknown config key data.vocab_sise"):
+    with pytest.raises(
+        ConfigError, match=r"unknown config key data.vocab_sise \(did you mean data.vocab_size\? "
+    ):
         load_data_config(child, ["data.vocab_sise=8"])
+    with pytest.raises(
+        ConfigError, match=r"unknown config key data.zzz \(known keys of data: "
+    ):  # nothing close
+        load_data_config(child, ["data.zzz=8"])
     with pytest.raises(ConfigError, match="data.tokenizer: 'wordpiece' is not one of"):
         load_data_config(child, ["data.tokenizer=wordpiece"])
     with pytest.raises(ConfigError, match="data.batch_tokens: must be >= 1, got 0"):

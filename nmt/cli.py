@@ -260,7 +260,14 @@ def check_ensemble(args) -> None:
         raise CliError("--plot-attention shows one model's attention: not with --ensemble", exit_code=2)
     model_dir = check_model_dir(args.model_dir)
     tokenizer, direction = _tokenizer_files(model_dir), _direction(model_dir)
+    seen = {model_dir.path.resolve()}
     for path in args.ensemble:
+        if (resolved := check_model_dir(path).path.resolve()) in seen:
+            log.warning(
+                "--ensemble %s is already in the ensemble: the same model twice decodes as once, at twice the cost",
+                path,
+            )
+        seen.add(resolved)
         run_dir = check_model_dir(path)
         if (other := _direction(run_dir)) != direction:  # a joint vocabulary is the same both ways
             raise CliError(

@@ -280,6 +280,9 @@ def test_evaluate_an_ensemble(tiny_run_dir, tmp_path, capsys):
     captured = capsys.readouterr()
     both = json.loads(captured.out.strip().splitlines()[-1])
     assert both["ensemble"] == [str(tiny_run_dir)] and "ensemble " in captured.err
+    assert f"--ensemble {tiny_run_dir} is already in the ensemble: the same model twice decodes as once" in (
+        captured.err
+    )
     assert (tmp_path / "both.txt").read_text() == (tmp_path / "alone.txt").read_text()
     assert both["bleu"] == alone["bleu"] and both["loss"] == pytest.approx(alone["loss"], rel=1e-4)
     from nmt.run_dir import RunDirError

@@ -30,8 +30,8 @@ $(STAMP): requirements.txt
 train: install
 	@echo "$(PY) train.py --config $(CONFIG) --model-dir $(MODEL_DIR)" >&2
 	@$(PY) train.py --config $(CONFIG) --model-dir $(MODEL_DIR)
-	@test -f $(MODEL_DIR)/final/checkpoint || { echo "make train: $(MODEL_DIR) has no final weights (stopped \
-	  before its end): not evaluated; make train again resumes it" >&2; exit 1; }
+	@$(PY) -m nmt.run_dir --finished $(MODEL_DIR) \
+	  || { echo "make train: $(MODEL_DIR) stopped before its end: not evaluated; make train again resumes it" >&2; exit 1; }
 	@echo "$(PY) evaluate.py --model-dir $(MODEL_DIR) --split validation" >&2
 	@$(PY) evaluate.py --model-dir $(MODEL_DIR) --split validation
 	@echo "$(PY) evaluate.py --model-dir $(MODEL_DIR) --split test --beam 4" >&2

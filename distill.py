@@ -127,12 +127,17 @@ def _corpus(args: argparse.Namespace):
                 f"{teacher.target}; a corpus of other languages needs another teacher",
                 exit_code=2,
             )
-    from data.stream import split_exists
+    from data.stream import FOLDER, split_exists
     from nmt.distill import missing_validation
 
     # A split the command names must exist; the teacher's test split may not (the folder gets none), but a student
-    # cannot train without a validation split.
-    if not data.validation_split or not split_exists(data, data.validation_split):
+    # cannot train without a validation split. Checked here, before the folder's lock and TensorFlow, for a folder
+    # corpus or a split the command names (a TFDS corpus is opened by TensorFlow; its own validation split missing
+    # is the library's DistillError, exit 1).
+    named = data.validation_split != teacher.validation_split
+    if (data.dataset == FOLDER or named) and (
+        not data.validation_split or not split_exists(data, data.validation_split)
+    ):
         raise cli.CliError(missing_validation(data.validation_split), exit_code=2)
     split = data.test_split
     if split and split != teacher.test_split and not split_exists(data, split):

@@ -258,8 +258,10 @@ def check_ensemble(args) -> None:
         )
     if getattr(args, "plot_attention", None):
         raise CliError("--plot-attention shows one model's attention: not with --ensemble", exit_code=2)
+    from nmt.run_dir import ensemble_direction_error
+
     model_dir = check_model_dir(args.model_dir)
-    tokenizer, direction = _tokenizer_files(model_dir), _direction(model_dir)
+    tokenizer, data = _tokenizer_files(model_dir), model_dir.load_config().data
     seen = {model_dir.path.resolve()}
     for path in args.ensemble:
         if (resolved := check_model_dir(path).path.resolve()) in seen:
@@ -269,23 +271,17 @@ def check_ensemble(args) -> None:
             )
         seen.add(resolved)
         run_dir = check_model_dir(path)
-        if (other := _direction(run_dir)) != direction:  # a joint vocabulary is the same both ways
-            raise CliError(
-                f"--ensemble {path} translates {other[0]} into {other[1]}, --model-dir {args.model_dir} "
-                f"{direction[0]} into {direction[1]}: the runs of an ensemble translate alike",
-                exit_code=2,
-            )
+        error = ensemble_direction_error(
+            f"--ensemble {path}", run_dir.load_config().data, "--model-dir", data
+        )
+        if error:
+            raise CliError(error, exit_code=2)
         if _tokenizer_files(run_dir) != tokenizer:
             raise CliError(
                 f"--ensemble {path} has another tokenizer than --model-dir {args.model_dir}: the runs of an ensemble "
                 "share one (train them with the same data settings, or fine-tune one with train.init_from)",
                 exit_code=2,
             )
-
-
-def _direction(run_dir) -> tuple[str, str]:
-    data = run_dir.load_config().data
-    return data.source, data.target
 
 
 def _tokenizer_files(run_dir) -> dict[str, bytes]:

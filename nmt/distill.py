@@ -355,18 +355,23 @@ def _copy_split(data: DataConfig, split: str, output: Path, name: str) -> int:
     paths = [output / f"{language}.{name}.txt" for language in languages]
     temporary = [path.with_name(f".{path.name}.tmp") for path in paths]
     handles = [open(path, "wb") for path in temporary]  # noqa: SIM115 - closed below
-    count, sources, damaged = 0, 0, {"utf8": set(), "nul": set()}  # damaged: kind -> line numbers (from 1)
+    count, sources = 0, 0
+    damaged = {
+        (kind, path.name): set() for path in paths for kind in ("utf8", "nul")
+    }  # -> line numbers (from 1)
 
-    def warn(line_number: int, kind: str, message: str) -> None:
-        damaged[kind].add(line_number)
+    def warner(name: str):
+        return lambda line_number, kind, message: damaged[kind, name].add(line_number)
 
+    warners = [warner(path.name) for path in paths]
     try:
         for pair in stream_pairs(data, split):
-            for handle, chunk in zip(handles, pair):
+            for handle, chunk, warn in zip(handles, pair, warners):
                 handle.write(b"".join(_line(raw, count + i + 1, warn) for i, raw in enumerate(chunk)))
             sources += sum(1 for raw in pair[0] if raw.strip())
             count += len(pair[0])
-        DropCounts(total=count, invalid_utf8=len(damaged["utf8"])).refuse_another_encoding(
+        invalid = set().union(*(lines for (kind, _), lines in damaged.items() if kind == "utf8"))  # pairs
+        DropCounts(total=count, invalid_utf8=len(invalid)).refuse_another_encoding(
             f"split {split!r} of the corpus"
         )
         if name == "train" and not sources:
@@ -385,13 +390,11 @@ def _copy_split(data: DataConfig, split: str, output: Path, name: str) -> int:
         handle.close()
     for tmp, path in zip(temporary, paths):
         os.replace(tmp, path)
-    for kind, what in (
-        ("utf8", "had invalid UTF-8 (replaced with U+FFFD)"),
-        ("nul", "had NUL bytes (removed)"),
-    ):
-        if lines := sorted(damaged[kind]):
+    what = {"utf8": "had invalid UTF-8 (replaced with U+FFFD)", "nul": "had NUL bytes (removed)"}
+    for (kind, name), lines in damaged.items():
+        if lines := sorted(lines):
             shown = ", ".join(map(str, lines[:10])) + (", ..." if len(lines) > 10 else "")
-            log.warning("split %r: %d line(s) %s: line %s", split, len(lines), what, shown)
+            log.warning("split %r, %s: %d line(s) %s: line %s", split, name, len(lines), what[kind], shown)
     log.info("%s: %d pairs of split %r", output, count, split)
     return count
 

@@ -167,6 +167,16 @@ class RunDir:
                     records.append(record)
         return records
 
+    def finished(self) -> bool:
+        """Whether the run reached its end: final weights, and the final evaluation as its last record (a run
+        resumed past an earlier end and stopped again has final/ from before, and records after it)."""
+        records = self.read_metrics()
+        return (
+            self.final_dir.joinpath("checkpoint").is_file()
+            and bool(records)
+            and records[-1].get("tag") == "final"
+        )
+
     def drop_metrics_after(self, step: int) -> int:
         """Removes the records of steps after `step` (and lines cut by a crash); returns how many went.
 
@@ -268,3 +278,24 @@ class RunLock:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+def ensemble_direction_error(member, member_data, main, main_data) -> str:
+    """The refusal of an ensemble member that translates another way than the main run ("" if alike): a joint
+    tokenizer is the same both ways, so the tokenizer check alone lets an en->de and a de->en model be averaged."""
+    there, here = (member_data.source, member_data.target), (main_data.source, main_data.target)
+    if there == here:
+        return ""
+    return (
+        f"{member} translates {there[0]} into {there[1]}, {main} {here[0]} into {here[1]}: the runs of an ensemble "
+        "translate alike"
+    )
+
+
+# `python -m nmt.run_dir --finished DIR`: exit 0 if the run reached its end (make train evaluates only then)
+if __name__ == "__main__":
+    import sys
+
+    if len(sys.argv) != 3 or sys.argv[1] != "--finished":
+        sys.exit("usage: python -m nmt.run_dir --finished DIR")
+    sys.exit(0 if RunDir(sys.argv[2]).finished() else 1)

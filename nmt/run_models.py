@@ -18,7 +18,7 @@ def load_run_models(path: str | Path, weights: str = "auto", ensemble: Sequence[
     same model bytes are needed) or a position table shorter than `path`'s `data.max_length` (the loss batches
     reach it), found before its model is built.
     """
-    from nmt.run_dir import RunDirError
+    from nmt.run_dir import RunDirError, ensemble_direction_error
 
     config, tokenizer, model, loaded = _load_run(path, weights)
     if not ensemble:
@@ -26,12 +26,8 @@ def load_run_models(path: str | Path, weights: str = "auto", ensemble: Sequence[
     from transformer.ensemble import Ensemble
 
     def check(other, other_config, other_tokenizer):
-        there, here = other_config.data, config.data
-        if (there.source, there.target) != (here.source, here.target):
-            raise RunDirError(
-                f"{other} translates {there.source} into {there.target}, {path} {here.source} into {here.target}: "
-                "the runs of an ensemble translate alike"
-            )
+        if error := ensemble_direction_error(other, other_config.data, path, config.data):
+            raise RunDirError(error)
         if other_tokenizer.fingerprint != tokenizer.fingerprint:
             raise RunDirError(
                 f"{other} has another tokenizer than {path}: the runs of an ensemble share one (train them with the "

@@ -95,7 +95,9 @@ def test_a_finished_run_rerun_with_other_settings_keeps_its_config(
         warned
     )
     assert f"train.py: already finished at step {MAX_STEPS}" in stderr
-    assert "resuming" not in stderr  # (the last lines alone are the 'already finished' ones: anywhere)
+    assert (
+        "train.py: resuming" not in stderr
+    )  # printed before training on (its log lines are not captured here)
     assert snapshot_run(reference_copy) == before  # config.yaml too: the run did not use those settings
 
 

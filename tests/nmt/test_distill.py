@@ -282,8 +282,11 @@ def test_a_corpus_in_another_encoding_is_refused_and_a_few_damaged_lines_are_nam
     write_corpus(corpus, corpus={"validation": [("a hat.", "einen hut.")]})
     caplog.set_level("WARNING", logger="nmt.distill")
     run(translator, corpus, output)
-    assert "split 'train': 1 line(s) had invalid UTF-8 (replaced with U+FFFD): line 4" in caplog.text
-    assert "split 'train': 1 line(s) had NUL bytes (removed): line 8" in caplog.text
+    assert (
+        "split 'train', en.train.txt: 1 line(s) had invalid UTF-8 (replaced with U+FFFD): line 4"
+        in caplog.text
+    )
+    assert "split 'train', en.train.txt: 1 line(s) had NUL bytes (removed): line 8" in caplog.text
     assert (output / "en.train.txt").read_text().splitlines()[3] == "caf\ufffd au lait"
 
 

@@ -1,6 +1,7 @@
 """nmt.run_dir: the records of metrics.jsonl as a resumed run and the CLIs read them, whatever else is in the file."""
 
 import json
+from pathlib import Path
 
 from nmt.run_dir import RunDir
 
@@ -39,3 +40,24 @@ def test_weights_a_stopped_run_lacks_are_refused_naming_the_ones_it_has(tmp_path
         run.weights_prefix("final")
     with pytest.raises(RunDirError, match=r"no best weights; it has latest: use --weights latest"):
         run.weights_prefix("best")
+
+
+def test_a_run_is_finished_when_its_last_record_is_the_final_evaluation(tmp_path):
+    """make train evaluates only such a run (`python -m nmt.run_dir --finished DIR`): final/ alone is not enough, a
+    run resumed past an earlier end and stopped again keeps the old final/."""
+    import subprocess
+    import sys
+
+    run = RunDir(tmp_path)
+
+    def finished_cli() -> int:
+        command = [sys.executable, "-m", "nmt.run_dir", "--finished", str(tmp_path)]
+        return subprocess.run(command, cwd=Path(__file__).resolve().parents[2], timeout=120).returncode
+
+    assert not run.finished()
+    run.final_dir.mkdir()
+    (run.final_dir / "checkpoint").write_text('model_checkpoint_path: "ckpt-60"\n', encoding="utf-8")
+    run.append_metrics({"step": 60, "tag": "final", "loss": 1.0})
+    assert run.finished() and finished_cli() == 0
+    run.append_metrics({"step": 80, "tag": "validation", "loss": 0.9})  # trained on past it, then stopped
+    assert not run.finished() and finished_cli() == 1

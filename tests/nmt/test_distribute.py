@@ -138,6 +138,19 @@ def test_mirrored_on_two_cpu_devices_matches_single_device(single_device_run, tm
     assert_same_training(tmp_path / "run", err, single_device_run)
 
 
+def test_whole_step_xla_over_the_two_cpu_devices_is_refused_with_a_config_error(tmp_path):
+    """`xla: true` with `mirrored` on CPU: each replica's compiled step would read the other device's variables
+    (before: TensorFlow's InvalidArgumentError at the first step)."""
+    config = config_file(tmp_path, "mirrored")
+    tree = yaml.safe_load(config.read_text(encoding="utf-8"))
+    tree["train"]["xla"] = True
+    config.write_text(yaml.safe_dump(tree), encoding="utf-8")
+    process = run_train(config, tmp_path / "run")
+    _, err = process.communicate(timeout=400)
+    assert process.returncode == 2, err[-3000:]
+    assert "train.xla: true cannot compile a step over 2 CPU replicas in one process" in err
+
+
 @pytest.fixture(scope="module")
 def two_worker_run(tmp_path_factory):
     """Two local workers train from scratch, uninterrupted, saving every 4 steps: (config, run dir, stderrs)."""

@@ -154,7 +154,9 @@ class TrainConfig:
     )  # multi_worker: how long a task waits for the others of its cluster to start (0 = no limit)
     log_every: int = field(default=50, metadata=_AT_LEAST_1)  # steps between TensorBoard scalars and progress
     checkpoint_every: int = field(default=500, metadata=_AT_LEAST_1)  # steps between checkpoints
-    keep_checkpoints: int = field(default=5, metadata=_AT_LEAST_1)  # checkpoints kept on disk
+    keep_checkpoints: int = field(
+        default=5, metadata=_AT_LEAST_1
+    )  # checkpoints kept on disk (at least average_last; with it, one more for a stop's off-grid checkpoint)
     eval_every: int = field(default=1000, metadata=_NOT_NEGATIVE)  # steps between validation losses (0 = off)
     bleu_every: int = field(
         default=2000, metadata=_NOT_NEGATIVE

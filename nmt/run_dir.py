@@ -177,11 +177,12 @@ class RunDir:
             and records[-1].get("tag") == "final"
         )
 
-    def drop_metrics_after(self, step: int) -> int:
+    def drop_metrics_after(self, step: int, *, validation_at: int | None = None) -> int:
         """Removes the records of steps after `step` (and lines cut by a crash); returns how many went.
 
         A resumed run calls it with its checkpoint's step: the records of a process killed after that
-        checkpoint describe training that is lost and runs again, and would otherwise appear twice.
+        checkpoint describe training that is lost and runs again, and would otherwise appear twice. With
+        `validation_at`, the validation records of that step go too (a checkpointed pending evaluation runs again).
         """
         if not self.metrics_path.is_file():
             return 0
@@ -195,7 +196,8 @@ class RunDir:
                 dropped += 1
                 continue
             at = record.get("step") if isinstance(record, dict) else None
-            if isinstance(at, int | float) and at > step:
+            redone = validation_at is not None and at == validation_at and record.get("tag") == "validation"
+            if (isinstance(at, int | float) and at > step) or redone:
                 dropped += 1
                 continue
             kept.append(line + "\n")

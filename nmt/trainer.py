@@ -26,6 +26,7 @@ from nmt.budget import BatchChanged, TrainingPlan
 from nmt.checkpoints import (
     checkpoint_step,
     checkpoint_to_resume,
+    drop_checkpoints,
     first_line,
     remove_partial_saves,
     repair_checkpoint_state,
@@ -173,11 +174,7 @@ class Trainer(TrainerEvaluation):
             ):
                 if repaired := repair_checkpoint_state(directory):
                     log.warning("%s", repaired)
-        self.manager = tf.train.CheckpointManager(
-            self.checkpoint,
-            str(checkpoint_dir),
-            max_to_keep=max(cfg.train.keep_checkpoints, cfg.train.average_last, 1),
-        )
+        self.manager = self._checkpoint_manager(checkpoint_dir)
         self.snapshots = AveragingSnapshots(self.model, checkpoint_dir / "average", cfg.train)
         self.best = BestWeights(self.model, self.run_dir.best_dir)
         self.resumed_from = self._restore()
@@ -185,8 +182,14 @@ class Trainer(TrainerEvaluation):
             load_parent_weights(self.model, *parent_run(cfg, self.run_dir))
         snapshots = self.snapshots.roll_back(self.resumed_from)
         if self.chief:  # what steps the checkpoint does not hold wrote: those steps and evaluations run again
-            dropped = self.run_dir.drop_metrics_after(self.resumed_from)
+            # A pending evaluation of the checkpoint's step runs again: what a process killed during or after it
+            # (before its next checkpoint) wrote of it goes too.
+            pending = int(self.pending_evaluation.numpy())
+            redone = pending if pending and pending == self.resumed_from else None
+            dropped = self.run_dir.drop_metrics_after(self.resumed_from, validation_at=redone)
             events = drop_events_after(self.run_dir.tensorboard_dir, self.resumed_from)
+            if redone:
+                events += drop_events_after(self.run_dir.tensorboard_dir / "validation", redone - 1)
             best = self.best.roll_back(self.resumed_from)
             if dropped or events or best or snapshots:
                 log.info(
@@ -378,9 +381,27 @@ class Trainer(TrainerEvaluation):
         )
 
     # ------------------------------------------------------------------------------------------------------------
+    def _checkpoint_manager(self, directory) -> tf.train.CheckpointManager:
+        """The training checkpoints' manager: keep_checkpoints (at least average_last: they are averaged), plus
+        room for one off the checkpoint_every grid (a stop's, see `save_checkpoint`) when the last ones are
+        averaged, so that a stop never rotates away a checkpoint the uninterrupted run averages."""
+        train = self.config.train
+        keep = max(train.keep_checkpoints, train.average_last, 1)
+        return tf.train.CheckpointManager(
+            self.checkpoint, str(directory), max_to_keep=keep + (1 if train.average_last >= 2 else 0)
+        )
+
     def save_checkpoint(self) -> None:
         if self.watch_config and not self.run_dir.exists():  # TensorFlow would recreate checkpoints/ anew
             raise RunDirError(self.run_dir.removed_message())
+        # A checkpoint off the checkpoint_every grid (a signal's stop, an interrupted evaluation) only serves the
+        # next resume: it goes at the next save, so the kept and averaged checkpoints are an uninterrupted run's
+        # (a stop at step 37 used to push ckpt-30 out of the last 3 averaged: other final weights).
+        every = self.config.train.checkpoint_every
+        if drop_checkpoints(
+            Path(self.manager.directory), lambda step: step % every == 0 or step == self.step
+        ):
+            self.manager = self._checkpoint_manager(self.manager.directory)
         try:
             path = self.manager.save(checkpoint_number=self.step)
         except (tf.errors.OpError, OSError) as err:

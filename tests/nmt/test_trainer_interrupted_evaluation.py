@@ -270,3 +270,28 @@ def test_after_a_crash_best_holds_the_best_the_run_still_records(setup, crashed,
         weights(resumed.model, best), weights(reference.model, str(tmp / "reference" / "best" / "ckpt-2"))
     ):
         np.testing.assert_array_equal(ours, theirs)
+
+
+def test_a_process_killed_after_repeating_a_pending_validation_leaves_no_second_record(setup, runs):
+    """Stopped in step 4's validation (pending, checkpoint 4); the next process repeats it (its record written)
+    and is killed in step 6's, before its next checkpoint; the third resumes from checkpoint 4 again and repeats
+    step 4's validation once more: one record of it, as uninterrupted (before 2026-12-07: two, and two TensorBoard
+    points; found by a resume review)."""
+    tmp, config = setup
+    _, reference, _ = runs
+    name = "pending_killed"
+    train(tmp, config, name, Scorer(SCRIPTED_BLEU, signal_at=INTERRUPTED_CALL))
+    with pytest.raises(Crash):
+        train(tmp, config, name, CrashingScorer(SCRIPTED_BLEU[1:], crash_at=2))
+    assert [step for step, *_ in evaluations(tmp / name)] == [
+        1,
+        2,
+        3,
+        4,
+        5,
+    ]  # step 4's written before the kill
+    resumed = train(tmp, config, name, Scorer([*SCRIPTED_BLEU[1:], FINAL_BLEU]))
+    assert (resumed.status, resumed.step) == ("early_stopped", STOP_STEP)
+    assert evaluations(tmp / name) == evaluations(tmp / "reference")
+    events, _ = read_events(tmp / name / "tensorboard" / "validation")
+    assert sorted(step for step, _ in events["loss"]) == list(range(1, STOP_STEP + 1))

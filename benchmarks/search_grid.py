@@ -97,6 +97,7 @@ def decode(
         "split": split,
         "beam": beam,
         "alpha": alpha,
+        "num_sentences": record["num_sentences"],  # all of the split's, or the first --max-sentences
         "bleu": record["bleu"],
         "chrf": record["chrf"],
         "bleu_lc_tok": record["bleu_lc_tok"],
@@ -166,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
             config.eval.beam_size,
             None if config.eval.beam_size == 1 else config.eval.alpha,
         )
-        if args.split in ("test", config.data.test_split):
+        if args.split.split("[")[0].strip() in ("test", config.data.test_split):  # a TFDS slice of it too
             print(
                 f"search_grid: {args.split!r} is {model_dir}'s test split: search settings are chosen on "
                 "validation, and the test split is decoded once, with the chosen setting (evaluate.py)",

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from benchmarks import search_grid
-from tests.run_fixture import shared_tiny_run_dir
+from tests.run_fixture import shared_tiny_run_dir, tiny_corpus
 
 
 @pytest.fixture(scope="module")
@@ -71,6 +71,10 @@ def test_decodes_the_tiny_run_without_touching_its_hypotheses(tiny_run_dir, tmp_
     decodings = [line for line in lines if line["kind"] == "decoding"]
     assert [(d["beam"], d["alpha"]) for d in decodings] == [(1, None), (2, 0.6)]
     assert all(d["bleu"] == pytest.approx(100.0) and d["length_ratio"] == 1.0 for d in decodings)
+    validation = len(
+        tiny_corpus()["validation"]
+    )  # every sentence of the split was decoded, and the line says so
+    assert [d["num_sentences"] for d in decodings] == [validation, validation]
     # the fixture's config says beam 2, alpha 0.6 (in the grid): the greedy choice gains nothing over it
     expected = {
         "beam": 1,
@@ -100,8 +104,11 @@ def test_an_output_that_is_a_directory_is_refused_before_the_search(tiny_run_dir
     assert list(tmp_path.iterdir()) == []
 
 
-def test_the_test_split_is_refused(tiny_run_dir, capsys):
-    assert search_grid.main(["--model-dir", str(tiny_run_dir), "--split", "test"]) == 2
+@pytest.mark.parametrize(
+    "split", ["test", "test[:100%]", "test[:5]"]
+)  # a TFDS slice of it too (before: searched)
+def test_the_test_split_is_refused(tiny_run_dir, capsys, split):
+    assert search_grid.main(["--model-dir", str(tiny_run_dir), "--split", split]) == 2
     assert "chosen on validation" in capsys.readouterr().err
 
 

@@ -156,7 +156,7 @@ class TrainConfig:
     checkpoint_every: int = field(default=500, metadata=_AT_LEAST_1)  # steps between checkpoints
     keep_checkpoints: int = field(
         default=5, metadata=_AT_LEAST_1
-    )  # checkpoints kept on disk (at least average_last; with it, one more for a stop's off-grid checkpoint)
+    )  # checkpoints kept on disk (at least average_last; a stop's, off the checkpoint_every grid, beside them)
     eval_every: int = field(default=1000, metadata=_NOT_NEGATIVE)  # steps between validation losses (0 = off)
     bleu_every: int = field(
         default=2000, metadata=_NOT_NEGATIVE

@@ -174,7 +174,14 @@ class Trainer(TrainerEvaluation):
             ):
                 if repaired := repair_checkpoint_state(directory):
                     log.warning("%s", repaired)
-        self.manager = self._checkpoint_manager(checkpoint_dir)
+        state = tf.train.get_checkpoint_state(str(checkpoint_dir)) if checkpoint_dir.is_dir() else None
+        every = cfg.train.checkpoint_every
+        off_grid = [
+            p for p in (state.all_model_checkpoint_paths if state else []) if checkpoint_step(p) % every
+        ]
+        self.manager = self._checkpoint_manager(
+            checkpoint_dir, extra=bool(off_grid)
+        )  # a stop's: save_checkpoint
         self.snapshots = AveragingSnapshots(self.model, checkpoint_dir / "average", cfg.train)
         self.best = BestWeights(self.model, self.run_dir.best_dir)
         self.resumed_from = self._restore()
@@ -294,15 +301,18 @@ class Trainer(TrainerEvaluation):
         # the window. Step 1's (the trace) is left out of TensorBoard; a resumed process's first window is written
         # (with its trace), so an interrupted run's events are at the steps of the uninterrupted run's
         window_tokens, window_seconds, traced_window = 0.0, 0.0, self.step == 0
-        first_window = (
-            True  # the progress bar shows no tokens/s for it (a resumed process' trace is in it too)
-        )
+        # the progress bar shows no tokens/s for the first window (a resumed process' trace is in it too)
+        first_window = True
         try:
             if self._patience_spent():  # stopped early, then interrupted in its final evaluation
                 status, message = "early_stopped", "validation BLEU stopped improving"
             elif (pending := int(self.pending_evaluation.numpy())) and pending == self.step:
                 log.info("step %d: its validation was interrupted; running it before training on", pending)
                 status, message = self._evaluate_at(pending)
+                if not int(
+                    self.pending_evaluation.numpy()
+                ):  # done: a rerun of a run it ended must not repeat it
+                    self.save_checkpoint()
             self._agree_on_stop()
             while not status and self._budget_left():
                 if self.stop.requested():
@@ -381,27 +391,25 @@ class Trainer(TrainerEvaluation):
         )
 
     # ------------------------------------------------------------------------------------------------------------
-    def _checkpoint_manager(self, directory) -> tf.train.CheckpointManager:
-        """The training checkpoints' manager: keep_checkpoints (at least average_last: they are averaged), plus
-        room for one off the checkpoint_every grid (a stop's, see `save_checkpoint`) when the last ones are
-        averaged, so that a stop never rotates away a checkpoint the uninterrupted run averages."""
+    def _checkpoint_manager(self, directory, extra: bool = False) -> tf.train.CheckpointManager:
+        """The training checkpoints' manager: keep_checkpoints, at least average_last (they are averaged); with
+        `extra`, one more, for a checkpoint off the checkpoint_every grid (see `save_checkpoint`)."""
         train = self.config.train
         keep = max(train.keep_checkpoints, train.average_last, 1)
-        return tf.train.CheckpointManager(
-            self.checkpoint, str(directory), max_to_keep=keep + (1 if train.average_last >= 2 else 0)
-        )
+        return tf.train.CheckpointManager(self.checkpoint, str(directory), max_to_keep=keep + int(extra))
 
     def save_checkpoint(self) -> None:
         if self.watch_config and not self.run_dir.exists():  # TensorFlow would recreate checkpoints/ anew
             raise RunDirError(self.run_dir.removed_message())
-        # A checkpoint off the checkpoint_every grid (a signal's stop, an interrupted evaluation) only serves the
-        # next resume: it goes at the next save, so the kept and averaged checkpoints are an uninterrupted run's
-        # (a stop at step 37 used to push ckpt-30 out of the last 3 averaged: other final weights).
-        every = self.config.train.checkpoint_every
-        if drop_checkpoints(
-            Path(self.manager.directory), lambda step: step % every == 0 or step == self.step
-        ):
-            self.manager = self._checkpoint_manager(self.manager.directory)
+        # A checkpoint off the checkpoint_every grid (a signal's stop, an interrupted evaluation, a run's last
+        # step) is saved beside the grid's, not in place of the oldest, and the one this process resumed from
+        # goes once the next save is complete: the kept and averaged checkpoints are an uninterrupted run's (a
+        # stop at step 37 pushed ckpt-30 out of the last 3 averaged: other final weights).
+        every, directory = self.config.train.checkpoint_every, Path(self.manager.directory)
+        resumed = self.resumed_from or 0
+        stale = resumed if resumed % every and resumed != self.step else None
+        kept = [checkpoint_step(p) for p in self.manager.checkpoints]
+        self.manager = self._checkpoint_manager(directory, extra=bool(self.step % every) or stale in kept)
         try:
             path = self.manager.save(checkpoint_number=self.step)
         except (tf.errors.OpError, OSError) as err:
@@ -413,6 +421,8 @@ class Trainer(TrainerEvaluation):
                 f"the previous one ({self.manager.latest_checkpoint}) is still usable"
             ) from err
         log.info("saved checkpoint %s", path)
+        if stale is not None and drop_checkpoints(directory, lambda step: step != stale):
+            self.manager = self._checkpoint_manager(directory, extra=bool(self.step % every))
         if self.chief:  # the bests a resume from a kept checkpoint needs (nmt.best_weights)
             self.best.prune([checkpoint_step(p) for p in self.manager.checkpoints])
 

@@ -11,7 +11,9 @@ import pytest
 import tensorflow as tf
 
 from nmt.config import config_from_dict
-from tests.faults.helpers import assert_bit_identical, final_weights
+from nmt.final_weights import load_run_weights
+from nmt.run_dir import RunDir
+from tests.faults.helpers import assert_bit_identical, final_weights, read_checkpoint
 from tests.nmt.test_budget_runs import StepClock, train_in_process
 from tests.run_fixture import tiny_config_tree, write_corpus
 
@@ -49,14 +51,24 @@ def test_a_stop_off_the_checkpoint_grid_leaves_the_averaged_checkpoints_and_fina
     config, tmp_path
 ):
     reference, stopped = tmp_path / "reference", tmp_path / "stopped"
-    _, done, log = train_in_process(config, reference, StepClock())
+    trainer, done, log = train_in_process(config, reference, StepClock())
     assert done.status == "done" and "final weights" in log
     _, stop, _ = train_in_process(config, stopped, StepClock(signal_at=STOP))
     assert (stop.status, stop.step) == ("stopped", STOP)
-    assert averaged(stopped)[-1] == STOP  # the stop's own checkpoint, to resume from
+    assert averaged(stopped) == [3, 6, 9, STOP]  # the stop's own checkpoint beside the grid's, to resume from
     _, resumed, _ = train_in_process(config, stopped, StepClock())
     assert (resumed.status, resumed.step) == ("done", STEPS)
-    assert averaged(stopped) == averaged(reference) and averaged(reference)[-3:] == [6, 9, 12]
+    assert (
+        averaged(stopped) == averaged(reference) == [6, 9, 12]
+    )  # keep_checkpoints 2, at least average_last 3
     assert_bit_identical(
         final_weights(stopped), final_weights(reference), "final weights after a stop at step 10"
     )
+    # final/ may hold the last weights (when the average has a higher validation loss): the average itself, made
+    # again from each run directory (evaluate.py --weights average), is the same too
+    averages = []
+    for run in (reference, stopped):
+        load_run_weights(trainer.model, RunDir(run), "average", config.train)
+        saved = tf.train.Checkpoint(model=trainer.model).save(str(tmp_path / f"{run.name}-average" / "ckpt"))
+        averages.append(read_checkpoint(saved))
+    assert_bit_identical(averages[1], averages[0], "the average of the last 3 checkpoints")

@@ -272,24 +272,25 @@ def test_after_a_crash_best_holds_the_best_the_run_still_records(setup, crashed,
         np.testing.assert_array_equal(ours, theirs)
 
 
-def test_a_process_killed_after_repeating_a_pending_validation_leaves_no_second_record(setup, runs):
+def test_a_process_killed_after_repeating_a_pending_validation_leaves_no_second_record(
+    setup, runs, monkeypatch
+):
     """Stopped in step 4's validation (pending, checkpoint 4); the next process repeats it (its record written)
-    and is killed in step 6's, before its next checkpoint; the third resumes from checkpoint 4 again and repeats
-    step 4's validation once more: one record of it, as uninterrupted (before 2026-12-07: two, and two TensorBoard
-    points; found by a resume review)."""
+    and is killed before the checkpoint that clears the pending mark; the third resumes from checkpoint 4 and
+    repeats step 4's validation once more: one record of it, as uninterrupted (before 2026-12-07: two, and two
+    TensorBoard points; found by a resume review)."""
     tmp, config = setup
-    _, reference, _ = runs
     name = "pending_killed"
     train(tmp, config, name, Scorer(SCRIPTED_BLEU, signal_at=INTERRUPTED_CALL))
-    with pytest.raises(Crash):
-        train(tmp, config, name, CrashingScorer(SCRIPTED_BLEU[1:], crash_at=2))
-    assert [step for step, *_ in evaluations(tmp / name)] == [
-        1,
-        2,
-        3,
-        4,
-        5,
-    ]  # step 4's written before the kill
+
+    def killed(self):
+        raise Crash
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Trainer, "save_checkpoint", killed)  # the save right after the repeated validation
+        with pytest.raises(Crash):
+            train(tmp, config, name, Scorer(SCRIPTED_BLEU[1:]))
+    assert [step for step, *_ in evaluations(tmp / name)] == [1, 2, 3, 4]  # step 4's written before the kill
     resumed = train(tmp, config, name, Scorer([*SCRIPTED_BLEU[1:], FINAL_BLEU]))
     assert (resumed.status, resumed.step) == ("early_stopped", STOP_STEP)
     assert evaluations(tmp / name) == evaluations(tmp / "reference")

@@ -174,3 +174,53 @@ def restore_model_weights(model, prefix: str) -> None:
         status.expect_partial()
     except restore_errors() as err:
         raise RunDirError(f"cannot restore model weights from {prefix}: {first_line(err)}") from err
+
+
+class TrainingCheckpoints:
+    """A run's training checkpoints (a CheckpointManager over `directory`): `keep` of them (keep_checkpoints, at
+    least average_last: they are averaged), saved every `every` steps (checkpoint_every).
+
+    One off that grid (a signal's stop, an interrupted evaluation, a run's last step) is saved beside the grid's,
+    not in place of the oldest, and the one a process resumed from goes once that process's next save is complete:
+    the kept and averaged checkpoints are an uninterrupted run's (a stop at step 37 pushed ckpt-30 out of the last 3
+    averaged: other final weights), and a failed save leaves the checkpoint to resume from.
+    """
+
+    def __init__(self, checkpoint, directory, *, keep: int, every: int):
+        import tensorflow as tf
+
+        self.checkpoint, self.directory, self.keep, self.every = checkpoint, Path(directory), keep, every
+        state = tf.train.get_checkpoint_state(str(self.directory)) if self.directory.is_dir() else None
+        paths = list(state.all_model_checkpoint_paths) if state else []
+        self._manager = self._open(extra=any(checkpoint_step(p) % every for p in paths))
+
+    def _open(self, extra: bool):
+        import tensorflow as tf
+
+        return tf.train.CheckpointManager(
+            self.checkpoint, str(self.directory), max_to_keep=self.keep + int(extra)
+        )
+
+    @property
+    def checkpoints(self) -> list[str]:
+        return list(self._manager.checkpoints)
+
+    @property
+    def latest_checkpoint(self) -> str | None:
+        return self._manager.latest_checkpoint
+
+    def save(self, step: int, resumed_from: int) -> str:
+        """Saves the checkpoint of `step`; TensorFlow's error if it cannot (its half-written shards removed)."""
+        import tensorflow as tf
+
+        stale = resumed_from if resumed_from % self.every and resumed_from != step else None
+        kept = [checkpoint_step(p) for p in self._manager.checkpoints]
+        self._manager = self._open(extra=bool(step % self.every) or stale in kept)
+        try:
+            path = self._manager.save(checkpoint_number=step)
+        except (tf.errors.OpError, OSError):
+            remove_partial_saves(self.directory, f"ckpt-{step}_temp*")  # the previous checkpoints are intact
+            raise
+        if stale is not None and drop_checkpoints(self.directory, lambda s: s != stale):
+            self._manager = self._open(extra=bool(step % self.every))
+        return path

@@ -24,11 +24,10 @@ from tqdm import tqdm
 from nmt.best_weights import BestWeights
 from nmt.budget import BatchChanged, TrainingPlan
 from nmt.checkpoints import (
+    TrainingCheckpoints,
     checkpoint_step,
     checkpoint_to_resume,
-    drop_checkpoints,
     first_line,
-    remove_partial_saves,
     repair_checkpoint_state,
     restore_errors,
 )
@@ -174,14 +173,10 @@ class Trainer(TrainerEvaluation):
             ):
                 if repaired := repair_checkpoint_state(directory):
                     log.warning("%s", repaired)
-        state = tf.train.get_checkpoint_state(str(checkpoint_dir)) if checkpoint_dir.is_dir() else None
-        every = cfg.train.checkpoint_every
-        off_grid = [
-            p for p in (state.all_model_checkpoint_paths if state else []) if checkpoint_step(p) % every
-        ]
-        self.manager = self._checkpoint_manager(
-            checkpoint_dir, extra=bool(off_grid)
-        )  # a stop's: save_checkpoint
+        self.manager = TrainingCheckpoints(  # a stop's off-grid checkpoint kept beside the grid's (nmt.checkpoints)
+            self.checkpoint, checkpoint_dir, keep=max(cfg.train.keep_checkpoints, cfg.train.average_last, 1),
+            every=cfg.train.checkpoint_every,
+        )  # fmt: skip
         self.snapshots = AveragingSnapshots(self.model, checkpoint_dir / "average", cfg.train)
         self.best = BestWeights(self.model, self.run_dir.best_dir)
         self.resumed_from = self._restore()
@@ -391,38 +386,18 @@ class Trainer(TrainerEvaluation):
         )
 
     # ------------------------------------------------------------------------------------------------------------
-    def _checkpoint_manager(self, directory, extra: bool = False) -> tf.train.CheckpointManager:
-        """The training checkpoints' manager: keep_checkpoints, at least average_last (they are averaged); with
-        `extra`, one more, for a checkpoint off the checkpoint_every grid (see `save_checkpoint`)."""
-        train = self.config.train
-        keep = max(train.keep_checkpoints, train.average_last, 1)
-        return tf.train.CheckpointManager(self.checkpoint, str(directory), max_to_keep=keep + int(extra))
-
     def save_checkpoint(self) -> None:
         if self.watch_config and not self.run_dir.exists():  # TensorFlow would recreate checkpoints/ anew
             raise RunDirError(self.run_dir.removed_message())
-        # A checkpoint off the checkpoint_every grid (a signal's stop, an interrupted evaluation, a run's last
-        # step) is saved beside the grid's, not in place of the oldest, and the one this process resumed from
-        # goes once the next save is complete: the kept and averaged checkpoints are an uninterrupted run's (a
-        # stop at step 37 pushed ckpt-30 out of the last 3 averaged: other final weights).
-        every, directory = self.config.train.checkpoint_every, Path(self.manager.directory)
-        resumed = self.resumed_from or 0
-        stale = resumed if resumed % every and resumed != self.step else None
-        kept = [checkpoint_step(p) for p in self.manager.checkpoints]
-        self.manager = self._checkpoint_manager(directory, extra=bool(self.step % every) or stale in kept)
         try:
-            path = self.manager.save(checkpoint_number=self.step)
+            path = self.manager.save(self.step, self.resumed_from or 0)
         except (tf.errors.OpError, OSError) as err:
             first = str(err).strip().splitlines()[0]
-            # Remove the half-written shards of this save (the previous checkpoint is intact).
-            remove_partial_saves(Path(self.manager.directory), f"ckpt-{self.step}_temp*")
             raise TrainingError(
                 f"could not write a checkpoint at step {self.step} ({first}); "
                 f"the previous one ({self.manager.latest_checkpoint}) is still usable"
             ) from err
         log.info("saved checkpoint %s", path)
-        if stale is not None and drop_checkpoints(directory, lambda step: step != stale):
-            self.manager = self._checkpoint_manager(directory, extra=bool(self.step % every))
         if self.chief:  # the bests a resume from a kept checkpoint needs (nmt.best_weights)
             self.best.prune([checkpoint_step(p) for p in self.manager.checkpoints])
 

@@ -264,13 +264,13 @@ def check_ensemble(args) -> None:
     tokenizer, data = _tokenizer_files(model_dir), model_dir.load_config().data
     seen = {model_dir.path.resolve()}
     for path in args.ensemble:
-        if (resolved := check_model_dir(path).path.resolve()) in seen:
+        run_dir = check_model_dir(path)
+        if (resolved := run_dir.path.resolve()) in seen:
             log.warning(
                 "--ensemble %s is already in the ensemble: the same model twice decodes as once, at twice the cost",
                 path,
             )
         seen.add(resolved)
-        run_dir = check_model_dir(path)
         error = ensemble_direction_error(
             f"--ensemble {path}", run_dir.load_config().data, "--model-dir", data
         )

@@ -304,9 +304,8 @@ class Trainer(TrainerEvaluation):
             elif (pending := int(self.pending_evaluation.numpy())) and pending == self.step:
                 log.info("step %d: its validation was interrupted; running it before training on", pending)
                 status, message = self._evaluate_at(pending)
-                if not int(
-                    self.pending_evaluation.numpy()
-                ):  # done: a rerun of a run it ended must not repeat it
+                # done: checkpointed without its pending mark (a rerun of a run it ended must not repeat it)
+                if not int(self.pending_evaluation.numpy()):
                     self.save_checkpoint()
             self._agree_on_stop()
             while not status and self._budget_left():
@@ -344,9 +343,7 @@ class Trainer(TrainerEvaluation):
                 if step % cfg.log_every == 0 or step == 1:
                     tokens_per_sec = window_tokens / max(window_seconds, 1e-9)
                     logged_rate = None if traced_window else tokens_per_sec
-                    shown_rate = (
-                        None if first_window else tokens_per_sec
-                    )  # this process' trace is in its first
+                    shown_rate = None if first_window else tokens_per_sec  # the first has this process' trace
                     window_tokens, window_seconds, traced_window, first_window = 0.0, 0.0, False, False
                     lr = float(self.schedule(step - 1))
                     loss = float(metrics["loss"].numpy())

@@ -38,6 +38,7 @@ SCRIPTED_BLEU = [10.0, 20.0, 15.0, 15.0]
 FINAL_BLEU = 1.0
 STOP_STEP, BEST_STEP = 8, 4
 INTERRUPTED_CALL = 2  # the scorer's 2nd call: the validation at step 4
+PENDING_KILLED = "pending_killed"
 
 
 class Scorer:
@@ -144,8 +145,10 @@ def assert_same_best_and_final(tmp: Path, name: str, model, reference_model) -> 
 def runs(setup):
     tmp, config = setup
     reference = train(tmp, config, "reference", Scorer([*SCRIPTED_BLEU, FINAL_BLEU]))
-    stages = [
-        train(tmp, config, "chain", Scorer(SCRIPTED_BLEU, signal_at=INTERRUPTED_CALL)),
+    stages = [train(tmp, config, "chain", Scorer(SCRIPTED_BLEU, signal_at=INTERRUPTED_CALL))]
+    # Stopped in step 4's validation: the start of test_a_process_killed_after_repeating_a_pending_validation_...
+    shutil.copytree(tmp / "chain", tmp / PENDING_KILLED)
+    stages += [
         # The validation at step 4 runs again first; the final evaluation (call 4) is interrupted.
         train(tmp, config, "chain", Scorer(SCRIPTED_BLEU[1:], signal_at=4)),
         train(tmp, config, "chain", Scorer([FINAL_BLEU])),
@@ -280,8 +283,7 @@ def test_a_process_killed_after_repeating_a_pending_validation_leaves_no_second_
     repeats step 4's validation once more: one record of it, as uninterrupted (before 2026-12-07: two, and two
     TensorBoard points; found by a resume review)."""
     tmp, config = setup
-    name = "pending_killed"
-    train(tmp, config, name, Scorer(SCRIPTED_BLEU, signal_at=INTERRUPTED_CALL))
+    name = PENDING_KILLED  # a copy of the chain's run directory after its first stage (`runs`)
 
     def killed(self):
         raise Crash

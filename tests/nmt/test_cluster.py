@@ -2,8 +2,9 @@
 TensorFlow takes them, a task that never comes ends the wait with its name, a taken port is named, an interrupted
 wait frees the port, and TensorFlow's errors for a lost task become one message naming it.
 
-Plain sockets on 127.0.0.1 and a fake clock: nothing here waits for a real timeout. The train.py runs at the end
-start one worker of a two-worker cluster (TensorFlow starts, no training).
+Plain sockets on 127.0.0.1 and a fake clock: nothing here waits for a real timeout. At the end, train.py's `main`
+runs in this process as one worker of a two-worker cluster whose other worker never comes (the Python wait), and
+two subprocesses start TensorFlow's side of a cluster (no training).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import signal
 import socket
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -164,38 +166,69 @@ def test_tasks_are_named_with_their_addresses():
     assert tasks_named("/job:worker/replica:0/task:7", cluster) == ["worker 7"]
 
 
-def start_lone_worker(tmp_path, *overrides):
-    """Worker 0 of a two-worker cluster whose worker 1 never starts; (process, run directory, cluster)."""
+def main_of_lone_worker(tmp_path, monkeypatch, *overrides) -> tuple[int, Path, dict]:
+    """train.py's `main` in this process as worker 0 of a two-worker cluster whose worker 1 never starts: (exit
+    code, run directory, cluster). Its wait for the others is plain Python before TensorFlow's own start-up
+    (`nmt.cluster.multi_worker_strategy`), which must not come in this process: a wait that passed fails the test."""
+    import nmt.cluster
+    import train as train_cli
+
+    def no_tensorflow_start(*_):
+        raise AssertionError("the wait for the cluster passed: worker 1 answered")
+
+    monkeypatch.setattr(nmt.cluster, "bound_tensorflow_start", no_tensorflow_start)
     cluster = two_workers()
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": cluster, "task": {"type": "worker", "index": 0}}))
     run_dir = tmp_path / "run"
-    env = cli_env(TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "worker", "index": 0}}))
     config = config_file(tmp_path, "multi_worker")
     args = train_args(config, run_dir, "train.distribute=multi_worker", *overrides)
-    return Background("train.py", *args, log_path=tmp_path / "worker0.log", env=env), run_dir, cluster
+    return train_cli.main([str(arg) for arg in args]), run_dir, cluster
 
 
-def test_a_worker_whose_peer_never_starts_gives_up_naming_it_and_undoes_its_new_run(tmp_path):
-    proc, run_dir, cluster = start_lone_worker(tmp_path, "train.cluster_wait_minutes=0.01")
-    assert proc.wait() == 1, proc.stderr()[-3000:]
+def test_a_worker_whose_peer_never_starts_gives_up_naming_it_and_undoes_its_new_run(
+    tmp_path, monkeypatch, capsys, restore_logging
+):
+    code, run_dir, cluster = main_of_lone_worker(tmp_path, monkeypatch, "train.cluster_wait_minutes=0.01")
+    err = capsys.readouterr().err
+    assert code == 1, err[-3000:]
     assert (
         "train.py: cluster error: the cluster did not form within 0.01 min (train.cluster_wait_minutes): "
         f"no answer from worker 1 ({cluster['worker'][1]})"
-    ) in proc.stderr()
+    ) in err
     assert not run_dir.exists()
 
 
 @pytest.mark.parametrize(
     "signum", [pytest.param(signal.SIGINT, marks=pytest.mark.slow), signal.SIGTERM]
 )  # make test keeps SIGTERM (what a scheduler sends; nmt.cli's handler raises the KeyboardInterrupt SIGINT raises)
-def test_a_signal_ends_the_wait_for_the_cluster_and_undoes_the_new_run(tmp_path, signum):
-    proc, run_dir, cluster = start_lone_worker(tmp_path)  # the default wait: 10 minutes
-    deadline = time.monotonic() + RUN_TIMEOUT  # a hang guard, not a timing
-    while "waiting for worker 1" not in proc.stderr():
-        assert proc.running() and time.monotonic() < deadline, proc.stderr()[-3000:]
-        time.sleep(0.05)
-    proc.signal(signum)
-    assert proc.wait() == 130, proc.stderr()[-3000:]
-    assert "interrupted before training started (nothing was trained, nothing kept)" in proc.stderr()
+def test_a_signal_ends_the_wait_for_the_cluster_and_undoes_the_new_run(
+    tmp_path, monkeypatch, capsys, restore_logging, signum
+):
+    """The signal comes to this process while it waits (the default wait: 10 minutes), from inside the wait's loop;
+    a SIGTERM that train.py's handler did not take reaches the test's, which fails the test (not this process)."""
+    import nmt.cluster
+
+    drain, signalled = nmt.cluster.drain, []
+
+    def drain_then_signal(listener):
+        drain(listener)
+        if not signalled:
+            signalled.append(signum)
+            signal.raise_signal(signum)
+
+    def unheard(*_):
+        raise AssertionError("SIGTERM went past train.py's handler")
+
+    monkeypatch.setattr(nmt.cluster, "drain", drain_then_signal)
+    previous = signal.signal(signal.SIGTERM, unheard)
+    try:
+        code, run_dir, cluster = main_of_lone_worker(tmp_path, monkeypatch)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    err = capsys.readouterr().err
+    assert signalled == [signum]
+    assert code == 130, err[-3000:]
+    assert "interrupted before training started (nothing was trained, nothing kept)" in err
     assert not run_dir.exists()
     assert port_is_free(cluster["worker"][0])
 

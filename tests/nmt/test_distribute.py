@@ -6,16 +6,21 @@ batch (the rows of each replica are checked here against the split of the whole 
 checks the reading), and a repeated signal to a worker does not stop it at once.
 
 Each distributed run is a real `train.py` process (logical devices must be configured before TensorFlow starts);
-the single-device reference is trained in this process (the same Trainer, without a process start). The slower
-multi-worker scenarios (a signal to one worker, a time budget) are in test_multi_worker_resume.py.
+the single-device reference is trained in this process (the same Trainer, without a process start). The restart
+after a kill starts from a copy of the uninterrupted run rolled back to a checkpoint (a real kill of a run of its
+own: marked slow). The slower multi-worker scenarios (a signal to one worker, a time budget) are in
+test_multi_worker_resume.py.
 """
 
+import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -138,17 +143,38 @@ def test_mirrored_on_two_cpu_devices_matches_single_device(single_device_run, tm
     assert_same_training(tmp_path / "run", err, single_device_run)
 
 
-def test_whole_step_xla_over_the_two_cpu_devices_is_refused_with_a_config_error(tmp_path):
+def test_whole_step_xla_over_the_two_cpu_devices_is_refused_with_a_config_error(
+    tmp_path, monkeypatch, capsys, restore_logging
+):
     """`xla: true` with `mirrored` on CPU: each replica's compiled step would read the other device's variables
-    (before: TensorFlow's InvalidArgumentError at the first step)."""
+    (before: TensorFlow's InvalidArgumentError at the first step). train.py's `main` in this process (nothing is
+    traced: the refusal comes first), with the two logical CPU devices as a stand-in strategy: this process' devices
+    are set already, and the mirrored run above checks that `mirrored` makes two replicas. tests/nmt/test_precision.py
+    checks `resolve_xla`, the function that decides."""
+    import nmt.trainer
+    import train as train_cli
+
+    two_cpus = SimpleNamespace(
+        extended=SimpleNamespace(
+            worker_devices=("/job:localhost/device:CPU:0", "/job:localhost/device:CPU:1")
+        ),
+        num_replicas_in_sync=2,
+    )
+    monkeypatch.setattr(
+        nmt.trainer, "make_strategy", lambda kind, minutes: two_cpus if kind == "mirrored" else None
+    )
     config = config_file(tmp_path, "mirrored")
     tree = yaml.safe_load(config.read_text(encoding="utf-8"))
     tree["train"]["xla"] = True
     config.write_text(yaml.safe_dump(tree), encoding="utf-8")
-    process = run_train(config, tmp_path / "run")
-    _, err = process.communicate(timeout=400)
-    assert process.returncode == 2, err[-3000:]
-    assert "train.xla: true cannot compile a step over 2 CPU replicas in one process" in err
+    code = train_cli.main(["--config", str(config), "--model-dir", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert code == 2, err[-3000:]
+    assert (
+        "train.py: config error: train.xla: true cannot compile a step over 2 CPU replicas in one process"
+        in err
+    )
+    assert not (tmp_path / "run").exists()  # the new run's start is undone
 
 
 @pytest.fixture(scope="module")
@@ -183,23 +209,36 @@ def test_multi_worker_two_local_processes_match_single_device(single_device_run,
     assert_same_training(run_dir, chief, single_device_run)
 
 
-def test_multi_worker_kill_both_and_restart_matches_uninterrupted(two_worker_run, tmp_path):
-    """SIGKILL to both workers after a checkpoint, then both restarted: every worker resumes from the chief's
-    checkpoint at the same step, and the run ends bit-identical to the uninterrupted two-worker run (before the
-    fix, worker 1 restarted from step 0 with fresh weights, optimizer state and data position)."""
-    config, reference, _ = two_worker_run
-    run_dir = tmp_path / "run"
-    with Workers(config, run_dir, tmp_path / "killed") as workers:
-        workers.wait_for_checkpoint(4)
-        workers.kill()
-    killed_at = latest_step(run_dir)
-    assert 4 <= killed_at < STEPS, f"the workers finished (step {killed_at}) before they were killed"
-    # The checkpoint list lost too: the chief repairs it, and worker 1, reading the chief's directory, must find
-    # the same checkpoint, before or after that repair (a race: worker 1 reading first resumed from step 0 and both
-    # refused; here the chief usually repairs first, so the read-only `checkpoint_to_resume` has its own test in
-    # tests/faults/test_run_dir_repairs.py).
+def killed_after_checkpoint(reference: Path, run_dir: Path, step: int) -> None:
+    """A copy of `reference`, a finished multi-worker run, as SIGKILL to both workers between its checkpoint at
+    `step` and the next one leaves it: the later checkpoints, final/ and the final evaluation's record are gone (the
+    uninterrupted run saved the same checkpoint at `step` that a killed one would have saved). The checkpoint list
+    (`checkpoint`) is lost too: see `assert_restart_matches`."""
+    shutil.copytree(reference, run_dir)
+    for path in (run_dir / "checkpoints").glob("ckpt-*"):
+        if int(path.name.split(".")[0].removeprefix("ckpt-")) > step:
+            path.unlink()
     (run_dir / "checkpoints" / "checkpoint").unlink()
-    with Workers(config, run_dir, tmp_path / "restarted") as workers:
+    shutil.rmtree(run_dir / "final")
+    shutil.rmtree(run_dir / "tensorboard" / "final")
+    metrics = run_dir / "metrics.jsonl"
+    kept = [
+        line
+        for line in metrics.read_text(encoding="utf-8").splitlines(keepends=True)
+        if json.loads(line).get("step", 0) <= step and json.loads(line).get("tag") != "final"
+    ]
+    metrics.write_text("".join(kept), encoding="utf-8")
+
+
+def assert_restart_matches(config: Path, run_dir: Path, reference: Path, killed_at: int, logs: Path) -> None:
+    """Both workers restarted on `run_dir`, whose checkpoint list is lost (the chief repairs it, and worker 1,
+    reading the chief's directory, must find the same checkpoint, before or after that repair; a race: worker 1
+    reading first resumed from step 0 and both refused; here the chief usually repairs first, so the read-only
+    `checkpoint_to_resume` has its own test in tests/faults/test_run_dir_repairs.py): every worker resumes from
+    the chief's checkpoint at `killed_at` and the run ends bit-identical to the uninterrupted `reference` (before
+    the fix, worker 1 restarted from step 0 with fresh weights, optimizer state and data position)."""
+    assert not (run_dir / "checkpoints" / "checkpoint").exists()
+    with Workers(config, run_dir, logs) as workers:
         results = workers.wait()
     for code, stderr in results:
         assert code == 0, stderr[-3000:]
@@ -209,6 +248,28 @@ def test_multi_worker_kill_both_and_restart_matches_uninterrupted(two_worker_run
     # Weights, Adam moments and step, loss scale, dropout RNG: no tolerance (the same float operations in the
     # same order as the uninterrupted run; a two-term all-reduce sum does not depend on the order).
     assert_bit_identical(training_state(run_dir), training_state(reference), "resumed two-worker run")
+
+
+def test_multi_worker_restart_after_both_were_killed_matches_uninterrupted(two_worker_run, tmp_path):
+    """Both workers restarted on the run directory SIGKILL to both after checkpoint 4 leaves, made from the
+    uninterrupted run (two processes fewer than killing a run of their own: the slow test below does)."""
+    config, reference, _ = two_worker_run
+    killed_after_checkpoint(reference, tmp_path / "run", 4)
+    assert_restart_matches(config, tmp_path / "run", reference, 4, tmp_path / "restarted")
+
+
+@pytest.mark.slow
+def test_multi_worker_kill_both_and_restart_matches_uninterrupted(two_worker_run, tmp_path):
+    """SIGKILL to both workers of a run of their own after a checkpoint, then both restarted."""
+    config, reference, _ = two_worker_run
+    run_dir = tmp_path / "run"
+    with Workers(config, run_dir, tmp_path / "killed") as workers:
+        workers.wait_for_checkpoint(4)
+        workers.kill()
+    killed_at = latest_step(run_dir)
+    assert 4 <= killed_at < STEPS, f"the workers finished (step {killed_at}) before they were killed"
+    (run_dir / "checkpoints" / "checkpoint").unlink()
+    assert_restart_matches(config, run_dir, reference, killed_at, tmp_path / "restarted")
 
 
 @pytest.mark.parametrize("workers, local", [(1, 2), (2, 1), (2, 2), (3, 2), (2, 3)])
@@ -257,9 +318,6 @@ def test_a_repeated_signal_stops_a_single_process_at_once_but_not_a_worker():
 def test_replicas_are_named_by_the_tf_config_task_that_runs_them(monkeypatch, chief, devices):
     """TensorFlow's own numbering of the tasks (multi_worker_util.id_in_cluster: a chief task first) is the
     reference; messages name the task as TF_CONFIG does."""
-    import json
-    from types import SimpleNamespace
-
     from tensorflow.python.distribute import multi_worker_util
 
     from nmt.distribute import worker_of_replica

@@ -218,28 +218,6 @@ def test_final_weights_average_the_window_over_the_last_fraction(uninterrupted):
     assert any(not np.array_equal(snapshots[0][k], snapshots[-1][k]) for k in final)  # the snapshots differ
 
 
-def test_resumed_run_keeps_the_plan_and_ends_bit_identical(budget_config, uninterrupted, tmp_path):
-    reference, _, _, _ = uninterrupted
-    run_dir = tmp_path / "run"
-    # Stopped at step 13: after the re-plan's mark (step 11, train.budget_replan_at 0.6 of the decay over steps 6-24),
-    # before the re-plan (step 17). The mark comes back from the checkpoint (compared below with the replan/ state).
-    _, stopped, _ = train_in_process(budget_config, run_dir, StepClock(signal_at=13))
-    assert stopped.status == "stopped" and stopped.step == 13, stopped
-    # The same step time after the restart: the plan comes from the checkpoint, not from a new probe (a 4x slower
-    # clock keeping the plan: tests/nmt/test_budget.py, test_a_resumed_plan_is_kept_and_...).
-    trainer, done, log = train_in_process(budget_config, run_dir, StepClock())
-    assert trainer.resumed_from == 13 and trainer.progress.total == PLANNED  # the kept plan, from the start
-    assert "plan: 24 steps (decided at step 6, 4 steps/s measured), kept from the checkpoint" in log
-    assert done.status == "done" and done.step == PLANNED, (done, log[-2000:])
-    decisions = [(r["tag"], r["step"], r["total_steps"]) for r in read_records(run_dir) if "total_steps" in r]
-    assert decisions == [
-        ("plan", 6, PLANNED),
-        ("replan", 17, PLANNED),
-    ]  # each once; the same rate, the same plan
-    assert_bit_identical(training_state(run_dir), training_state(reference), "resumed time-budget run")
-    assert_bit_identical(final_weights(run_dir), final_weights(reference), "final weights")
-
-
 def test_a_replan_moves_the_decay_end_the_window_and_the_progress_bar(budget_config, tmp_path):
     # Re-planned at half the decay (steps 6-24): the rate is timed from step 10 and is halved from step 11, so at
     # step 15 the plan becomes 17 steps (tests/nmt/test_budget.py, the same constants).
@@ -304,7 +282,6 @@ def test_with_ema_the_final_weights_are_the_ema_or_the_window_average_whichever_
     assert any(not np.array_equal(ema[k], mean[k]) for k in ema)
     assert any(not np.array_equal(ema[k], trained[k]) for k in ema)
     # evaluate/translate/export --weights average|ema: each candidate made again from the run directory, whichever
-    # final/ kept
     # final/ kept (the trainer's model is reused: every weight is set; tests/test_e2e.py goes through Translator)
     for which, expected in (("average", mean), ("ema", ema)):
         loaded = load_run_weights(trainer.model, RunDir(run_dir), which, config.train)
@@ -364,16 +341,32 @@ def test_the_plan_sets_the_dropout_and_the_run_trains_with_it(planned_dropout_ru
     assert any(not np.array_equal(ours[k], reference[k]) for k in reference)
 
 
-def test_a_resumed_run_takes_the_planned_dropout_from_its_checkpoint_and_ends_bit_identical(
+def test_a_resumed_run_keeps_the_plan_and_the_planned_dropout_and_ends_bit_identical(
     planned_dropout_run, tmp_path
 ):
+    # One stop and resume for the plan (with the re-plan's mark) and the dropout it set, both kept from the
+    # checkpoint: dropout_by_plan changes no decision of the plan (those follow StepClock alone). A resume without
+    # planned dropout takes the same path, minus the dropout's retrace before the first step.
     config, reference, _, _, _ = planned_dropout_run
     run_dir = tmp_path / "run"
-    _, stopped, _ = train_in_process(config, run_dir, StepClock(signal_at=10))
-    assert stopped.status == "stopped" and stopped.step == 10, stopped
+    # Stopped at step 13: after the plan (step 6, which set the dropout) and the re-plan's mark (step 11,
+    # train.budget_replan_at 0.6 of the decay over steps 6-24), before the re-plan (step 17). The mark comes back
+    # from the checkpoint (compared below with the replan/ state).
+    _, stopped, _ = train_in_process(config, run_dir, StepClock(signal_at=13))
+    assert stopped.status == "stopped" and stopped.step == 13, stopped
+    # The same step time after the restart: the plan comes from the checkpoint, not from a new probe (a 4x slower
+    # clock keeping the plan: tests/nmt/test_budget.py, test_a_resumed_plan_is_kept_and_...).
     trainer, done, log = train_in_process(config, run_dir, StepClock())
-    assert trainer.resumed_from == 10 and "dropout 0.1 -> 0.3 for a plan of 24 steps" in log
+    assert trainer.resumed_from == 13 and trainer.progress.total == PLANNED  # the kept plan, from the start
+    assert "plan: 24 steps (decided at step 6, 4 steps/s measured), kept from the checkpoint" in log
+    # The dropout of the plan, set again before the first step (the stopped process set it at step 6).
+    assert "dropout 0.1 -> 0.3 for a plan of 24 steps" in log
     assert "feed-forward dropout 0.3 -> 0.1 for a plan of 24 steps" in log
     assert done.status == "done" and done.step == PLANNED, (done, log[-2000:])
+    decisions = [(r["tag"], r["step"], r["total_steps"]) for r in read_records(run_dir) if "total_steps" in r]
+    assert decisions == [
+        ("plan", 6, PLANNED),
+        ("replan", 17, PLANNED),
+    ]  # each once; the same rate, the same plan
     assert_bit_identical(training_state(run_dir), training_state(reference), "resumed planned-dropout run")
     assert_bit_identical(final_weights(run_dir), final_weights(reference), "final weights")

@@ -7,9 +7,11 @@ record), once in the final evaluation. Each time the same configuration is resum
 must match the uninterrupted reference: the same evaluation records (step, loss, BLEU), the same early stop, best/
 from the same step and bit-identical final weights.
 
-A crash (the scorer raises: the process ends without saving anything, as after SIGKILL) in the validation of a
-checkpoint step must match it too: the checkpoint of that step is written after its evaluation, so the resumed run
-starts from the one before, drops the records written since (they would appear twice) and evaluates again. When
+A crash (the process ends without saving anything, as after SIGKILL) in the validation of a checkpoint step must
+match it too: the checkpoint of that step is written after its evaluation, so the resumed run starts from the one
+before, drops the records written since (they would appear twice) and evaluates again. The crashed run directories
+are copies taken inside a run at the point of the crash (`KilledHere`: what the process wrote by then, its
+TensorBoard writers flushed), so no Trainer is built just to die there. When
 the evaluation run again scores lower than the lost one (any resume that is not bit-exact), best/ must not keep the
 lost step's weights: it holds the best of the records the run has, bit-identical to the reference's of that step.
 """
@@ -39,16 +41,22 @@ FINAL_BLEU = 1.0
 STOP_STEP, BEST_STEP = 8, 4
 INTERRUPTED_CALL = 2  # the scorer's 2nd call: the validation at step 4
 PENDING_KILLED = "pending_killed"
+CRASH_CALL = 3  # the validation at step 6, a checkpoint step (checkpoint_every 3)
+CRASHED = "crashed"
 
 
 class Scorer:
-    """Returns `scores` in order; sends SIGTERM to this process from call number `signal_at` (1-based) instead."""
+    """Returns `scores` in order; sends SIGTERM to this process from call number `signal_at` (1-based) instead.
+    `before_call` runs first on call number `before_at`."""
 
-    def __init__(self, scores, signal_at: int | None = None):
+    def __init__(self, scores, signal_at: int | None = None, before_at: int | None = None, before_call=None):
         self.scores, self.signal_at, self.calls = list(scores), signal_at, 0
+        self.before_at, self.before_call = before_at, before_call
 
     def __call__(self, hypotheses, references):
         self.calls += 1
+        if self.calls == self.before_at:
+            self.before_call()
         if self.calls == self.signal_at:
             handler = signal.getsignal(signal.SIGTERM)
             assert handler not in (signal.SIG_DFL, signal.SIG_IGN, None), (
@@ -57,21 +65,6 @@ class Scorer:
             os.kill(os.getpid(), signal.SIGTERM)  # the handler runs here and raises: the call never returns
             raise AssertionError("the signal did not end the evaluation")
         return {"bleu": self.scores.pop(0), "chrf": 0.0, "signature": "scripted"}
-
-
-class Crash(BaseException):
-    """The process dies here: nothing after it runs (train() saves no checkpoint on an exception)."""
-
-
-class CrashingScorer(Scorer):
-    def __init__(self, scores, crash_at: int):
-        super().__init__(scores)
-        self.crash_at = crash_at
-
-    def __call__(self, hypotheses, references):
-        if self.calls + 1 == self.crash_at:
-            raise Crash
-        return super().__call__(hypotheses, references)
 
 
 @dataclasses.dataclass
@@ -141,18 +134,57 @@ def assert_same_best_and_final(tmp: Path, name: str, model, reference_model) -> 
             np.testing.assert_array_equal(ours, theirs)
 
 
+class KilledHere:
+    """Within the block, `copy()` copies run directory `name` to `copy` as a process killed at that point leaves
+    it: what it wrote, with its TensorBoard writers flushed (the events it had written; a crash's exception flushes
+    them too). The run itself goes on, unchanged."""
+
+    def __init__(self, tmp: Path, name: str, copy: str):
+        self.tmp, self.name, self.copy_name, self.writers = tmp, name, copy, []
+
+    def __enter__(self):
+        create = tf.summary.create_file_writer
+        self.patch = pytest.MonkeyPatch()
+        self.patch.setattr(
+            tf.summary,
+            "create_file_writer",
+            lambda *a, **k: self.writers.append(create(*a, **k)) or self.writers[-1],
+        )
+        return self
+
+    def __exit__(self, *exc):
+        self.patch.undo()
+        self.writers.clear()
+
+    def copy(self):
+        assert not (self.tmp / self.copy_name).exists(), "copied twice"
+        for writer in self.writers:
+            writer.flush()
+        shutil.copytree(self.tmp / self.name, self.tmp / self.copy_name)
+
+
 @pytest.fixture(scope="module")
 def runs(setup):
     tmp, config = setup
-    reference = train(tmp, config, "reference", Scorer([*SCRIPTED_BLEU, FINAL_BLEU]))
+    # The start of test_a_crash_...: the reference as a process killed in step 6's validation leaves it.
+    with KilledHere(tmp, "reference", CRASHED) as crash:
+        scorer = Scorer([*SCRIPTED_BLEU, FINAL_BLEU], before_at=CRASH_CALL, before_call=crash.copy)
+        reference = train(tmp, config, "reference", scorer)
     stages = [train(tmp, config, "chain", Scorer(SCRIPTED_BLEU, signal_at=INTERRUPTED_CALL))]
-    # Stopped in step 4's validation: the start of test_a_process_killed_after_repeating_a_pending_validation_...
-    shutil.copytree(tmp / "chain", tmp / PENDING_KILLED)
-    stages += [
-        # The validation at step 4 runs again first; the final evaluation (call 4) is interrupted.
-        train(tmp, config, "chain", Scorer(SCRIPTED_BLEU[1:], signal_at=4)),
-        train(tmp, config, "chain", Scorer([FINAL_BLEU])),
-    ]
+    # The validation at step 4 runs again first; the final evaluation (call 4) is interrupted. The start of
+    # test_a_process_killed_after_repeating_a_pending_validation_...: the chain killed at the checkpoint that
+    # follows that validation (it clears the pending mark).
+    with KilledHere(tmp, "chain", PENDING_KILLED) as kill, pytest.MonkeyPatch.context() as patch:
+        save = Trainer.save_checkpoint
+
+        def save_checkpoint(self):
+            if not (tmp / PENDING_KILLED).exists():
+                kill.copy()
+            save(self)
+
+        patch.setattr(Trainer, "save_checkpoint", save_checkpoint)
+        stages.append(train(tmp, config, "chain", Scorer(SCRIPTED_BLEU[1:], signal_at=4)))
+    stages.append(train(tmp, config, "chain", Scorer([FINAL_BLEU])))
     return tmp, reference, stages
 
 
@@ -213,28 +245,31 @@ def test_a_rerun_of_the_finished_run_ends_at_once_and_writes_nothing(setup, runs
     )  # no second "final" record, no new checkpoint, final/ and best/ untouched
 
 
-CRASH_CALL = 3  # the validation at step 6, a checkpoint step (checkpoint_every 3)
+def event_steps(run_dir: Path, name: str) -> list[int]:
+    events, _ = read_events(run_dir / "tensorboard" / name)
+    return sorted({step for values in events.values() for step, _ in values})
 
 
 @pytest.fixture(scope="module")
 def crashed(setup, runs):
     tmp, config = setup
-    with pytest.raises(Crash):
-        train(tmp, config, "crashed", CrashingScorer(SCRIPTED_BLEU, crash_at=CRASH_CALL))
-    run_dir = tmp / "crashed"
+    run_dir = tmp / CRASHED  # the reference killed in step 6's validation (`runs`)
     latest = tf.train.latest_checkpoint(str(run_dir / "checkpoints"))
     steps = [step for step, *_ in evaluations(run_dir)]
+    events = {name: event_steps(run_dir, name) for name in ("train", "validation")}
     shutil.copytree(run_dir, tmp / "crashed_lower")  # resumed again below, scoring lower
-    resumed = train(tmp, config, "crashed", Scorer([*SCRIPTED_BLEU[1:], FINAL_BLEU]))
-    return tmp, latest, steps, resumed
+    resumed = train(tmp, config, CRASHED, Scorer([*SCRIPTED_BLEU[1:], FINAL_BLEU]))
+    return tmp, latest, steps, events, resumed
 
 
 def test_a_crash_in_a_validation_resumes_before_it_and_matches_the_uninterrupted_run(crashed, runs):
-    tmp, latest, steps_before, resumed = crashed
+    tmp, latest, steps_before, events_before, resumed = crashed
     _, reference, _ = runs
     # The checkpoint of step 6 waits for its validation: the crash left the one of step 3, and records after it.
     assert Path(latest).name == "ckpt-3"
     assert steps_before == [1, 2, 3, 4, 5]  # validation loss at every step (BLEU with it at 2 and 4)
+    # and TensorBoard points after it (step 6's training scalars were written before its validation)
+    assert events_before == {"train": [1, 2, 3, 4, 5, 6], "validation": [1, 2, 3, 4, 5]}
     assert (resumed.status, resumed.step) == ("early_stopped", STOP_STEP)
     # Steps 4 and 5 once, step 6 evaluated:
     assert evaluations(tmp / "crashed") == evaluations(tmp / "reference")
@@ -243,6 +278,7 @@ def test_a_crash_in_a_validation_resumes_before_it_and_matches_the_uninterrupted
 
 def test_a_crash_leaves_tensorboard_as_the_uninterrupted_run(crashed, runs):
     tmp = crashed[0]
+    # The lost points are in the crashed run's events (test_a_crash_in_a_validation_resumes_...).
     for name in ("train", "validation"):
         ours, _ = read_events(tmp / "crashed" / "tensorboard" / name)
         theirs, _ = read_events(tmp / "reference" / "tensorboard" / name)
@@ -275,24 +311,16 @@ def test_after_a_crash_best_holds_the_best_the_run_still_records(setup, crashed,
         np.testing.assert_array_equal(ours, theirs)
 
 
-def test_a_process_killed_after_repeating_a_pending_validation_leaves_no_second_record(
-    setup, runs, monkeypatch
-):
+def test_a_process_killed_after_repeating_a_pending_validation_leaves_no_second_record(setup, runs):
     """Stopped in step 4's validation (pending, checkpoint 4); the next process repeats it (its record written)
     and is killed before the checkpoint that clears the pending mark; the third resumes from checkpoint 4 and
     repeats step 4's validation once more: one record of it, as uninterrupted (before 2026-12-07: two, and two
     TensorBoard points; found by a resume review)."""
     tmp, config = setup
-    name = PENDING_KILLED  # a copy of the chain's run directory after its first stage (`runs`)
-
-    def killed(self):
-        raise Crash
-
-    with monkeypatch.context() as patch:
-        patch.setattr(Trainer, "save_checkpoint", killed)  # the save right after the repeated validation
-        with pytest.raises(Crash):
-            train(tmp, config, name, Scorer(SCRIPTED_BLEU[1:]))
+    name = PENDING_KILLED  # the chain's second stage, killed at its first checkpoint save (`runs`)
+    assert Path(tf.train.latest_checkpoint(str(tmp / name / "checkpoints"))).name == "ckpt-4"
     assert [step for step, *_ in evaluations(tmp / name)] == [1, 2, 3, 4]  # step 4's written before the kill
+    assert event_steps(tmp / name, "validation") == [1, 2, 3, 4]  # and its TensorBoard point
     resumed = train(tmp, config, name, Scorer([*SCRIPTED_BLEU[1:], FINAL_BLEU]))
     assert (resumed.status, resumed.step) == ("early_stopped", STOP_STEP)
     assert evaluations(tmp / name) == evaluations(tmp / "reference")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import tensorflow as tf
 
-from nmt.export import export_run_dir, load_exported
+from nmt.export import export_run_dir, export_saved_model, load_exported
 from nmt.translator import Translator
 from tests.run_fixture import shared_tiny_run_dir, tiny_corpus
 
@@ -20,10 +20,17 @@ def tiny_run_dir(tmp_path_factory, request):
     return shared_tiny_run_dir(tmp_path_factory, getattr(request.config, "cache", None))
 
 
-def test_exported_model_matches_the_run_dir(tiny_run_dir, tmp_path):
+@pytest.fixture(scope="module")
+def shared_export(tiny_run_dir, tmp_path_factory):
+    """(output, TranslationModule) of one export_run_dir; the other tests save its module again (its `serve` is
+    traced once) instead of loading the run and tracing the search for each export."""
+    return export_run_dir(tiny_run_dir, tmp_path_factory.mktemp("export") / "export", beam_size=2)
+
+
+def test_exported_model_matches_the_run_dir(tiny_run_dir, shared_export, tmp_path):
     pairs = (tiny_corpus()["validation"] + tiny_corpus()["test"])[:48]
     lines = [s for s, _ in pairs] + ["", "The cat sees " * 30, "\xa0", "\u3000 \u2003", "\x1c\x85"]
-    output, module = export_run_dir(tiny_run_dir, tmp_path / "export", beam_size=2)
+    output, module = shared_export
     assert (output / "saved_model.pb").is_file() and module.beam_size == 2
     assert any((output / "assets").glob("*.model"))  # the SentencePiece model travels with the SavedModel
 
@@ -56,9 +63,8 @@ def test_exported_model_matches_the_run_dir(tiny_run_dir, tmp_path):
     assert exported == expected
     # The fixture reproduces its memorised sentences on any CPU, so both sides are right, not just equal.
     assert exported[:48] == [t for _, t in pairs]
-    assert (
-        exported[48] == ""
-    )  # the long line 49: truncated alike on both sides (compared above, never judged)
+    # the long line 49: truncated alike on both sides (compared above, never judged)
+    assert exported[48] == ""
     assert exported[50:] == ["", "", ""]  # Unicode whitespace is blank, as Python's strip() says
 
 
@@ -74,25 +80,27 @@ def test_blank_is_pythons_whitespace_on_every_code_point():
     assert list(tf.strings.regex_full_match(lines, BLANK).numpy()) == [not line.strip() for line in lines]
 
 
-def test_export_refuses_to_overwrite_something_else(tiny_run_dir, tmp_path):
+def test_export_refuses_to_overwrite_something_else(shared_export, tmp_path):
     (tmp_path / "taken").mkdir()
     (tmp_path / "taken" / "notes.txt").write_text("mine")
     with pytest.raises(FileExistsError, match="not a SavedModel"):
-        export_run_dir(tiny_run_dir, tmp_path / "taken", beam_size=1)
+        export_saved_model(shared_export[1], tmp_path / "taken")
     assert (tmp_path / "taken" / "notes.txt").read_text() == "mine"
 
 
-def test_export_to_the_current_directory(tiny_run_dir, tmp_path, monkeypatch):
-    """export.py --output . (an empty current directory): written there, not a ValueError about an empty name."""
+def test_export_to_the_current_directory(shared_export, tmp_path, monkeypatch):
+    """export.py --output . (an empty current directory): written there, not a ValueError about an empty name.
+    (export_run_dir hands its output to export_saved_model as given: the shared module is saved here.)"""
+    module = shared_export[1]
     target = tmp_path / "here"
     target.mkdir()
     inode = target.stat().st_ino
     monkeypatch.chdir(target)
-    output, _ = export_run_dir(tiny_run_dir, ".", beam_size=1)
+    output = export_saved_model(module, ".")
     assert output == target and (target / "saved_model.pb").is_file()
     assert [p.name for p in tmp_path.iterdir()] == ["here"]  # no leftover staging directory
     # written into the directory, not a new one in its place: the shell standing in it still sees the export
     assert target.stat().st_ino == inode and (Path.cwd() / "saved_model.pb").is_file()
-    again, _ = export_run_dir(tiny_run_dir, ".", beam_size=1)  # an export there is replaced, in place too
+    again = export_saved_model(module, ".")  # an export there is replaced, in place too
     assert again == target and target.stat().st_ino == inode
     assert load_exported(target)(inputs=tf.constant(["A man."]))["outputs"].shape == (1,)

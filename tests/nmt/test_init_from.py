@@ -9,10 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -24,8 +21,6 @@ from nmt.config import config_from_dict
 from nmt.init_from import parent_run
 from nmt.run_dir import RunDir, write_atomic
 from tests.run_fixture import MAX_SENTENCE_NLL, shared_tiny_run_dir
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="session")
@@ -140,28 +135,24 @@ def write_config(config_tree, tmp_path) -> Path:
     return config
 
 
-def train(config_tree, run_dir, tmp_path, *extra):
-    """train.py in a process of its own."""
-    env = {**os.environ, "NMT_DATA_CACHE": str(tmp_path / "data_cache")}  # not the user's ~/.cache
-    command = [sys.executable, "train.py", "--config", str(write_config(config_tree, tmp_path))]
-    command += ["--model-dir", str(run_dir), *extra]
-    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-
-
 def train_here(config_tree, run_dir, tmp_path, request) -> tuple[int, str]:
     """train.py's `main` in this process (saves a process start): (exit code, its printed lines and log records)."""
     import train as train_cli
 
     request.getfixturevalue("monkeypatch").setenv("NMT_DATA_CACHE", str(tmp_path / "data_cache"))
     capsys, caplog = request.getfixturevalue("capsys"), request.getfixturevalue("caplog")  # before the run
-    # under pytest, train.main's logging.basicConfig adds no handler: its records are caplog's
+    # under pytest, train.main's logging.basicConfig adds no handler: its records are caplog's (this run's only)
+    capsys.readouterr()
+    caplog.clear()
     caplog.set_level(logging.INFO)
     code = train_cli.main(["--config", str(write_config(config_tree, tmp_path)), "--model-dir", str(run_dir)])
     return code, capsys.readouterr().err + caplog.text
 
 
 def test_train_py_fine_tunes_then_resumes_without_the_parent(tiny_run_dir, tmp_path, request):
-    """The fine-tuning start in this process, its resume in a new one (nothing of the parent kept in memory)."""
+    """The fine-tuning start, then its resume with the parent directory gone: train.py's `main` twice in this
+    process (a subprocess would only add the ~5 s TensorFlow import: the resume builds its own Trainer, and no
+    module of the project keeps a run's weights or tokenizer between two `main` calls)."""
     parent = tmp_path / "parent"
     shutil.copytree(tiny_run_dir, parent)
     child = tmp_path / "child"
@@ -177,10 +168,10 @@ def test_train_py_fine_tunes_then_resumes_without_the_parent(tiny_run_dir, tmp_p
     longer = child_tree(parent, max_steps=6)
     longer["train"]["init_from"] = str(tmp_path / "elsewhere")  # another parent: ignored, with a warning
     shutil.rmtree(parent)  # a resumed run restores its own checkpoint: the parent is no longer needed
-    done = train(longer, child, tmp_path)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "resuming" in done.stderr and "initialised the weights" not in done.stderr
-    assert f"train.init_from {tmp_path / 'elsewhere'} is ignored: this run resumes its own" in done.stderr
+    code, output = train_here(longer, child, tmp_path, request)
+    assert code == 0, output[-3000:]
+    assert "resuming" in output and "initialised the weights" not in output
+    assert f"train.init_from {tmp_path / 'elsewhere'} is ignored: this run resumes its own" in output
     saved = yaml.safe_load((child / "config.yaml").read_text(encoding="utf-8"))
     assert saved["train"]["init_from"] == str(parent) and saved["train"]["max_steps"] == 6
 

@@ -2,6 +2,7 @@
 
 import math
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -246,14 +247,14 @@ def test_searches_compile_with_xla():
         np.testing.assert_allclose(got.numpy(), expected.numpy(), atol=1e-5)
 
 
-def tiny_model():
-    config = tiny_config(d_model=16, num_heads=2, d_ff=32, max_length=16)
-    return build_model(config, 32, 32)
+@pytest.fixture(scope="module")
+def model():
+    """One tiny untrained model (the weights of seed 1234) for the tests below: decoding leaves it as it is."""
+    keras.utils.set_random_seed(1234)
+    return build_model(tiny_config(d_model=16, num_heads=2, d_ff=32, max_length=16), 32, 32)
 
 
-@pytest.mark.parametrize("prefix_only", [False, True])
-def test_real_model_cached_and_full_steps_agree(prefix_only):
-    model = tiny_model()
+def test_real_model_cached_and_full_steps_agree(model):
     source = tf.constant([[5, 9, 12, 7, EOS_ID], [6, 8, EOS_ID, PAD_ID, PAD_ID]])
     max_length = 6
     step_fn, cache = cached_decoding(model, source, max_length)
@@ -263,16 +264,17 @@ def test_real_model_cached_and_full_steps_agree(prefix_only):
     tiled = beam_search(cached_step_fn(model), whole, batch_size=2, beam_size=3, max_length=max_length)
     np.testing.assert_array_equal(cached[0].numpy(), tiled[0].numpy())
     np.testing.assert_allclose(cached[1].numpy(), tiled[1].numpy(), atol=1e-5)
-    # In a graph, as the translator runs it (the prefix slice has a dynamic length there).
-    full = tf.function(
-        lambda: beam_search(
-            full_step_fn(model, source, prefix_only=prefix_only), None, batch_size=2, beam_size=3,
-            max_length=max_length,
-        ),
-        autograph=False,
-    )()  # fmt: skip
-    np.testing.assert_array_equal(cached[0].numpy(), full[0].numpy())
-    np.testing.assert_allclose(cached[1].numpy(), full[1].numpy(), atol=1e-4)
+    # In a graph, as the translator runs it (the prefix slice has a dynamic length there); both full-step forms.
+    for prefix_only in (False, True):
+        full = tf.function(
+            lambda prefix_only=prefix_only: beam_search(
+                full_step_fn(model, source, prefix_only=prefix_only), None, batch_size=2, beam_size=3,
+                max_length=max_length,
+            ),
+            autograph=False,
+        )()  # fmt: skip
+        np.testing.assert_array_equal(cached[0].numpy(), full[0].numpy(), err_msg=str(prefix_only))
+        np.testing.assert_allclose(cached[1].numpy(), full[1].numpy(), atol=1e-4)
     assert not np.isin(cached[0].numpy(), [BOS_ID]).any()  # the adapters forbid BOS (and PAD before EOS)
 
 
@@ -345,9 +347,8 @@ def test_compact_needs_dynamic_shapes():
         greedy_search(step, cache, batch_size=2, max_length=4, compact=2.0, static_shapes=False)
 
 
-def test_growing_cache_equals_fixed_buffer():
+def test_growing_cache_equals_fixed_buffer(model):
     """decode_step(growing=True) over the filled prefix == the fixed max_length buffer, and the cache grows."""
-    model = tiny_model()
     source = tf.constant([[5, 9, 12, 7, EOS_ID], [6, 8, EOS_ID, PAD_ID, PAD_ID]])
     tokens = tf.constant([[BOS_ID, 7, 9, 11, 4], [BOS_ID, 5, 5, 20, 3]])
     memory = model.encode(source)
@@ -362,11 +363,10 @@ def test_growing_cache_equals_fixed_buffer():
 
 
 @pytest.mark.parametrize("beam", [1, 3])
-def test_decode_batch_compacted_equals_static_and_xla(beam):
+def test_decode_batch_compacted_equals_static_and_xla(beam, model):
     """decode_batch as the Translator runs it without XLA (growing cache, finished sentences dropped) == its static
     form (fixed buffers, every sentence to the end) == that form under XLA; the limits end sentences at different
     steps (an untrained model rarely emits EOS), 0 included."""
-    model = tiny_model()
     source = tf.constant(
         [[5, 9, 12, 7, EOS_ID], [6, 8, EOS_ID, 0, 0], [4, EOS_ID, 0, 0, 0], [9, 9, EOS_ID, 0, 0]]
     )

@@ -18,10 +18,19 @@ SOURCE = tf.constant([[5, 9, 12, 7, EOS_ID], [6, 8, EOS_ID, PAD_ID, PAD_ID], [11
 def members(count=2, **overrides):
     models = []
     for seed in range(count):
-        keras.utils.set_random_seed(100 + seed)
+        # seeds 104 and 105: the greedy search of their mean distribution differs from each member's (of 100 and
+        # 101 it was the first member's: decoding with that member alone would have passed)
+        keras.utils.set_random_seed(104 + seed)
         config = tiny_config(d_model=16, num_heads=2, d_ff=32, max_length=16, **overrides)
         models.append(build_model(config, VOCAB, VOCAB))
     return models
+
+
+@pytest.fixture(scope="module")
+def alike():
+    """Three members of one architecture (`members(3)`), built once: decoding and forward passes leave them as they
+    are. `alike[:k]` is `members(k)`."""
+    return members(3)
 
 
 def numpy_log_mean_prob(logits_list) -> np.ndarray:
@@ -31,8 +40,8 @@ def numpy_log_mean_prob(logits_list) -> np.ndarray:
     return np.log(probs.mean(0))
 
 
-def test_the_forward_pass_is_the_log_of_the_mean_probability():
-    models = members(3)
+def test_the_forward_pass_is_the_log_of_the_mean_probability(alike):
+    models = alike
     inputs = {
         "source": SOURCE,
         "target_in": tf.constant([[BOS_ID, 7, 9], [BOS_ID, 5, PAD_ID], [BOS_ID, 4, 4]]),
@@ -41,30 +50,39 @@ def test_the_forward_pass_is_the_log_of_the_mean_probability():
     np.testing.assert_allclose(Ensemble(models)(inputs).numpy(), expected, atol=2e-5)
 
 
-def numpy_greedy(models, source_row, steps):
-    """Greedy search by full forward passes over the prefix, each member's probabilities averaged in float64,
-    PAD and BOS never produced (as the step adapters forbid them)."""
-    source = tf.constant([source_row])
-    prefix = [BOS_ID]
+def numpy_greedy(models, steps):
+    """Greedy search of every SOURCE row by full forward passes over the prefixes (the rows side by side: one pass
+    per member and step), each member's probabilities averaged in float64, PAD and BOS never produced (as the step
+    adapters forbid them); each row's ids up to its EOS. The decoder is causal: what a row is fed after its EOS
+    changes nothing before it."""
+    prefixes = np.full((SOURCE.shape[0], 1), BOS_ID, np.int32)
     for _ in range(steps):
-        last = [m({"source": source, "target_in": tf.constant([prefix])}).numpy()[0, -1] for m in models]
-        scores = numpy_log_mean_prob(last)
-        scores[[PAD_ID, BOS_ID]] = -np.inf
-        prefix.append(int(scores.argmax()))
-        if prefix[-1] == EOS_ID:
+        last = [m({"source": SOURCE, "target_in": tf.constant(prefixes)}).numpy()[:, -1] for m in models]
+        scores = numpy_log_mean_prob(last)  # (rows, V)
+        scores[:, [PAD_ID, BOS_ID]] = -np.inf
+        prefixes = np.concatenate([prefixes, scores.argmax(-1)[:, None].astype(np.int32)], axis=1)
+        if (prefixes == EOS_ID).any(axis=1).all():
             break
-    return prefix[1:]
+    return [row[: row.index(EOS_ID) + 1] if EOS_ID in row else row for row in prefixes[:, 1:].tolist()]
 
 
-def assert_greedy_follows_numpy(models, options, steps=6):
-    """The ensemble's greedy search (`options` of decode_batch) against `numpy_greedy`; its ids."""
+def assert_greedy_follows_numpy(models, options, expected, steps=6):
+    """The ensemble's greedy search (`options` of decode_batch) against `numpy_greedy`'s `expected`; its ids."""
     limits = tf.fill([SOURCE.shape[0]], steps)
     ids, _ = decode_batch(Ensemble(models), SOURCE, limits, max_length=steps + 1, beam_size=1, **options)
-    for row, source_row in enumerate(SOURCE.numpy().tolist()):
+    for row, expected_row in enumerate(expected):
         got = [t for t in ids[row, 0].numpy().tolist() if t != PAD_ID]
-        expected = numpy_greedy(models, source_row, steps)
-        assert got[: len(expected)] == expected, (row, got, expected)
+        assert got[: len(expected_row)] == expected_row, (row, got, expected_row)
     return ids
+
+
+@pytest.fixture(scope="module")
+def alike_greedy(alike):
+    """`numpy_greedy` of `alike[:2]` over 6 steps, and each member's own greedy ids: the same for every decoding
+    path of their ensemble, computed once."""
+    limits = tf.fill([SOURCE.shape[0]], 6)
+    single = [decode_batch(m, SOURCE, limits, max_length=7, beam_size=1)[0].numpy() for m in alike[:2]]
+    return numpy_greedy(alike[:2], 6), single
 
 
 @pytest.mark.parametrize(
@@ -72,17 +90,14 @@ def assert_greedy_follows_numpy(models, options, steps=6):
     [dict(use_cache=True), dict(use_cache=True, static_shapes=True), dict(use_cache=False)],
     ids=["growing-cache", "static-cache", "no-cache"],
 )
-def test_greedy_decoding_follows_the_averaged_distribution(options):
-    models = members(2)
-    steps = 6
-    limits = tf.fill([SOURCE.shape[0]], steps)
-    ids = assert_greedy_follows_numpy(models, options, steps)
-    single = [decode_batch(m, SOURCE, limits, max_length=steps + 1, beam_size=1)[0].numpy() for m in models]
-    assert not all((ids.numpy() == s).all() for s in single), "the ensemble decodes like one of its members"
+def test_greedy_decoding_follows_the_averaged_distribution(options, alike, alike_greedy):
+    expected, single = alike_greedy
+    ids = assert_greedy_follows_numpy(alike[:2], options, expected)
+    assert not any((ids.numpy() == s).all() for s in single), "the ensemble decodes like one of its members"
 
 
-def test_an_ensemble_of_one_model_decodes_as_the_model():
-    (model,) = members(1)
+def test_an_ensemble_of_one_model_decodes_as_the_model(alike):
+    model = alike[0]
     limits = tf.fill([SOURCE.shape[0]], 8)
     alone = decode_batch(model, SOURCE, limits, max_length=10, beam_size=3, alpha=0.6)
     ensemble = decode_batch(Ensemble([model]), SOURCE, limits, max_length=10, beam_size=3, alpha=0.6)
@@ -90,42 +105,39 @@ def test_an_ensemble_of_one_model_decodes_as_the_model():
     np.testing.assert_allclose(ensemble[1].numpy(), alone[1].numpy(), atol=1e-5)
 
 
-def test_beam_search_cached_and_full_paths_agree():
-    ensemble = Ensemble(members(2))
-    limits = tf.fill([SOURCE.shape[0]], 8)
-    cached = decode_batch(ensemble, SOURCE, limits, max_length=10, beam_size=3, alpha=1.0)
-    full = decode_batch(ensemble, SOURCE, limits, max_length=10, beam_size=3, alpha=1.0, use_cache=False)
-    np.testing.assert_array_equal(cached[0].numpy(), full[0].numpy())
-    np.testing.assert_allclose(cached[1].numpy(), full[1].numpy(), atol=1e-4)
-
-
-def test_members_must_share_the_vocabularies():
-    keras.utils.set_random_seed(1)
-    config = tiny_config(d_model=16, num_heads=2, d_ff=32, max_length=16, share_embeddings=False)
-    other = build_model(config, VOCAB, VOCAB + 8)
-    with pytest.raises(ValueError, match="different vocabulary sizes"):
-        Ensemble([*members(1), other])
-    with pytest.raises(ValueError, match="at least one model"):
-        Ensemble([])
-    with pytest.raises(ValueError, match="inference only"):
-        Ensemble(members(1))({"source": SOURCE, "target_in": SOURCE}, training=True)
-
-
-def test_xla_decoding_of_an_ensemble_gives_the_same_ids():
-    """The static-shape form under `jit_compile`, as the translator's XLA path runs it."""
-    ensemble = Ensemble(members(2))
+def test_beam_search_cached_full_and_xla_paths_agree(alike):
+    """Beam search of the growing cache (the default), of the full recompute and of the static-shape form under
+    `jit_compile` (as the translator's XLA path runs it): the same hypotheses; greedy under XLA too."""
+    ensemble = Ensemble(alike[:2])
     limits = tf.fill([SOURCE.shape[0]], 6)
-    for beam in (1, 3):
-        eager = decode_batch(ensemble, SOURCE, limits, max_length=8, beam_size=beam, static_shapes=True)
-        compiled = tf.function(
-            lambda beam=beam: decode_batch(
-                ensemble, SOURCE, limits, max_length=8, beam_size=beam, static_shapes=True
+
+    def xla(beam):
+        return tf.function(
+            lambda: decode_batch(
+                ensemble, SOURCE, limits, max_length=8, beam_size=beam, alpha=1.0, static_shapes=True
             ),
             jit_compile=True,
             autograph=False,
         )()
-        np.testing.assert_array_equal(compiled[0].numpy(), eager[0].numpy())
-        np.testing.assert_allclose(compiled[1].numpy(), eager[1].numpy(), atol=1e-5)
+
+    cached = decode_batch(ensemble, SOURCE, limits, max_length=8, beam_size=3, alpha=1.0)
+    full = decode_batch(ensemble, SOURCE, limits, max_length=8, beam_size=3, alpha=1.0, use_cache=False)
+    greedy = decode_batch(ensemble, SOURCE, limits, max_length=8, beam_size=1)
+    for expected, got in ((cached, full), (cached, xla(3)), (greedy, xla(1))):
+        np.testing.assert_array_equal(got[0].numpy(), expected[0].numpy())
+        np.testing.assert_allclose(got[1].numpy(), expected[1].numpy(), atol=1e-4)
+
+
+def test_members_must_share_the_vocabularies(alike):
+    keras.utils.set_random_seed(1)
+    config = tiny_config(d_model=16, num_heads=2, d_ff=32, max_length=16, share_embeddings=False)
+    other = build_model(config, VOCAB, VOCAB + 8)
+    with pytest.raises(ValueError, match="different vocabulary sizes"):
+        Ensemble([alike[0], other])
+    with pytest.raises(ValueError, match="at least one model"):
+        Ensemble([])
+    with pytest.raises(ValueError, match="inference only"):
+        Ensemble(alike[:1])({"source": SOURCE, "target_in": SOURCE}, training=True)
 
 
 def unlike_members():
@@ -159,7 +171,7 @@ def test_members_of_other_architectures_decode_the_averaged_distribution(options
     assert Ensemble(models).max_length == 8  # the positions every member has
     steps = 6
     limits = tf.fill([SOURCE.shape[0]], steps)
-    ids = assert_greedy_follows_numpy(models, options, steps)
+    ids = assert_greedy_follows_numpy(models, options, numpy_greedy(models, steps), steps)
     single = [decode_batch(m, SOURCE, limits, max_length=steps + 1, beam_size=1)[0].numpy() for m in models]
     assert not any((ids.numpy() == s).all() for s in single), "the ensemble decodes like one of its members"
     beam = decode_batch(

@@ -3,6 +3,7 @@ and decoding with it: the same sample whatever the batch, cache, compaction or X
 
 import dataclasses
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -153,16 +154,22 @@ def test_sampling_settings_are_checked(settings, message):
         Sampling(**settings)
 
 
-def tiny_model():
+@pytest.fixture(scope="module")
+def model():
+    """One tiny untrained model (the weights of seed 1234) for the decoding tests: decoding leaves it as it is."""
+    keras.utils.set_random_seed(1234)
     return build_model(tiny_config(d_model=16, num_heads=2, d_ff=32, max_length=16), 32, 32)
 
 
 SOURCE = [[5, 9, 12, 7, EOS_ID], [6, 8, EOS_ID, 0, 0], [4, EOS_ID, 0, 0, 0], [9, 9, EOS_ID, 0, 0]]
+LIMITS = [6, 3, 0, 8]
+ROWS = [10, 11, 12, 13]
+FILTERED = Sampling(topk=5, topp=0.9, temperature=2.0, seed=3)  # top-k and top-p, tempered
 
 
 def sampler(model, sampling, *, static_shapes=False, use_cache=True, jit_compile=False):
-    """A traced decoding function: (source, limits, row ids) -> (ids, scores) of each row's sample; calls with the
-    shapes of an earlier call reuse its trace."""
+    """A traced decoding function: (source, limits, row ids) -> (ids, scores) of each row's sample. Dynamic shapes
+    (as the Translator's decoding functions): one trace for every batch; static shapes: one per batch shape."""
 
     def function(s, lim, rows):
         return decode_batch(
@@ -176,7 +183,13 @@ def sampler(model, sampling, *, static_shapes=False, use_cache=True, jit_compile
             row_ids=rows,
         )
 
-    traced = tf.function(function, autograph=False, jit_compile=jit_compile)
+    spec = [
+        tf.TensorSpec([None, None], tf.int32),
+        tf.TensorSpec([None], tf.int32),
+        tf.TensorSpec([None], tf.int32),
+    ]
+    dynamic = dict(input_signature=spec) if not (static_shapes or jit_compile) else {}
+    traced = tf.function(function, autograph=False, jit_compile=jit_compile, **dynamic)
 
     def run(source, limits, row_ids):
         ids, scores = traced(
@@ -191,22 +204,36 @@ def sampled(model, source, limits, sampling, row_ids, **options):
     return sampler(model, sampling, **options)(source, limits, row_ids)
 
 
+@pytest.fixture(scope="module")
+def samples(model):
+    """sampling -> (its default `sampler`, the ids and scores it draws for SOURCE, LIMITS, ROWS), once per setting:
+    the tests below check the same draws from different sides."""
+    done = {}
+
+    def get(sampling):
+        if sampling not in done:
+            default = sampler(model, sampling)
+            done[sampling] = (default, *default(SOURCE, LIMITS, ROWS))
+        return done[sampling]
+
+    return get
+
+
 @pytest.mark.parametrize(
     "sampling",
     [
         # ~13 s each: make test keeps the filtered one (top-k and top-p on the same paths); make test-all runs both
         pytest.param(Sampling(topk=0, temperature=1.5, seed=3), marks=pytest.mark.slow),
-        Sampling(topk=5, topp=0.9, temperature=2.0, seed=3),
+        FILTERED,
     ],
 )
-def test_a_sentence_samples_the_same_whatever_the_decoding(sampling):
+def test_a_sentence_samples_the_same_whatever_the_decoding(sampling, model, samples):
     """The growing cache with finished sentences dropped, fixed buffers, XLA, no cache, and each sentence decoded
     alone (its row id kept) give the same ids; another seed or row id gives another sample."""
-    model = tiny_model()
-    limits = [6, 3, 0, 8]
-    rows = [10, 11, 12, 13]
-    default = sampler(model, sampling)  # one function for the calls below with its settings: fewer traces
-    ids, scores = default(SOURCE, limits, rows)
+    limits, rows = LIMITS, ROWS
+    default, ids, scores = samples(
+        sampling
+    )  # one function for the calls below with its settings: fewer traces
     lengths = (ids != PAD_ID).sum(axis=1)
     assert (lengths <= np.array(limits) + 1).all() and lengths[2] == 1
     for kwargs, atol in (
@@ -225,13 +252,11 @@ def test_a_sentence_samples_the_same_whatever_the_decoding(sampling):
     assert (reseeded != ids).any() and (renumbered != ids).any()
 
 
-def test_sampled_scores_are_the_models_log_probabilities():
+def test_sampled_scores_are_the_models_log_probabilities(model, samples):
     """Scores are the untempered, uncut log-probabilities of the drawn tokens (PAD and BOS forbidden, as the step
-    adapters do), from a full forward pass in float64."""
-    model = tiny_model()
-    limits = [6, 3, 0, 8]
-    sampling = Sampling(topk=6, topp=0.9, temperature=0.7, seed=1)
-    ids, scores = sampled(model, SOURCE, limits, sampling, [0, 1, 2, 3])
+    adapters do), from a full forward pass in float64: the draws of FILTERED (tempered, top-k and top-p cut)."""
+    limits = LIMITS
+    _, ids, scores = samples(FILTERED)
     for row, (tokens, score) in enumerate(zip(ids, scores)):
         length = int((tokens != PAD_ID).sum())
         target_in = np.concatenate([[BOS_ID], tokens[: length - 1]])[np.newaxis].astype(np.int32)
@@ -248,10 +273,10 @@ def test_sampled_scores_are_the_models_log_probabilities():
         assert score == pytest.approx(expected.sum(), abs=1e-4)
 
 
-def test_sampling_needs_a_beam_of_one():
+def test_sampling_needs_a_beam_of_one(model):
     with pytest.raises(ValueError, match="beam_size must be 1"):
         decode_batch(
-            tiny_model(),
+            model,
             tf.constant(SOURCE),
             tf.constant([2, 2, 2, 2]),
             max_length=4,

@@ -114,6 +114,8 @@ class TrainerEvaluation:
             loss, tokens = validation_loss(self.model, self.eval_dataset)
             if with_bleu:
                 scores = self._validation_bleu()
+        if with_bleu and tag != "final" and self.stop.multi_worker:
+            scores = self._chiefs_scores(scores)
         record = {
             "step": self.step,
             "split": self.config.data.validation_split,
@@ -169,6 +171,24 @@ class TrainerEvaluation:
             streams=1,
         )
         return self._score(translator.translate(sources, beam_size=1), references)
+
+    def _chiefs_scores(self, scores: dict) -> dict:
+        """Multi-worker (a collective, at every scheduled BLEU evaluation): the chief's BLEU and chrF for every worker.
+
+        Each worker decodes the validation sentences itself, with the same weights; on machines of another kind
+        (other kernels, other roundings) a greedy choice can differ, and so the BLEU. Best/ and early stopping
+        follow the chief's score on every worker: workers that decided apart would leave one waiting for the
+        others in the next step's all-reduce.
+        """
+        rows = gather_from_workers(self.strategy, [scores["bleu"], scores["chrf"]])
+        bleu, chrf = (float(value) for value in rows[0])  # global replica order: the chief's replicas first
+        if (bleu, chrf) != (scores["bleu"], scores["chrf"]):
+            log.warning(
+                "this worker's validation BLEU %.2f (chrF %.2f) differs from the chief's %.2f (%.2f): its "
+                "translations differ (another kind of CPU?); the chief's score decides best/ and early stopping",
+                scores["bleu"], scores["chrf"], bleu, chrf,
+            )  # fmt: skip
+        return {**scores, "bleu": bleu, "chrf": chrf}
 
     def _score(self, hypotheses: list[str], references: list[str]) -> dict:
         if self.scorer is not None:

@@ -38,8 +38,10 @@ class Workers:
         *overrides: str,
         worker_overrides=None,
         worker_dirs=None,
+        worker_env=None,
     ):
-        """`worker_overrides` / `worker_dirs`: {worker index: extra --set values / its own --model-dir}."""
+        """`worker_overrides` / `worker_dirs` / `worker_env`: {worker index: extra --set values / its own --model-dir
+        / extra environment variables}."""
         self.addresses = addresses = [f"127.0.0.1:{free_port()}" for _ in range(WORKERS)]
         self.run_dir, self.procs = Path(run_dir), []
         logs.mkdir(parents=True, exist_ok=True)
@@ -51,7 +53,7 @@ class Workers:
                     "train.py",
                     *train_args(config, (worker_dirs or {}).get(index, run_dir), *overrides, *extra),
                     log_path=logs / f"worker{index}.log",
-                    env=cli_env(TF_CONFIG=json.dumps(tf_config)),
+                    env=cli_env(TF_CONFIG=json.dumps(tf_config), **(worker_env or {}).get(index, {})),
                 )
             )
 

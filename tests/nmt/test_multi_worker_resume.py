@@ -1,18 +1,21 @@
-"""Two local `train.py` workers (TF_CONFIG) stop together: a SIGTERM that reaches one worker, or a time budget spent
-on one worker's clock, stops both after the same step with one checkpoint and exit code 0, and both resume from
-there; workers that would resume from different checkpoints refuse to start.
+"""Two local `train.py` workers (TF_CONFIG) stop together: a SIGTERM that reaches one worker, a time budget spent
+on one worker's clock, or validation BLEU that stopped improving on the chief's translations only, stops both after
+the same step with one checkpoint and exit code 0, and both resume from there; workers that would resume from
+different checkpoints refuse to start.
 
 Marked slow (several pairs of training processes). The kill-and-restart test, which stays in `make test`, is in
 test_distribute.py; this module uses the same tiny config.
 """
 
 import json
+import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 
-from tests.faults.helpers import RUN_TIMEOUT, latest_step
+from tests.faults.helpers import ROOT, RUN_TIMEOUT, latest_step
 from tests.nmt.multi_worker import Workers, resumed_step, saved_checkpoints, stop_message
 from tests.nmt.test_distribute import config_file
 
@@ -141,3 +144,56 @@ def test_a_worker_stopped_while_the_cluster_forms_does_not_leave_the_other_waiti
     # one of three messages, by when worker 1 stopped: each names the wait it gave up
     assert "train.py: cluster error: " in chief and " min (train.cluster_wait_minutes): " in chief
     assert not (tmp_path / "run").exists()
+
+
+# Each worker scores its own greedy translations (nmt.scores.score_corpus), replaced here before train.py starts
+# (sitecustomize, imported at interpreter start-up): the chief's BLEU never improves, worker 1's always does, as two
+# kinds of CPU whose roundings decode differently could (without TensorFlow's numbers having to differ here).
+SCRIPTED_SCORES = """
+import json
+import os
+
+import nmt.scores
+
+WORKER = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+CALLS = []
+
+
+def scripted(hypotheses, references, *args, **kwargs):
+    CALLS.append(len(hypotheses))
+    bleu = 5.0 if WORKER == 0 else 10.0 * len(CALLS)
+    return {"bleu": bleu, "chrf": bleu, "signature": f"scripted on worker {WORKER}"}
+
+
+nmt.scores.score_corpus = scripted
+"""
+
+
+def test_early_stopping_follows_the_chiefs_bleu_on_every_worker(tmp_path):
+    """BLEU every 2 steps, patience 1: the chief's stays at 5 and ends the run at step 4; worker 1's own BLEU rises
+    at every evaluation, but it takes the chief's and stops at step 4 too, saying so (before 2026-12-07 it decided
+    alone, trained on and waited for the chief in the next step's all-reduce)."""
+    scripted = tmp_path / "scripted"
+    scripted.mkdir()
+    (scripted / "sitecustomize.py").write_text(SCRIPTED_SCORES, encoding="utf-8")
+    path = os.pathsep.join([str(scripted), str(ROOT), os.environ.get("PYTHONPATH", "")])
+    config = config_file(tmp_path, "multi_worker", checkpoint_every=2)
+    bleu = ("train.bleu_every=2", "train.bleu_max_sentences=4", "train.early_stopping=1")
+    with Workers(
+        config, tmp_path / "run", tmp_path / "logs", f"train.max_steps={MANY_STEPS}", *bleu,
+        worker_env={0: {"PYTHONPATH": path}, 1: {"PYTHONPATH": path}},
+    ) as workers:  # fmt: skip
+        results = workers.wait()
+    assert_all_exit_zero(results)
+    (_, chief), (_, worker) = results
+    for stderr in (chief, worker):
+        assert "train.py: validation BLEU stopped improving" in stderr, stderr[-3000:]
+        assert saved_checkpoints(stderr)[-1].name == "ckpt-4"
+    assert latest_step(tmp_path / "run") == 4
+    assert "this worker's validation BLEU 20.00 (chrF 20.00) differs from the chief's 5.00 (5.00)" in worker
+    assert "differs from the chief's" not in chief
+    records = [json.loads(line) for line in Path(tmp_path / "run" / "metrics.jsonl").open(encoding="utf-8")]
+    assert [(r["step"], r["bleu"]) for r in records if r.get("tag") == "validation" and "bleu" in r] == [
+        (2, 5.0),
+        (4, 5.0),
+    ]

@@ -169,6 +169,12 @@ def read_text_file(path: str | Path, warn=None) -> list[str]:
         return list(read_lines(handle, warn))
 
 
+def _split_name(data_config, split: str) -> str:
+    """The dataset's name of `split`: "validation" and "test" are the config's `data.validation_split` and
+    `data.test_split`; any other name is itself."""
+    return {"validation": data_config.validation_split, "test": data_config.test_split}.get(split, split)
+
+
 def _check_split(data_config, split: str) -> None:
     """EvaluationError (a bad --split) if the dataset has no split of that name (TFDS slicing allowed)."""
     from data.corpus import FOLDER
@@ -235,6 +241,11 @@ def evaluate_run_dir(
     from data.pipeline import eval_batches, open_split
     from nmt.translator import Translator
 
+    if source_file is None:  # a bad --split is refused before a model is loaded
+        from nmt.run_dir import RunDir
+
+        data_config = RunDir(model_dir).require().load_config().data
+        _check_split(data_config, _split_name(data_config, split))
     loss_model, extra = None, {"engine": engine}
     if ensemble and engine != "tensorflow":
         raise EvaluationError(f"an ensemble decodes with the tensorflow engine, not {engine}")
@@ -281,10 +292,7 @@ def evaluate_run_dir(
     else:
         from data.corpus import load_text_pairs
 
-        split_name = {"validation": config.data.validation_split, "test": config.data.test_split}.get(
-            split, split
-        )
-        _check_split(config.data, split_name)
+        split_name = _split_name(config.data, split)
         sources, references = load_text_pairs(config.data, split_name, every_line=True)
         label = split
     if max_sentences:

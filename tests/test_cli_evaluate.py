@@ -195,11 +195,17 @@ def test_evaluate_refuses_empty_files_with_a_usage_error(tiny_run_dir, tmp_path)
     assert caught.value.exit_code == 2
 
 
-def test_evaluate_refuses_an_unknown_split_with_a_usage_error(tiny_run_dir):
+def test_evaluate_refuses_an_unknown_split_with_a_usage_error(tiny_run_dir, monkeypatch):
+    """Before a model is loaded (a big model takes a while to load; before 2026-12-07 it loaded first)."""
     sys.path.insert(0, str(ROOT))
     import evaluate
+    import nmt.run_models
     from nmt.cli import CliError
 
+    def no_model(*args, **kwargs):
+        raise AssertionError("a model was loaded before the split was checked")
+
+    monkeypatch.setattr(nmt.run_models, "_load_run", no_model)
     with pytest.raises(CliError, match="split 'bogus' is not in dataset") as caught:
         evaluate.main(["--model-dir", str(tiny_run_dir), "--split", "bogus"])
     assert caught.value.exit_code == 2

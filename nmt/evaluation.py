@@ -295,6 +295,10 @@ def evaluate_run_dir(
         split_name = _split_name(config.data, split)
         sources, references = load_text_pairs(config.data, split_name, every_line=True)
         label = split
+    if max_sentences > len(sources) > 0:
+        log.warning(
+            "max_sentences %d: %s has %d sentences, all of them evaluated", max_sentences, label, len(sources)
+        )
     if max_sentences:
         sources, references = sources[:max_sentences], references[:max_sentences]
     if not sources:

@@ -55,7 +55,7 @@ def copy_with_data(run_dir, copy, **data):
     return copy
 
 
-def test_evaluate_run_dir_scores_a_lowercased_run_case_insensitively(tiny_run_dir, tmp_path):
+def test_evaluate_run_dir_scores_a_lowercased_run_case_insensitively(tiny_run_dir, tmp_path, caplog):
     """The run's data.lowercase decides (the tiny run's tokenizer is cased: its hypotheses keep capitals here)."""
     run = copy_with_data(tiny_run_dir, tmp_path / "run", lowercase=True)
     record = evaluate_run_dir(run, split="test", beam_size=1, max_sentences=8)
@@ -70,7 +70,11 @@ def test_evaluate_run_dir_scores_a_lowercased_run_case_insensitively(tiny_run_di
     source, shouted = tmp_path / "source.txt", tmp_path / "shouted.txt"
     source.write_text("".join(s + "\n" for s, _ in tiny_corpus()["test"][:8]), encoding="utf-8")
     shouted.write_text("".join(t.upper() + "\n" for t in references), encoding="utf-8")
-    record = evaluate_run_dir(run, source_file=str(source), reference_file=str(shouted), beam_size=1)
+    record = evaluate_run_dir(
+        run, source_file=str(source), reference_file=str(shouted), beam_size=1, max_sentences=100
+    )
+    assert "max_sentences 100: source.txt has 8 sentences, all of them evaluated" in caplog.text
+    assert record["num_sentences"] == 8
     hypotheses = Path(record["hypotheses"]).read_text(encoding="utf-8").splitlines()
     upper = [t.upper() for t in references]
     assert record["bleu"] == sacrebleu.corpus_bleu(hypotheses, [upper], lowercase=True).score

@@ -139,6 +139,7 @@ def train_here(config_tree, run_dir, tmp_path, request) -> tuple[int, str]:
     """train.py's `main` in this process (saves a process start): (exit code, its printed lines and log records)."""
     import train as train_cli
 
+    request.getfixturevalue("restore_logging")  # train.main sets the TensorFlow and absl loggers' levels
     request.getfixturevalue("monkeypatch").setenv("NMT_DATA_CACHE", str(tmp_path / "data_cache"))
     capsys, caplog = request.getfixturevalue("capsys"), request.getfixturevalue("caplog")  # before the run
     # under pytest, train.main's logging.basicConfig adds no handler: its records are caplog's (this run's only)

@@ -3,7 +3,8 @@ chief that cannot prepare it, or a worker that does not see what the chief prepa
 message naming the problem. Before, the other worker waited 24 hours for files that never came (and the chief
 waited with it in its first collective).
 
-Marked slow (pairs of training processes); test_distribute.py's kill-and-restart test stays in `make test`.
+Marked slow (pairs of training processes); test_distribute.py's two-worker run and its restart from checkpoint 4
+stay in `make test`.
 """
 
 import contextlib

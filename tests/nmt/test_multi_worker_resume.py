@@ -3,8 +3,9 @@ on one worker's clock, or validation BLEU that stopped improving on the chief's 
 the same step with one checkpoint and exit code 0, and both resume from there; workers that would resume from
 different checkpoints refuse to start.
 
-Marked slow (several pairs of training processes). The kill-and-restart test, which stays in `make test`, is in
-test_distribute.py; this module uses the same tiny config.
+Marked slow (several pairs of training processes). test_distribute.py keeps a restart of both workers in `make test`
+(from a copy of its uninterrupted run rolled back to a checkpoint; its real SIGKILL is slow too); this module uses the
+same tiny config.
 """
 
 import json

@@ -251,16 +251,13 @@ def test_the_bleu_recorded_in_training_translates_like_evaluate(run, monkeypatch
     assert probe.scorer.calls[0][0] == reference.translate(sources, beam_size=1)
 
 
-def test_the_evaluation_due_at_the_last_step_runs_and_its_weights_can_be_best(tmp_path, monkeypatch, corpus):
-    """The last step is evaluated, then the final evaluation, with max_steps off the schedule (before 2026-12-06
-    the curve ended at the last multiple of bleu_every and the last weights never competed for best/).
-
-    One run for both cases of the old parametrization: with max_steps a multiple of bleu_every (before 2026-12-06
-    the final evaluation replaced the scheduled one at the last step) the evaluation passes the same gate of the
-    loop at max_steps (then `_budget_left()`, false there; now `stop.time_left`), which skipping would fail here
-    too; a scheduled evaluation at a run's last step followed by the final one is `run`'s step 10
-    (test_early_stopping_after_patience_evaluations_without_improvement)."""
-    steps = 2 * EVAL_EVERY + 1
+@pytest.mark.parametrize("steps", [2 * EVAL_EVERY, 2 * EVAL_EVERY + 1], ids=["multiple", "off-schedule"])
+def test_the_evaluation_due_at_the_last_step_runs_and_its_weights_can_be_best(
+    tmp_path, monkeypatch, corpus, steps
+):
+    """The last step is evaluated, then the final evaluation: with max_steps a multiple of bleu_every (before
+    2026-12-06 the final evaluation replaced it, so the last weights never competed for best/) and off the schedule
+    (before, the curve ended at the last multiple and those weights never competed either)."""
     tree = tiny_config_tree(corpus[0])
     tree["data"].update(bucket_boundaries=[32], batch_tokens=256)
     tree["model"].update(d_model=16, d_ff=32, num_heads=NUM_HEADS)
@@ -274,12 +271,14 @@ def test_the_evaluation_due_at_the_last_step_runs_and_its_weights_can_be_best(tm
     run_dir.path.mkdir()
     write_atomic(run_dir.config_path, config.to_yaml())
     monkeypatch.setenv("NMT_DATA_CACHE", str(corpus[1]))
-    scores = [10.0, 20.0, 30.0, FINAL_BLEU]
+    scores = [10.0, 20.0, *([30.0] if steps % EVAL_EVERY else []), FINAL_BLEU]
     trainer = Trainer(config, run_dir, scorer=ScriptedScorer(scores))
     trainer.setup()
     assert trainer.train().status == "done"
     records = [json.loads(line) for line in run_dir.metrics_path.read_text(encoding="utf-8").splitlines()]
     evaluations = [(r["tag"], r["step"], r.get("bleu")) for r in records if "bleu" in r]
-    expected = [("validation", 2, 10.0), ("validation", 4, 20.0), ("validation", 5, 30.0)]
+    expected = [("validation", 2, 10.0), ("validation", 4, 20.0)] + (
+        [("validation", 5, 30.0)] if steps == 5 else []
+    )
     assert evaluations == [*expected, ("final", steps, FINAL_BLEU)]
     assert Path(tf.train.latest_checkpoint(str(run_dir.best_dir))).name == f"ckpt-{steps}"

@@ -9,13 +9,10 @@ a multi-worker run every worker restores the chief's latest checkpoint, and all 
 
 from __future__ import annotations
 
-import atexit
 import dataclasses
 import logging
-import tempfile
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import keras
 import tensorflow as tf
@@ -42,6 +39,7 @@ from nmt.summaries import drop_events_after, write_train_summaries
 from nmt.train_step import TrainStep
 from nmt.trainer_data import training_data
 from nmt.trainer_evaluation import TrainerEvaluation
+from nmt.worker_scratch import private_directory
 
 log = logging.getLogger("nmt.train")
 PENDING_KEY = "pending_evaluation/.ATTRIBUTES/VARIABLE_VALUE"
@@ -106,10 +104,9 @@ class Trainer(TrainerEvaluation):
         )  # fmt: skip
 
         # TensorFlow's multi-worker convention: non-chief workers write nothing into the run directory (they save
-        # throw-away checkpoints into a private temporary directory, removed at exit) but restore the chief's.
-        self.private_dir = None if self.chief else Path(tempfile.mkdtemp(prefix="nmt-worker-"))
-        if self.private_dir is not None:
-            atexit.register(_remove_tree, self.private_dir)
+        # throw-away checkpoints into a private temporary directory, removed at exit; those of killed workers at the
+        # next worker's start, nmt.worker_scratch) but restore the chief's.
+        self.private_dir = None if self.chief else private_directory()
         try:
             data = training_data(cfg, self.run_dir, self.strategy, self.stop, self.chief)
         except WorkersDisagree as err:
@@ -397,12 +394,6 @@ class Trainer(TrainerEvaluation):
         log.info("saved checkpoint %s", path)
         if self.chief:  # the bests a resume from a kept checkpoint needs (nmt.best_weights)
             self.best.prune([checkpoint_step(p) for p in self.manager.checkpoints])
-
-
-def _remove_tree(path: Path) -> None:
-    import shutil
-
-    shutil.rmtree(path, ignore_errors=True)
 
 
 __all__ = ["Trainer", "TrainResult", "TrainingError", "RunDirError"]

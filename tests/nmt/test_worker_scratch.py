@@ -1,0 +1,58 @@
+"""nmt.worker_scratch: a non-chief worker's private checkpoint directory is locked while its process lives; one left
+by a killed process (SIGKILL: no exit handler runs) is removed at the next worker's start, a live one never."""
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from nmt.worker_scratch import LOCK_NAME, PREFIX, private_directory, remove_abandoned
+
+ROOT = Path(__file__).resolve().parents[2]
+HOLDER = (
+    "import sys, time\n"
+    "from nmt.worker_scratch import private_directory\n"
+    "path = private_directory(sys.argv[1])\n"
+    "(path / 'ckpt-4.index').write_text('a checkpoint')\n"
+    "print(path, flush=True)\n"
+    "time.sleep(600)\n"
+)
+
+
+def start_holder(root: Path) -> tuple[subprocess.Popen, Path]:
+    """A process (no TensorFlow) that made its private directory and holds it: (process, directory)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(root)], cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
+    return proc, Path(proc.stdout.readline().strip())
+
+
+def test_a_killed_workers_directory_goes_at_the_next_start_and_a_live_ones_stays(tmp_path):
+    killed, killed_dir = start_holder(tmp_path)
+    live, live_dir = start_holder(tmp_path)
+    try:
+        killed.kill()
+        killed.wait(timeout=60)
+        assert (killed_dir / "ckpt-4.index").exists()  # SIGKILL: its exit handler never ran
+        legacy = tmp_path / f"{PREFIX}older"  # made before the lock: no lock file, left alone
+        legacy.mkdir()
+        not_ours = tmp_path / "other-tmp"
+        not_ours.mkdir()
+
+        mine = private_directory(tmp_path)  # a worker starting
+        assert mine.name.startswith(PREFIX) and (mine / LOCK_NAME).exists()
+        assert not killed_dir.exists()
+        assert live_dir.exists() and (live_dir / "ckpt-4.index").exists()
+        assert legacy.exists() and not_ours.exists()
+        assert remove_abandoned(tmp_path) == []  # this process holds its own: nothing else to remove
+        assert mine.exists()
+        assert not list(tmp_path.glob(f".{PREFIX}staging-*"))  # renamed once locked
+    finally:
+        live.kill()
+        live.wait(timeout=60)
+    deadline = time.monotonic() + 60  # a hang guard: the kernel releases the lock as the process ends
+    while live_dir.exists() and time.monotonic() < deadline:
+        remove_abandoned(tmp_path)
+        time.sleep(0.05)
+    assert not live_dir.exists()
+    assert mine.exists()  # still this process'

@@ -209,7 +209,7 @@ class Translator:
           use_cache: incremental decoding (True) or a full recompute each step (same results, slower).
           nbest: 1 -> a list of strings; N > 1 -> a list of lists of N `(text, score)` pairs, best first
             (needs N <= beam_size; scores are the length-normalised log-probabilities of the beam search).
-          progress: a tqdm progress bar over batches on stderr.
+          progress: a tqdm progress bar over batches on stderr (in a log, a line every 30 s: `nmt.progress`).
           on_truncated: called as `on_truncated(index, num_subwords)` for each line longer than the model allows
             (num_subwords None for a line too long to be tokenized whole: `batch_decoding.source_ids`).
           sampling: draw each token (`transformer.sampling.Sampling`: top-k, top-p, temperature, seed) instead of
@@ -247,7 +247,12 @@ class Translator:
             if progress:
                 from tqdm import tqdm
 
-                done = tqdm(done, total=len(batches), desc="translating", unit="batch", leave=False)
+                from nmt.progress import bar_file, bar_interval
+
+                done = tqdm(
+                    done, total=len(batches), desc="translating", unit="batch", leave=False, file=bar_file(),
+                    mininterval=bar_interval(),
+                )  # fmt: skip
             for batch, texts in zip(batches, done):
                 for index, text in zip(batch, texts):
                     results[index] = text

@@ -26,9 +26,9 @@ RATIO = re.compile(r"ratio = ([0-9.]+)")
 
 
 def parse_list(text: str, kind: type) -> list:
-    """'1,4,8' -> [1, 4, 8]; duplicates removed, order kept."""
+    """'1,4,8' -> [1, 4, 8]; duplicates removed, order kept; '' -> []."""
     values = []
-    for item in text.split(","):
+    for item in text.split(",") if text.strip() else []:
         value = kind(item.strip())
         if value not in values:
             values.append(value)
@@ -137,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if not beams:
         parser.error("--beams: give at least one beam size")
+    if not alphas and any(beam > 1 for beam in beams):  # greedy search alone needs none
+        parser.error("--alphas: give at least one length penalty for the beam sizes above 1")
     for option, problem in [("--beams", search_setting_problem(beam, None)) for beam in beams] + [
         ("--alphas", search_setting_problem(None, alpha)) for alpha in alphas
     ]:

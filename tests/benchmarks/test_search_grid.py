@@ -18,6 +18,9 @@ def tiny_run_dir(tmp_path_factory, request):
 def test_greedy_search_is_decoded_once_and_wider_beams_with_every_alpha():
     assert search_grid.grid([1, 4], [0.6, 1.4]) == [(1, None), (4, 0.6), (4, 1.4)]
     assert search_grid.parse_list("4, 8,4", int) == [4, 8]
+    assert (
+        search_grid.parse_list("", float) == search_grid.parse_list(" ", float) == []
+    )  # `--beams 1 --alphas ""`
 
 
 def decoding(run, beam, alpha, bleu):
@@ -122,6 +125,10 @@ def test_a_missing_run_directory_is_named(tmp_path, capsys):
     [
         (["--beams", "4,0"], "--beams: a beam size must be at least 1, got 0"),
         (["--alphas", "7"], "--alphas: alpha"),
+        (
+            ["--beams", "1,4", "--alphas", ""],
+            "--alphas: give at least one length penalty for the beam sizes above 1",
+        ),
     ],
 )
 def test_a_search_setting_out_of_range_is_refused(tmp_path, capsys, option, message):

@@ -56,3 +56,42 @@ def test_a_killed_workers_directory_goes_at_the_next_start_and_a_live_ones_stays
         time.sleep(0.05)
     assert not live_dir.exists()
     assert mine.exists()  # still this process'
+
+
+def test_staging_leftovers_symbolic_links_and_a_filesystem_without_locks(tmp_path, monkeypatch, caplog):
+    """A staging directory a worker killed before its rename left goes once it is old (a young one may be a worker
+    about to lock it); a symbolic link named like ours is never followed; where flock fails, the worker still
+    starts (its directory then removed at exit only)."""
+    import fcntl
+    import os
+
+    import nmt.worker_scratch as scratch
+
+    old_unlocked = tmp_path / f"{scratch.STAGING}old"
+    old_unlocked.mkdir()
+    (old_unlocked / LOCK_NAME).write_text("")
+    old_bare = tmp_path / f"{scratch.STAGING}bare"  # killed before its lock file existed
+    old_bare.mkdir()
+    young = tmp_path / f"{scratch.STAGING}young"
+    young.mkdir()
+    hour_ago = time.time() - 3600
+    for path in (old_unlocked, old_bare):
+        os.utime(path, (hour_ago, hour_ago))
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / LOCK_NAME).write_text("")
+    (victim / "precious").write_text("keep")
+    (tmp_path / f"{PREFIX}link").symlink_to(victim)
+
+    assert sorted(p.name for p in remove_abandoned(tmp_path)) == sorted([old_bare.name, old_unlocked.name])
+    assert young.exists() and (victim / "precious").read_text() == "keep"
+
+    def no_locks(*args):
+        raise OSError(37, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    path = private_directory(tmp_path)
+    assert path.is_dir() and "no file locks in" in caplog.text
+    assert {p.name for p in tmp_path.glob(f"{scratch.STAGING}*")} == {young.name}  # renamed all the same
+    monkeypatch.undo()  # locks work again: its own directory, unlocked, is still not taken for abandoned
+    assert remove_abandoned(tmp_path) == [] and path.is_dir()

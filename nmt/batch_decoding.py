@@ -54,7 +54,9 @@ def source_ids(
     `on_truncated(index, num_subwords)` is called for each line that was cut. A line over `max_chars` characters
     (`Tokenizer.source_chars_for(max_source_length)`: more than its kept pieces can cover) is tokenized from its
     first `max_chars` only, and reported with num_subwords None (not counted): tokenizing a 15 MB line whole took
-    ~160 bytes of memory per character for 63 pieces kept.
+    ~160 bytes of memory per character for 63 pieces kept. Where that start gives no more pieces than are kept
+    (a run of characters the tokenizer does not know is one `<unk>` piece, however long, without byte fallback),
+    twice as much of the line is tokenized, and so on: the kept pieces are the whole line's, as the SavedModel's.
     """
     if beam_size < 1:
         raise ValueError(f"beam_size must be at least 1, got {beam_size}")
@@ -68,9 +70,14 @@ def source_ids(
         texts = [text[:max_chars] for text in texts]
     sources = []
     for index, ids in zip(todo, encode(texts)):
-        if len(ids) > keep or index in over:
+        whole = index not in over
+        chars = max_chars
+        while not whole and len(ids) <= keep:  # a merged run crossed the cut: its pieces may lie beyond it
+            chars *= 2
+            ids, whole = encode([lines[index][:chars]])[0], chars >= len(lines[index])
+        if len(ids) > keep or not whole:
             if on_truncated is not None:
-                on_truncated(index, None if index in over else len(ids))
+                on_truncated(index, len(ids) if whole else None)
             ids = ids[:keep]
         sources.append(ids)
     return todo, sources

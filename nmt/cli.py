@@ -208,7 +208,7 @@ GREEDY_RUN_ALPHA = (
 def truncation_message(length: int | None, keep: int, done: str = "translated") -> str:
     """The warning for a source line cut to `keep` pieces; `length` None: a very long line, not counted
     (`nmt.batch_decoding.source_ids`)."""
-    what = "subwords" if length is None else f"{length} subwords"
+    what = f"more than {keep} subwords (a very long line)" if length is None else f"{length} subwords"
     return f"{what}, longer than the model allows: {done} only the first {keep}"
 
 

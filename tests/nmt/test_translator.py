@@ -289,6 +289,20 @@ def test_a_line_longer_than_its_kept_pieces_can_cover_is_tokenized_from_its_star
     assert out[0] == translator.translate([long_line[:limit]], beam_size=1)[0]
 
 
+def test_a_long_run_of_unknown_characters_does_not_cut_the_sentence_after_it(translator):
+    """Without byte fallback (the tiny run's 64 pieces) a run of unknown characters is one `<unk>` piece however
+    long: a line of 1,600 emoji and a sentence is a few pieces, translated whole as the SavedModel does (before:
+    tokenized from its first `source_chars_for` characters only, the sentence dropped, and reported as cut)."""
+    src, _ = sources(1)
+    limit = translator.tokenizer.source_chars_for(translator.max_source_length)
+    long_line, short_line = "\U0001f600" * (limit + 64) + " " + src[0], "\U0001f600" * 10 + " " + src[0]
+    ids = translator.tokenizer.tokenize_source(tf.constant([long_line, short_line])).to_list()
+    assert ids[0] == ids[1] and len(ids[0]) < translator.max_source_length  # the same few pieces
+    seen = []
+    out = translator.translate([long_line, short_line], beam_size=1, on_truncated=lambda *a: seen.append(a))
+    assert seen == [] and out[0] == out[1]  # the sentence after the run is translated, not reported cut
+
+
 @pytest.mark.parametrize("beam", [1, 2])
 def test_output_length_limit_is_per_sentence(translator, beam):
     translator = with_limits(translator, 0.0, 2)

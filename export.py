@@ -78,6 +78,12 @@ def main(argv: list[str] | None = None) -> int:
         cli.require_ctranslate2("--format ctranslate2")
     cli.quiet_tensorflow()
     if args.format == "ctranslate2":
+        from nmt.ctranslate2_export import ctranslate2_output_problem as output_problem
+    else:
+        from nmt.export import savedmodel_output_problem as output_problem
+    if problem := output_problem(args.output):  # before the model is loaded
+        raise cli.CliError(problem, exit_code=2)
+    if args.format == "ctranslate2":
         return _export_ctranslate2(args)
 
     import tensorflow as tf

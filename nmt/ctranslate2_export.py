@@ -309,6 +309,19 @@ def _names_our_format(directory: Path) -> bool:
         return False
 
 
+def ctranslate2_output_problem(output_dir: str | Path) -> str | None:
+    """Why a CTranslate2 export cannot go to `output_dir` (an existing path that is neither empty nor an export,
+    ours even damaged: never replaced), or None."""
+    output = Path(os.path.abspath(output_dir))
+    if output.exists() and not (output.is_dir() and not any(output.iterdir())):
+        try:
+            read_export_metadata(output)
+        except ExportError as err:
+            if not _names_our_format(output):  # ours, damaged or from older code: replaced, as engines advise
+                return f"{output} exists and is not a CTranslate2 export ({err}): choose another --output"
+    return None
+
+
 def export_ctranslate2(
     model,
     tokenizer,
@@ -337,13 +350,8 @@ def export_ctranslate2(
     ctranslate2 = import_ctranslate2()
     output = Path(os.path.abspath(output_dir))  # "." has no name for a sibling staging directory
     staging = staging_directory(output, last=METADATA)  # first: removes killed exports' leftovers
-    if output.exists() and not (output.is_dir() and not any(output.iterdir())):
-        try:
-            read_export_metadata(output)
-        except ExportError as err:
-            if not _names_our_format(output):  # ours, damaged or from older code: replaced, as engines advise
-                message = f"{output} exists and is not a CTranslate2 export ({err}): choose another --output"
-                raise ExportError(message) from None
+    if problem := ctranslate2_output_problem(output):
+        raise ExportError(problem)
     spec = build_spec(model, tokenizer)
 
     class _Converter(ctranslate2.converters.Converter):

@@ -78,6 +78,16 @@ class TranslationModule(tf.Module):
         return {"outputs": tf.where(blank, tf.constant("", tf.string), texts)}
 
 
+def savedmodel_output_problem(output: str | Path) -> str | None:
+    """Why a SavedModel cannot be exported to `output` (a file, or a non-empty directory that is not a SavedModel:
+    never replaced), or None (absent, empty, or an export to replace)."""
+    output = Path(os.path.abspath(output))
+    if output.exists() and not (output / "saved_model.pb").is_file():
+        if not output.is_dir() or any(output.iterdir()):
+            return f"{output} exists and is not a SavedModel: choose another --output"
+    return None
+
+
 def export_saved_model(module: TranslationModule, output: str | Path) -> Path:
     """Writes the SavedModel to `output` through a staging directory (`nmt.publish`; an older export is replaced).
 
@@ -85,9 +95,8 @@ def export_saved_model(module: TranslationModule, output: str | Path) -> Path:
     """
     output = Path(os.path.abspath(output))
     staging = staging_directory(output, last="saved_model.pb")  # first: removes killed exports' leftovers
-    if output.exists() and not (output / "saved_model.pb").is_file():
-        if not output.is_dir() or any(output.iterdir()):
-            raise FileExistsError(f"{output} exists and is not a SavedModel: choose another --output")
+    if problem := savedmodel_output_problem(output):
+        raise FileExistsError(problem)
     try:
         signature = module.serve.get_concrete_function()
         tf.saved_model.save(module, str(staging), signatures={"serving_default": signature})

@@ -88,6 +88,30 @@ def test_export_refuses_to_overwrite_something_else(shared_export, tmp_path):
     assert (tmp_path / "taken" / "notes.txt").read_text() == "mine"
 
 
+@pytest.mark.parametrize("format_", ["savedmodel", "ctranslate2"])
+def test_export_py_refuses_a_taken_output_before_loading_the_model(
+    tiny_run_dir, tmp_path, monkeypatch, capsys, restore_logging, format_
+):
+    """A non-empty folder that is not an export of that format: exit 2 naming it, before the model is loaded (a
+    big model takes a while), the folder untouched."""
+    if format_ == "ctranslate2":
+        pytest.importorskip("ctranslate2")
+    import nmt.run_models
+    from tests.test_cli_translate import in_process
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded before the output was checked")
+
+    monkeypatch.setattr(nmt.run_models, "_load_run", no_model)
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "notes.txt").write_text("mine")
+    argv = ["--model-dir", tiny_run_dir, "--output", tmp_path / "taken", "--format", format_]
+    code, captured = in_process("export.py", *argv, capsys=capsys)
+    assert code == 2, captured.err[-2000:]
+    assert f"{tmp_path / 'taken'} exists and is not a" in captured.err
+    assert [p.name for p in (tmp_path / "taken").iterdir()] == ["notes.txt"]
+
+
 def test_export_to_the_current_directory(shared_export, tmp_path, monkeypatch):
     """export.py --output . (an empty current directory): written there, not a ValueError about an empty name.
     (export_run_dir hands its output to export_saved_model as given: the shared module is saved here.)"""

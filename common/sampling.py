@@ -7,6 +7,9 @@ import dataclasses
 import math
 
 SEED_LIMIT = 2**32
+# The temperatures float32 logits can be divided by without overflowing to inf (0 and 1e300 did: NaN or a NumPy
+# overflow warning and draws from an infinite temperature); beyond them the draws would not change anyway.
+TEMPERATURES = (1e-6, 1e6)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,7 +26,10 @@ class Sampling:
             raise ValueError(f"sampling topk must be 0 (the whole vocabulary) or at least 2, got {self.topk}")
         if not 0.0 < self.topp <= 1.0:
             raise ValueError(f"sampling topp must be in (0, 1], got {self.topp}")
-        if not (math.isfinite(self.temperature) and self.temperature > 0.0):
-            raise ValueError(f"sampling temperature must be a positive number, got {self.temperature}")
+        if not (math.isfinite(self.temperature) and TEMPERATURES[0] <= self.temperature <= TEMPERATURES[1]):
+            raise ValueError(
+                f"sampling temperature must be a positive number from {TEMPERATURES[0]:g} to {TEMPERATURES[1]:g} "
+                f"(towards 0 the most likely token, as greedy search; large, uniform draws), got {self.temperature}"
+            )
         if not 0 <= self.seed < SEED_LIMIT:
             raise ValueError(f"sampling seed must be in [0, 2^32), got {self.seed}")

@@ -146,6 +146,8 @@ def test_every_seed_has_its_own_numbers():
         (dict(topp=1.5), "topp must be in"),
         (dict(temperature=0.0), "temperature must be a positive"),
         (dict(temperature=float("nan")), "temperature must be a positive"),
+        (dict(temperature=1e300), r"temperature must be a positive number from 1e-06 to 1e\+06"),
+        (dict(temperature=1e-40), "temperature must be a positive"),
         (dict(seed=-1), "seed must be in"),
     ],
 )

@@ -106,7 +106,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--sampling-temperature",
         type=float,
         metavar="T",
-        help="with --sampling-topk: log-probabilities divided by T first, 1e-6 to 1e6 (default 1.0)",
+        help="with --sampling-topk: log-probabilities divided by T first (default 1.0)",
     )
     parser.add_argument(
         "--seed",

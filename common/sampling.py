@@ -7,9 +7,10 @@ import dataclasses
 import math
 
 SEED_LIMIT = 2**32
-# The temperatures float32 logits can be divided by without overflowing to inf (0 and 1e300 did: NaN or a NumPy
-# overflow warning and draws from an infinite temperature); beyond them the draws would not change anyway.
-TEMPERATURES = (1e-6, 1e6)
+# What float32 holds (the sampler divides float32 log-probabilities by it): 1e300 overflowed in the cast, with a
+# NumPy warning on stderr; 1e-50 would be 0. The sampler handles both ends of this range (the most likely token, or
+# uniform draws: tests/transformer/test_sampling.py).
+TEMPERATURES = (1e-45, 3e38)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,7 +30,7 @@ class Sampling:
         if not (math.isfinite(self.temperature) and TEMPERATURES[0] <= self.temperature <= TEMPERATURES[1]):
             raise ValueError(
                 f"sampling temperature must be a positive number from {TEMPERATURES[0]:g} to {TEMPERATURES[1]:g} "
-                f"(towards 0 the most likely token, as greedy search; large, uniform draws), got {self.temperature}"
+                f"(float32's range), got {self.temperature}"
             )
         if not 0 <= self.seed < SEED_LIMIT:
             raise ValueError(f"sampling seed must be in [0, 2^32), got {self.seed}")

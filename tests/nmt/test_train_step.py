@@ -225,6 +225,22 @@ def test_a_nonfinite_step_is_skipped_exactly_and_the_loss_scale_halves_and_doubl
     assert np.all(table[UNK_ID] == np.float32(3e38))  # unused by clean batches: zero gradient, no Adam update
 
 
+def test_a_nonfinite_float32_step_without_loss_scaling_is_skipped_exactly():
+    """The float32 path (no loss scale: its own branches of the update) skips a poisoned batch bit for bit too."""
+    model = poisonable_model()
+    adam = keras.optimizers.Adam(learning_rate=1e-2)
+    step = make_step(model, optimizer=adam, clipnorm=1.0)
+    assert bool(step.step([batch(5)])["applied"])  # Adam moments are non-zero from here on
+    before = state(step)
+    assert not bool(step.step([poisoned(batch(6))])["applied"])
+    assert int(step.skipped_steps.numpy()) == 1 and int(adam.iterations.numpy()) == 1
+    after = state(step)
+    assert len(after) == len(before) > 2 * len(step.variables)  # the moments are compared too
+    for old, new in zip(before, after):
+        np.testing.assert_array_equal(old, new)  # bit for bit: weights, m, v, iterations
+    assert bool(step.step([batch(6)])["applied"]) and int(adam.iterations.numpy()) == 2
+
+
 # ~10 s; make test keeps the XLA step against the eager reference (test_loss_on_real_tokens..., jit_compile True)
 @pytest.mark.slow
 def test_switching_xla_on_retraces_only_the_gradients_and_keeps_training_the_same():

@@ -39,6 +39,9 @@ _FORCED = -1e9  # logit of every non-EOS token once a sentence has reached its l
 COMPACT = 0.0
 
 
+MAX_CHARS_GROWTH = 64  # `source_ids` tokenizes at most this many times `max_chars` of a line
+
+
 def source_ids(
     lines: list[str],
     beam_size: int,
@@ -56,7 +59,9 @@ def source_ids(
     first `max_chars` only, and reported with num_subwords None (not counted): tokenizing a 15 MB line whole took
     ~160 bytes of memory per character for 63 pieces kept. Where that start gives no more pieces than are kept
     (a run of characters the tokenizer does not know is one `<unk>` piece, however long, without byte fallback),
-    twice as much of the line is tokenized, and so on: the kept pieces are the whole line's, as the SavedModel's.
+    twice as much of the line is tokenized, and so on up to `MAX_CHARS_GROWTH` times `max_chars`: the kept pieces are
+    the whole line's, as the SavedModel's (beyond that bound, e.g. megabytes of blanks before the text, what the start
+    gave is kept and reported cut).
     """
     if beam_size < 1:
         raise ValueError(f"beam_size must be at least 1, got {beam_size}")
@@ -72,7 +77,8 @@ def source_ids(
     for index, ids in zip(todo, encode(texts)):
         whole = index not in over
         chars = max_chars
-        while not whole and len(ids) <= keep:  # a merged run crossed the cut: its pieces may lie beyond it
+        # A merged run crossed the cut (its pieces may lie beyond it): more of the line, up to a bound on memory.
+        while not whole and len(ids) <= keep and chars < MAX_CHARS_GROWTH * max_chars:
             chars *= 2
             ids, whole = encode([lines[index][:chars]])[0], chars >= len(lines[index])
         if len(ids) > keep or not whole:

@@ -16,6 +16,7 @@ import tensorflow as tf
 
 import nmt.translator
 from data.tokenizer import Tokenizer
+from nmt.batch_decoding import MAX_CHARS_GROWTH
 from nmt.translator import Translator, decode_batch, limit_lengths, output_limits, validation_loss
 from tests.run_fixture import MAX_SENTENCE_NLL, shared_tiny_run_dir, tiny_corpus
 from transformer.vocab import EOS_ID, PAD_ID
@@ -301,6 +302,10 @@ def test_a_long_run_of_unknown_characters_does_not_cut_the_sentence_after_it(tra
     seen = []
     out = translator.translate([long_line, short_line], beam_size=1, on_truncated=lambda *a: seen.append(a))
     assert seen == [] and out[0] == out[1]  # the sentence after the run is translated, not reported cut
+    # Beyond MAX_CHARS_GROWTH times the limit the line's start is kept (memory bound), and the line reported cut.
+    beyond = "\U0001f600" * (MAX_CHARS_GROWTH * limit + 1) + " " + src[0]
+    translator.translate([beyond], beam_size=1, on_truncated=lambda *a: seen.append(a))
+    assert seen == [(0, None)]
 
 
 @pytest.mark.parametrize("beam", [1, 2])

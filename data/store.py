@@ -99,9 +99,30 @@ def read_manifest(directory: Path) -> dict | None:
     if not path.is_file():
         return None
     try:
-        return json.loads(path.read_text())
+        manifest = json.loads(path.read_text())
     except (OSError, ValueError) as err:
         raise DataError(f"{path} is unreadable ({err}): delete {directory} and prepare again") from err
+    if problem := _manifest_problem(manifest):
+        raise DataError(f"{path} is damaged ({problem}): delete {directory} and prepare again")
+    return manifest
+
+
+def _manifest_problem(manifest) -> str:
+    """What is wrong with a manifest's shape (its counts and dtype are what the readers use), or ""."""
+    if not isinstance(manifest, dict):
+        return f"a {type(manifest).__name__}, not an object"
+
+    def count(value) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+    if not count(manifest.get("pairs")):
+        return f"pairs: {manifest.get('pairs')!r}"
+    if manifest.get("dtype") not in (np.dtype(np.uint16).name, np.dtype(np.int32).name):
+        return f"dtype: {manifest.get('dtype')!r}"
+    pieces = manifest.get("pieces")
+    if not isinstance(pieces, dict) or not all(count(pieces.get(side)) for side in SIDES):
+        return f"pieces: {pieces!r}"
+    return ""
 
 
 class ArrayFile:

@@ -351,8 +351,14 @@ def build(cls: type, tree: Any, path: str = ""):
             continue
         ok, converted = _type_ok(value, annotation)
         if not ok:
+            # YAML 1.1 reads no/yes/on/off as booleans: Norwegian's language code `no` among them
+            quote = (
+                " (YAML reads no, yes, on and off as booleans: quote it, e.g. 'no')"
+                if isinstance(value, bool)
+                else ""
+            )
             raise ConfigError(
-                f"{dotted}: expected {_describe(annotation)}, got {type(value).__name__} {value!r}"
+                f"{dotted}: expected {_describe(annotation)}, got {type(value).__name__} {value!r}{quote}"
             )
         check_value(dotted, converted, fields[name])
         kwargs[name] = converted

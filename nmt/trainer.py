@@ -387,9 +387,14 @@ class Trainer(TrainerEvaluation):
             path = self.manager.save(self.step, self.resumed_from or 0)
         except (tf.errors.OpError, OSError) as err:
             first = str(err).strip().splitlines()[0]
+            previous = self.manager.latest_checkpoint
+            kept = (
+                f"the previous one ({previous}) is still usable"
+                if previous
+                else "no earlier checkpoint to resume"
+            )
             raise TrainingError(
-                f"could not write a checkpoint at step {self.step} ({first}); "
-                f"the previous one ({self.manager.latest_checkpoint}) is still usable"
+                f"could not write a checkpoint at step {self.step} ({first}); {kept}"
             ) from err
         log.info("saved checkpoint %s", path)
         if self.chief:  # the bests a resume from a kept checkpoint needs (nmt.best_weights)

@@ -95,6 +95,10 @@ def test_int_is_accepted_for_float_but_not_the_reverse():
         ("model.dropout=1.0", r"model\.dropout: must be in \[0, 1\), got 1\.0"),
         ("model.ffn_dropout=-0.1", r"model\.ffn_dropout: must be in \[0, 1\), got -0\.1"),
         ("train", r"--set expects section\.key=value"),
+        (
+            "data.target=no",
+            r"data\.target: expected str, got bool False \(YAML reads no, yes, on and off as ",
+        ),
     ],
 )
 def test_errors_name_the_dotted_path(override, message):

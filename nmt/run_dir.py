@@ -101,17 +101,19 @@ class RunDir:
     def load_config(self) -> Config:
         """The run's config; RunDirError if it cannot be read or lacks a section train.py writes (an empty or cut
         config.yaml would otherwise read as the defaults, not as the settings the run was trained with)."""
-        try:
-            config = load_config(self.config_path)
-        except ConfigError as err:
-            raise RunDirError(f"{self.config_path}: {err}") from err
-        tree = yaml.safe_load(self.config_path.read_text(encoding="utf-8")) or {}
-        if missing := [section for section in RUN_SECTIONS if section not in tree]:
+        try:  # the sections first: without one, the defaults would be validated (and refused) in its place
+            tree = yaml.safe_load(self.config_path.read_text(encoding="utf-8")) or {}
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            tree = None  # load_config says what is wrong with the file
+        if isinstance(tree, dict) and (missing := [s for s in RUN_SECTIONS if s not in tree]):
             raise RunDirError(
                 f"{self.config_path} is incomplete (no {', '.join(missing)} section): train.py writes every "
                 "section; was it emptied or cut short?"
             )
-        return config
+        try:
+            return load_config(self.config_path)
+        except ConfigError as err:
+            raise RunDirError(f"{self.config_path}: {err}") from err
 
     def weights_prefix(self, which: str = "auto") -> str:
         """The checkpoint prefix holding model weights: final, best, latest, or auto (in that order)."""

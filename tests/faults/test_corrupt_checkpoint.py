@@ -147,7 +147,13 @@ def test_damaged_final_weights_are_reported_not_replaced_by_other_weights(refere
 
 
 @pytest.mark.parametrize(
-    ("text", "missing"), [("", "data, model, train"), ("model: {}\neval: {}\n", "data, train")]
+    ("text", "missing"),
+    [
+        ("", "data, model, train"),
+        ("model: {}\neval: {}\n", "data, train"),
+        # the default data.max_length (128) over this model's 64: before, that clash was reported instead
+        ("model: {max_length: 64}\ntrain: {}\neval: {}\n", "data"),
+    ],
 )
 def test_an_emptied_or_cut_config_is_refused_not_read_as_the_defaults(
     reference_copy, tmp_path, capsys, restore_logging, text, missing

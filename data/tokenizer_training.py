@@ -96,6 +96,11 @@ def _normalization(cfg: DataConfig, scratch: Path) -> dict:
     return {"normalization_rule_tsv": str(rules)}
 
 
+SPM_MAX_SENTENCE_BYTES = (
+    4192  # SentencePiece's max_sentence_length (default): longer sentences are not trained on
+)
+
+
 def _train_model(sentences: list[str], cfg: DataConfig, seed: int, side: str, num_threads: int = 1) -> bytes:
     """Trains one SentencePiece model in memory; deterministic for a given seed with one thread."""
     if not sentences:
@@ -119,14 +124,20 @@ def _train_model(sentences: list[str], cfg: DataConfig, seed: int, side: str, nu
                 **SPECIAL_IDS,
             )
         except RuntimeError as err:
+            long = sum(len(sentence.encode("utf-8")) > SPM_MAX_SENTENCE_BYTES for sentence in sentences)
+            if "smaller than required" in str(err):
+                advice = "Raise data.vocab_size: it must hold every character of the corpus."
+            elif 2 * long > len(sentences):
+                advice = (
+                    f"{long} of them are over the {SPM_MAX_SENTENCE_BYTES:,} bytes a sentence SentencePiece trains on "
+                    "may have (it skips longer ones): is the corpus one sentence per line (not CR-only line endings, "
+                    "not paragraphs)?"
+                )
+            else:
+                advice = "Lower data.vocab_size (or use more data)."
             raise DataError(
                 f"SentencePiece cannot train a {cfg.tokenizer} model of data.vocab_size={cfg.vocab_size} on "
-                f"{len(sentences)} {side} sentences of {cfg.dataset!r}: {str(err).strip()}. "
-                + (
-                    "Raise data.vocab_size: it must hold every character of the corpus."
-                    if "smaller than required" in str(err)
-                    else "Lower data.vocab_size (or use more data)."
-                )
+                f"{len(sentences)} {side} sentences of {cfg.dataset!r}: {str(err).strip()}. {advice}"
             ) from err
     return model.getvalue()
 

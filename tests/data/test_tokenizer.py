@@ -100,6 +100,20 @@ def test_vocab_too_small_for_the_characters_says_raise_it(data_cfg, tmp_path):
         train_tokenizer(dataclasses.replace(data_cfg, vocab_size=8), tmp_path)
 
 
+def test_sentences_too_long_for_sentencepiece_say_so_not_lower_the_vocabulary(data_cfg):
+    """A file with CR-only line endings reads as one long line per file: SentencePiece skips sentences over its
+    4,192 bytes and finds none (before, the advice was to lower data.vocab_size)."""
+    from data.tokenizer_training import SPM_MAX_SENTENCE_BYTES, _train_model
+
+    paragraph = "\r".join(f"Sentence number {i} of the corpus." for i in range(200))
+    assert len(paragraph.encode()) > SPM_MAX_SENTENCE_BYTES
+    with pytest.raises(
+        DataError, match=r"2 of them are over the 4,192 bytes .*one sentence per line"
+    ) as caught:
+        _train_model([paragraph, paragraph], dataclasses.replace(data_cfg, vocab_size=64), 1, "joint")
+    assert "Lower data.vocab_size" not in str(caught.value)
+
+
 def test_load_refuses_missing_or_foreign_models(tmp_path):
     with pytest.raises(DataError, match="no tokenizer in"):
         Tokenizer.load(tmp_path)

@@ -168,9 +168,8 @@ def prepare_split(
             partial = cache.fresh_staging(final)
             try:
                 _tokenize_into(cfg, tokenizer, split, partial, {"split": split, "key": inputs}, progress)
-            except (
-                OSError
-            ) as err:  # e.g. a full disk: nothing half-written stays (the disk gets its space back)
+            except OSError as err:
+                # e.g. a full disk: nothing half-written stays (the disk gets its space back)
                 shutil.rmtree(partial, ignore_errors=True)
                 raise DataError(f"cannot write the prepared split {split!r} into {partial}: {err}") from err
             except DataError:  # the corpus refused (another encoding): nothing of it stays in the cache

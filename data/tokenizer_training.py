@@ -96,9 +96,8 @@ def _normalization(cfg: DataConfig, scratch: Path) -> dict:
     return {"normalization_rule_tsv": str(rules)}
 
 
-SPM_MAX_SENTENCE_BYTES = (
-    4192  # SentencePiece's max_sentence_length (default): longer sentences are not trained on
-)
+# SentencePiece's max_sentence_length (default): longer sentences are not trained on.
+SPM_MAX_SENTENCE_BYTES = 4192
 
 
 def _train_model(sentences: list[str], cfg: DataConfig, seed: int, side: str, num_threads: int = 1) -> bytes:

@@ -18,9 +18,8 @@ def tiny_run_dir(tmp_path_factory, request):
 def test_greedy_search_is_decoded_once_and_wider_beams_with_every_alpha():
     assert search_grid.grid([1, 4], [0.6, 1.4]) == [(1, None), (4, 0.6), (4, 1.4)]
     assert search_grid.parse_list("4, 8,4", int) == [4, 8]
-    assert (
-        search_grid.parse_list("", float) == search_grid.parse_list(" ", float) == []
-    )  # `--beams 1 --alphas ""`
+    # `--beams 1 --alphas ""`
+    assert search_grid.parse_list("", float) == search_grid.parse_list(" ", float) == []
 
 
 def decoding(run, beam, alpha, bleu):

@@ -30,9 +30,8 @@ def test_a_full_disk_while_a_split_is_written_leaves_no_partial_directory(tmp_pa
         prepare(cfg, progress=False)
     assert len(calls) == 2  # it had written part of the split
     left = sorted(p.name for p in (tmp_path / "cache").iterdir() if not p.name.endswith(".lock"))
-    assert not [name for name in left if name.endswith(".partial")], (
-        left
-    )  # before: the half-written split stayed
+    # before: the half-written split stayed
+    assert not [name for name in left if name.endswith(".partial")], left
     monkeypatch.undo()
     tokenizer, splits = prepare(cfg, progress=False)  # the next run prepares it whole
     assert len(open_split(cfg, tokenizer, "train")) > 0 and set(splits) == {"train", "dev"}
@@ -54,7 +53,6 @@ def test_a_manifest_of_the_wrong_shape_is_a_data_error_naming_it(tmp_path, manif
     (splits["train"] / MANIFEST).write_text(json.dumps(manifest))
     with pytest.raises(DataError, match=rf"{MANIFEST} is damaged \({problem}.*delete .* and prepare again"):
         open_split(cfg, tokenizer, "train")
+    # train.py and data.prepare alike (before: a traceback)
     with pytest.raises(DataError, match="is damaged"):
-        prepare(
-            cfg, progress=False
-        )  # train.py and data.prepare read it the same way (before: KeyError/TypeError)
+        prepare(cfg, progress=False)

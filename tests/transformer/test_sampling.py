@@ -236,9 +236,8 @@ def test_a_sentence_samples_the_same_whatever_the_decoding(sampling, model, samp
     """The growing cache with finished sentences dropped, fixed buffers, XLA, no cache, and each sentence decoded
     alone (its row id kept) give the same ids; another seed or row id gives another sample."""
     limits, rows = LIMITS, ROWS
-    default, ids, scores = samples(
-        sampling
-    )  # one function for the calls below with its settings: fewer traces
+    # one function for the calls below with its settings: fewer traces
+    default, ids, scores = samples(sampling)
     lengths = (ids != PAD_ID).sum(axis=1)
     assert (lengths <= np.array(limits) + 1).all() and lengths[2] == 1
     for kwargs, atol in (

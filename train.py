@@ -43,6 +43,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def check_resume_compatible(run_dir: RunDir, config) -> bool:
     """True when DIR already holds a run; raises RunDirError if its model/data config differs from this one."""
+    if problem := run_dir.config_problem():
+        raise RunDirError(problem)
     if not run_dir.exists():
         return False
     # a run saved before its paths were made absolute: read as meant from here

@@ -79,6 +79,16 @@ class RunDir:
     def exists(self) -> bool:
         return self.config_path.is_file()
 
+    def config_problem(self) -> str:
+        """What stands where config.yaml should be when it is not a file (a directory, a socket...), else ""."""
+        path = self.config_path
+        if path.is_file() or not (path.exists() or path.is_symlink()):
+            return ""
+        what = (
+            "a directory" if path.is_dir() else "a broken link" if not path.exists() else "not a regular file"
+        )
+        return f"{path} is {what}, not the run's config: move it away, or use another --model-dir"
+
     def removed_message(self) -> str:
         """What a training says when its DIR was deleted under it (config.yaml, written first, is gone)."""
         return (
@@ -92,6 +102,8 @@ class RunDir:
             if self.path.exists():
                 raise RunDirError(f"model directory is a file, not a run directory: {self.path}")
             raise RunDirError(f"model directory does not exist: {self.path}")
+        if problem := self.config_problem():
+            raise RunDirError(problem)
         if not self.config_path.is_file():
             raise RunDirError(f"{self.path} is not a run directory: {self.config_path.name} is missing")
         if not self.tokenizer_dir.is_dir() or not any(self.tokenizer_dir.glob("*.model")):

@@ -61,3 +61,30 @@ def test_a_run_is_finished_when_its_last_record_is_the_final_evaluation(tmp_path
     assert run.finished() and finished_cli() == 0
     run.append_metrics({"step": 80, "tag": "validation", "loss": 0.9})  # trained on past it, then stopped
     assert not run.finished() and finished_cli() == 1
+
+
+def test_a_config_yaml_that_is_not_a_file_is_named_and_left_alone(tmp_path, capsys):
+    """config.yaml replaced by a directory or a broken link: train.py exits 3 naming it, before writing anything (before
+    2026-12-07c: read as a new run, then an IsADirectoryError traceback from the atomic write), and the readers
+    (evaluate/translate/export) name it too instead of calling it missing."""
+    import pytest
+    import yaml
+
+    import train
+    from nmt.run_dir import RunDirError
+    from tests.run_fixture import tiny_config_tree, write_corpus
+
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump(tiny_config_tree(write_corpus(tmp_path / "corpus"))), encoding="utf-8")
+    for name, make, what in (
+        ("dir", lambda p: p.mkdir(), "a directory"),
+        ("link", lambda p: p.symlink_to(tmp_path / "nowhere"), "a broken link"),
+    ):
+        run = RunDir(tmp_path / name)
+        run.path.mkdir()
+        make(run.config_path)
+        assert train.main(["--config", str(config), "--model-dir", str(run.path)]) == 3
+        assert f"{run.config_path} is {what}, not the run's config" in capsys.readouterr().err
+        assert [p.name for p in run.path.iterdir()] == ["config.yaml"]
+        with pytest.raises(RunDirError, match=f"is {what}, not the run's config"):
+            run.require()

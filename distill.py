@@ -27,7 +27,7 @@ import contextlib
 import logging
 import shlex
 
-from nmt import cli
+from nmt import cli, cli_files
 
 log = logging.getLogger("nmt")
 
@@ -100,7 +100,7 @@ def _check(args: argparse.Namespace) -> None:
             exit_code=2,
         )
     cli.check_streams(args.streams)
-    cli.check_model_dir(args.model_dir)
+    cli_files.check_model_dir(args.model_dir)
     cli.check_ensemble(args)
     from pathlib import Path
 

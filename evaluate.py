@@ -22,7 +22,7 @@ import json
 import math
 import sys
 
-from nmt import cli
+from nmt import cli, cli_files
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -80,8 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.batch_size is not None and args.batch_size < 1:
         raise cli.CliError(f"--batch-size must be at least 1, got {args.batch_size}", exit_code=2)
     cli.check_streams(args.streams)
-    cli.check_input_file(args.source)
-    cli.check_input_file(args.reference)
+    cli_files.check_input_file(args.source)
+    cli_files.check_input_file(args.reference)
     if args.source == args.reference == "-":
         raise cli.CliError("--source and --reference cannot both be stdin ('-')", exit_code=2)
     if args.source is not None:
@@ -94,17 +94,17 @@ def main(argv: list[str] | None = None) -> int:
                 f"--source has {counts[0]} lines but --reference has {counts[1]}: they must be line-aligned",
                 exit_code=2,
             )
-    cli.check_output_file(args.output, "--output")
-    cli.check_standard_streams(
+    cli_files.check_output_file(args.output, "--output")
+    cli_files.check_standard_streams(
         stdin="give --source and --reference as files" if "-" in (args.source, args.reference) else "",
         stdout="evaluate.py prints its report there",
     )
-    cli.check_distinct_files(
+    cli_files.check_distinct_files(
         {"--source": args.source, "--reference": args.reference}, {"--output": args.output}
     )
-    cli.check_model_dir(args.model_dir)
+    cli_files.check_model_dir(args.model_dir)
     if args.output is None:
-        cli.check_writable_folder(
+        cli_files.check_writable_folder(
             args.model_dir, "--model-dir (the hypotheses go there; give --output FILE elsewhere)"
         )
     cli.check_ensemble(args)

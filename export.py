@@ -24,7 +24,7 @@ from __future__ import annotations
 import argparse
 import logging
 
-from nmt import cli
+from nmt import cli, cli_files
 
 log = logging.getLogger("nmt")
 
@@ -72,8 +72,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.format != "ctranslate2" and args.quantization is not None:
         raise cli.CliError("--quantization goes with --format ctranslate2", exit_code=2)
-    cli.check_model_dir(args.model_dir)
-    cli.check_output_dir(args.output)
+    cli_files.check_model_dir(args.model_dir)
+    cli_files.check_output_dir(args.output)
     if args.format == "ctranslate2":
         cli.require_ctranslate2("--format ctranslate2")
     cli.quiet_tensorflow()

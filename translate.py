@@ -43,7 +43,7 @@ import itertools
 import logging
 import sys
 
-from nmt import cli
+from nmt import cli, cli_files
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -163,14 +163,14 @@ def _check(args: argparse.Namespace) -> None:
     cli.check_streams(args.streams)
     if args.input == "-":
         args.input = None  # stdin
-    cli.check_input_file(args.input)
-    cli.check_output_file(args.output, "--output")
-    cli.check_output_file(args.plot_attention, "--plot-attention")
-    cli.check_standard_streams(
+    cli_files.check_input_file(args.input)
+    cli_files.check_output_file(args.output, "--output")
+    cli_files.check_output_file(args.plot_attention, "--plot-attention")
+    cli_files.check_standard_streams(
         stdin="give --input FILE" if args.input is None else "give --score FILE" if args.score == "-" else "",
         stdout="give --output FILE" if args.output in (None, "-") else "",
     )
-    cli.check_distinct_files(
+    cli_files.check_distinct_files(
         {"--input": args.input, "--score": args.score},
         {"--output": args.output, "--plot-attention": args.plot_attention},
     )
@@ -209,7 +209,7 @@ def _check_score(args: argparse.Namespace) -> None:
             "--score - and the input cannot both be stdin: give --input or a --score file", exit_code=2
         )
     try:
-        cli.check_input_file(None if args.score == "-" else args.score)
+        cli_files.check_input_file(None if args.score == "-" else args.score)
     except cli.CliError as err:
         raise cli.CliError(f"--score: {err}", exit_code=2) from None
     sources, translations = (count_lines_if_file(path) for path in (args.input, args.score))
@@ -224,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     cli.setup_logging(args.verbose)
     _check(args)
-    cli.check_model_dir(args.model_dir)
+    cli_files.check_model_dir(args.model_dir)
     cli.quiet_tensorflow()
     cli.decoding_kernels()
 

@@ -109,7 +109,8 @@ def test_evaluate_refuses_a_search_setting_out_of_range(tiny_run_dir, option, me
 def test_evaluate_never_overwrites_its_reference_and_needs_a_stdout(tiny_run_dir, tmp_path, monkeypatch):
     sys.path.insert(0, str(ROOT))
     import evaluate
-    from nmt.cli import CliError, check_distinct_files
+    from nmt.cli import CliError
+    from nmt.cli_files import check_distinct_files
 
     source, reference = tmp_path / "src.txt", tmp_path / "ref.txt"
     source.write_text("a cat\n")
@@ -155,7 +156,7 @@ def test_evaluate_refuses_negative_streams(tiny_run_dir):
 @pytest.mark.parametrize(
     "source", [pytest.param("/dev/stdin", marks=pytest.mark.slow), "-"]
 )  # a pipe given as a path (/dev/stdin, <(...)): make test keeps translate.py's, through the same helpers
-# (nmt.text_io.count_lines_if_file, nmt.cli.check_input_file); "-" takes stdin without them
+# (nmt.text_io.count_lines_if_file, nmt.cli_files.check_input_file); "-" takes stdin without them
 def test_evaluate_reads_a_pipe_once(source, tiny_run_dir, tmp_path):
     """--source from a pipe (/dev/stdin here, as <(...)) is not read twice; "-" is stdin; a BOM is dropped."""
     pairs = tiny_corpus()["test"][:4]

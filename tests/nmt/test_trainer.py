@@ -282,3 +282,25 @@ def test_the_evaluation_due_at_the_last_step_runs_and_its_weights_can_be_best(
     )
     assert evaluations == [*expected, ("final", steps, FINAL_BLEU)]
     assert Path(tf.train.latest_checkpoint(str(run_dir.best_dir))).name == f"ckpt-{steps}"
+
+
+def test_a_failed_first_checkpoint_says_there_is_none_to_resume(tmp_path):
+    """The very first checkpoint cannot be written (here: checkpoints/ is under a file): TrainingError says so, with
+    the OS error, instead of pointing at a previous checkpoint (the disk-full fault test covers a later one)."""
+    import keras
+
+    from nmt.checkpoints import TrainingCheckpoints
+    from nmt.trainer import Trainer, TrainingError
+
+    (tmp_path / "file").write_text("not a directory")
+    trainer = Trainer.__new__(Trainer)
+    trainer.watch_config, trainer.resumed_from = False, None
+    trainer.optimizer = keras.optimizers.Adam()
+    trainer.optimizer.iterations.assign(4)
+    trainer.manager = TrainingCheckpoints(
+        tf.train.Checkpoint(step=tf.Variable(4)), tmp_path / "file" / "checkpoints", keep=2, every=2
+    )
+    with pytest.raises(TrainingError) as raised:
+        trainer.save_checkpoint()
+    assert str(raised.value).startswith("could not write a checkpoint at step 4 (")
+    assert str(raised.value).endswith("); no earlier checkpoint to resume")

@@ -8,7 +8,8 @@
     serve(inputs=tf.constant(["A man sleeps."]))["outputs"]     # -> tf.string (1,)
 
 The `serving_default` signature takes `inputs`, a 1-D tf.string tensor of sentences, and returns
-`{"outputs": 1-D tf.string}`, one translation each (blank inputs give ""). It decodes exactly like `Translator`
+`{"outputs": 1-D tf.string}`, one translation each (blank inputs give ""), as translate.py writes it (no surrounding
+whitespace). It decodes exactly like `Translator`
 (same truncation, per-sentence length limits and search), in one batch; the output buffer is the model's whole
 position table, so the sequences never need a retrace.
 """
@@ -30,6 +31,11 @@ log = logging.getLogger(__name__)
 
 # Python's whitespace (`str.isspace`: what `line.strip()` removes) as an RE2 class; tf.strings.strip knows ASCII only.
 BLANK = r"[\t-\r\x{1c}-\x{20}\x{85}\p{Z}]*"
+
+
+def strip_blanks(texts: tf.Tensor) -> tf.Tensor:
+    """Python's `str.strip()` on a tf.string tensor: the whitespace of `BLANK` removed at both ends."""
+    return tf.strings.regex_replace(texts, f"^{BLANK}|{BLANK}$", "")
 
 
 class TranslationModule(tf.Module):
@@ -73,7 +79,8 @@ class TranslationModule(tf.Module):
             beam_size=self.beam_size,
             alpha=self.alpha,
         )  # (B, K, max_length)
-        texts = self.tokenizer.detokenize_target(ids[:, 0])  # (B,)
+        # translate.py's output line: no surrounding whitespace (a lossless detokenizer keeps a final "▁"'s space)
+        texts = strip_blanks(self.tokenizer.detokenize_target(ids[:, 0]))  # (B,)
         blank = tf.strings.regex_full_match(inputs, BLANK)  # what Translator skips: `not line.strip()`
         return {"outputs": tf.where(blank, tf.constant("", tf.string), texts)}
 

@@ -60,7 +60,7 @@ def test_exported_model_matches_the_run_dir(tiny_run_dir, shared_export, tmp_pat
     exported = json.loads(done.stdout.strip().splitlines()[-1])
 
     expected = Translator.from_run_dir(tiny_run_dir).translate(lines, beam_size=2)
-    assert exported == expected
+    assert exported == [t.strip() for t in expected]  # as translate.py writes them
     # The fixture reproduces its memorised sentences on any CPU, so both sides are right, not just equal.
     assert exported[:48] == [t for _, t in pairs]
     # the long line 49: truncated alike on both sides (compared above, never judged)
@@ -78,6 +78,26 @@ def test_blank_is_pythons_whitespace_on_every_code_point():
     assert sum(blank) == 29  # all of Python 3.11's whitespace characters: the comparison had them all
     lines = ["", " \t\xa0\u3000\n", "\u200b", "a ", "\x1c\x1d\x1e\x1f\x85\u2028"]
     assert list(tf.strings.regex_full_match(lines, BLANK).numpy()) == [not line.strip() for line in lines]
+
+
+def test_the_savedmodel_strips_its_outputs_as_python_does():
+    """`strip_blanks` (what `serve` does to each translation: translate.py's output line has no surrounding
+    whitespace, where a final "▁" piece detokenizes to a trailing space) against `str.strip`."""
+    from nmt.export import strip_blanks
+
+    texts = [
+        "",
+        " ",
+        "a ",
+        " a",
+        "\u3000a b\xa0\n",
+        "a\u200b ",
+        "\x85a\x1c b\u2028",
+        "ein Hund",
+        "a  b  ",
+        "\t\t",
+    ]
+    assert [t.decode() for t in strip_blanks(tf.constant(texts)).numpy()] == [t.strip() for t in texts]
 
 
 def test_export_refuses_to_overwrite_something_else(shared_export, tmp_path):

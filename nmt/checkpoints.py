@@ -101,8 +101,13 @@ def repair_checkpoint_state(directory: Path) -> str:
         return ""
     names = [f"ckpt-{step}" for step in complete]
     times = [Path(directory, f"{name}.index").stat().st_mtime for name in names]
+    # An absolute directory: TensorFlow keeps the bare names (found beside the state file, wherever DIR moves);
+    # given a relative one, it would write them relative to the working directory ("../../ckpt-20").
     tf.compat.v1.train.update_checkpoint_state(
-        str(directory), names[-1], all_model_checkpoint_paths=names, all_model_checkpoint_timestamps=times
+        os.path.abspath(directory),
+        names[-1],
+        all_model_checkpoint_paths=names,
+        all_model_checkpoint_timestamps=times,
     )
     return (
         f"{directory / 'checkpoint'} {problem}: rewritten from the checkpoints present "
@@ -140,11 +145,19 @@ def _state_problem(directory: Path) -> tuple[str, list[int]]:
         state, problem = None, f"is unreadable ({first_line(err)})"
     if state is not None:
         named = list(state.all_model_checkpoint_paths) or [state.model_checkpoint_path]
-        present = [p for p in named if Path(directory, os.path.basename(p) + ".index").is_file()]
+        present = [p for p in named if _in_directory(directory, p)]
         if state.model_checkpoint_path in present:
             return "", complete
-        problem = f"names {os.path.basename(state.model_checkpoint_path)}, which is gone"
+        problem = f"names {state.model_checkpoint_path}, which is gone"
     return problem, complete
+
+
+def _in_directory(directory: Path, named: str) -> bool:
+    """Whether a checkpoint the state file names (as `tf.train.get_checkpoint_state` gives it: joined to the
+    directory, where TensorFlow reads it) is one in `directory`: one elsewhere ("../../ckpt-20", a moved run's old
+    absolute paths) is not this run's, even when a checkpoint of that name is here."""
+    here = os.path.join(directory, os.path.basename(named))
+    return os.path.abspath(named) == os.path.abspath(here) and os.path.isfile(f"{named}.index")
 
 
 def restore_errors() -> tuple[type[BaseException], ...]:

@@ -26,17 +26,33 @@ def _steps(directory: Path) -> list[int]:
     return [int(path.rsplit("-", 1)[-1]) for path in state.all_model_checkpoint_paths]
 
 
-@pytest.mark.parametrize("damage", ["deleted", "emptied", "newest moved away"])
-def test_a_damaged_checkpoint_state_file_is_rewritten_from_the_checkpoints(reference_copy, tmp_path, damage):
+@pytest.mark.parametrize(
+    "damage", ["deleted", "emptied", "newest moved away", "deleted, DIR relative", "names ../../ckpt-N"]
+)
+def test_a_damaged_checkpoint_state_file_is_rewritten_from_the_checkpoints(
+    reference_copy, tmp_path, monkeypatch, damage
+):
+    """With DIR relative (`--model-dir runs/base`, the default's kind), the repair wrote the names relative to the
+    working directory ("../../ckpt-20", TensorFlow's relpath of a relative save_dir), and took that state file for
+    intact (it compared base names): every resume failed on a checkpoint "not found" (before 2026-12-07c; found by
+    a resume review). The last case is the state file that repair left."""
     checkpoints = reference_copy / "checkpoints"
+    if damage == "deleted, DIR relative":
+        monkeypatch.chdir(reference_copy.parent)
+        checkpoints = Path(reference_copy.name) / "checkpoints"
     kept = _steps(checkpoints)
     assert kept[-1] == MAX_STEPS and len(kept) > 1
     assert repair_checkpoint_state(checkpoints) == ""  # intact: untouched
     state = checkpoints / "checkpoint"
-    if damage == "deleted":
+    if damage.startswith("deleted"):
         state.unlink()
     elif damage == "emptied":
         state.write_text("")
+    elif damage == "names ../../ckpt-N":
+        state.write_text(
+            f'model_checkpoint_path: "../../ckpt-{kept[-1]}"\n'
+            + "".join(f'all_model_checkpoint_paths: "../../ckpt-{step}"\n' for step in kept)
+        )
     else:  # what the error for a corrupt newest checkpoint advises
         for path in checkpoints.glob(f"ckpt-{MAX_STEPS}.*"):
             shutil.move(path, tmp_path / path.name)
@@ -55,6 +71,9 @@ def test_a_damaged_checkpoint_state_file_is_rewritten_from_the_checkpoints(refer
     assert not list(checkpoints.glob("*_temp"))  # the half-written save went too
     assert tf.train.latest_checkpoint(str(checkpoints)) == str(checkpoints / f"ckpt-{kept[-1]}")
     assert checkpoint_to_resume(checkpoints) == str(checkpoints / f"ckpt-{kept[-1]}")  # and after the repair
+    # bare names, found beside the state file from any working directory (and wherever DIR moves)
+    assert f'model_checkpoint_path: "ckpt-{kept[-1]}"\n' in state.read_text()
+    assert repair_checkpoint_state(checkpoints) == ""  # and intact now
     manager = tf.train.CheckpointManager(tf.train.Checkpoint(), str(checkpoints), max_to_keep=len(kept))
     assert [
         int(p.rsplit("-", 1)[-1]) for p in manager.checkpoints

@@ -61,6 +61,15 @@ def check_resume_compatible(run_dir: RunDir, config) -> bool:
                 f"{run_dir.path} was trained with a different {section} config ({'; '.join(changed)}); "
                 "use another --model-dir or the original config"
             )
+    if (saved.train.ema_decay > 0) != (
+        config.train.ema_decay > 0
+    ):  # Adam's variables: with the EMA or without
+        raise RunDirError(
+            f"{run_dir.path} was trained {'with' if saved.train.ema_decay > 0 else 'without'} an EMA of the weights "
+            f"(train.ema_decay {saved.train.ema_decay} -> {config.train.ema_decay}): it cannot be turned on or off "
+            "on resume (its checkpoints hold the optimizer's state as it was); keep it "
+            f"{'above 0' if saved.train.ema_decay > 0 else 'at 0'}, or use another --model-dir"
+        )
     return True
 
 

@@ -146,3 +146,38 @@ def test_the_next_command_evaluates_test_or_validation_if_there_is_no_test_split
     assert train._split_to_evaluate(config) == "validation"
     hint = train._outputs(RunDir(tmp_path / "run"), "validation").splitlines()[-1]
     assert "--split validation  (sacreBLEU, beam search; the corpus has no test split)" in hint
+
+
+@pytest.mark.parametrize(
+    ("override", "refusal"),
+    [
+        ("model.d_model=48", "was trained with a different model config (model.d_model: 32 -> 48)"),
+        ("data.vocab_size=80", "was trained with a different data config (data.vocab_size: 64 -> 80)"),
+        (
+            "train.ema_decay=0.99",
+            "was trained without an EMA of the weights (train.ema_decay 0.0 -> 0.99): it cannot be turned on or off",
+        ),
+    ],
+)
+def test_a_resume_that_would_not_fit_its_checkpoints_is_refused_before_any_work(
+    tmp_path, capsys, override, refusal
+):
+    """What a run's checkpoints and tokenizer were made with cannot change on resume: exit 3, naming the setting,
+    DIR untouched. train.ema_decay turned on (or off) changes Adam's variables: before 2026-12-07c the resume failed
+    later, calling the checkpoint corrupt and advising to move it away (found by a resume review)."""
+    import yaml
+
+    from nmt.config import absolute_paths, config_from_dict
+    from nmt.run_dir import RunDir, write_atomic
+    from tests.run_fixture import tiny_config_tree, write_corpus
+
+    tree = tiny_config_tree(write_corpus(tmp_path / "corpus"))
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump(tree), encoding="utf-8")
+    run = RunDir(tmp_path / "run")
+    saved = absolute_paths(config_from_dict(tree)).to_yaml()
+    write_atomic(run.config_path, saved)  # all the check reads (it runs before the run's files are opened)
+    assert train.main(["--config", str(config), "--model-dir", str(run.path), "--set", override]) == 3
+    assert f"train.py: {run.path} {refusal}" in capsys.readouterr().err
+    assert [p.name for p in run.path.iterdir()] == ["config.yaml"]
+    assert run.config_path.read_text(encoding="utf-8") == saved

@@ -348,7 +348,31 @@ def report_failure(err: Exception, run_dir: RunDir, removed: bool, multi_worker:
     if isinstance(err, TrainingError):
         print(f"train.py: training failed: {err}", file=sys.stderr)
         return 1
+    if problem := file_problem(err, run_dir):
+        print(
+            f"train.py: training failed: {problem}; once that is fixed, the same command carries on from the "
+            "last checkpoint (if there is one)",
+            file=sys.stderr,
+        )
+        return 1
     return None
+
+
+def file_problem(err: Exception, run_dir: RunDir) -> str:
+    """What a file of the run directory that could not be written (or read) says, "" for another error: an OSError
+    (a full disk writing config.yaml or metrics.jsonl, an entry of DIR replaced by a directory), or TensorFlow's
+    error for a file under DIR (`final/` or `tensorboard/` made a file, a full disk under TensorBoard's writer)."""
+    if isinstance(err, OSError):
+        return f"{err.strerror or err}: {err.filename}" if err.filename else str(err)
+    import tensorflow as tf
+
+    from nmt.checkpoints import first_line
+
+    if isinstance(err, tf.errors.OpError):
+        text = first_line(err)
+        if any(str(path) in text for path in (run_dir.path, run_dir.path.absolute())):
+            return text
+    return ""
 
 
 if __name__ == "__main__":

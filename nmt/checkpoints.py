@@ -168,9 +168,11 @@ def restore_errors() -> tuple[type[BaseException], ...]:
 
 
 def first_line(err: BaseException) -> str:
-    """The first line of an error's message (TensorFlow's run to pages), or its type's name when it has none."""
+    """The first line of an error's message (TensorFlow's run to pages), or its type's name when it has none; an
+    eager op's wrapping ("{{function_node ...}} ", " [Op:Name] name: ") left out."""
     text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
+    line = re.sub(r"\{\{.*?\}\}\s*|\s*\[Op:\w+\].*", "", text.splitlines()[0]) if text else ""
+    return line or (text.splitlines()[0] if text else type(err).__name__)
 
 
 def restore_model_weights(model, prefix: str) -> None:

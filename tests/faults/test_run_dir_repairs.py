@@ -198,3 +198,27 @@ def test_a_damaged_token_file_read_batch_by_batch_is_a_data_error(
         f"train.py: data error: {values} is corrupt (piece id {np.iinfo(dtype).max} outside"
     )
     assert last.endswith("and prepare again")
+
+
+@pytest.mark.parametrize("entry", ["tensorboard", "metrics.jsonl"])
+def test_an_entry_of_the_run_directory_that_cannot_be_written_is_named(
+    fault_config, reference_copy, capsys, entry
+):
+    """tensorboard/ made a file (TensorFlow's error), metrics.jsonl made a directory (an OSError, as a full disk
+    writing config.yaml or a metrics line gives): "training failed" naming it, exit 1, no checkpoint lost
+    (before 2026-12-07c: a traceback; found by a resume review)."""
+    path = reference_copy / entry
+    shutil.rmtree(path) if path.is_dir() else path.unlink()
+    path.write_text("") if entry == "tensorboard" else path.mkdir()
+    before = snapshot(reference_copy / "checkpoints")
+    argv = ["--config", str(fault_config), "--model-dir", str(reference_copy)]
+    code = train_cli.main([*argv, "--set", f"train.max_steps={MAX_STEPS + CHECKPOINT_EVERY}"])
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert code == 1, last
+    assert last.startswith("train.py: training failed: ") and str(path) in last, last
+    assert "once that is fixed, the same command carries on from the last checkpoint" in last
+    assert "{{" not in last and "[Op:" not in last  # TensorFlow's wrapping of an eager op's error left out
+    if entry == "tensorboard":  # its writer is made before the first step
+        assert snapshot(reference_copy / "checkpoints") == before
+    else:  # the first metrics line comes after the next checkpoint: nothing of the run's progress is lost
+        assert _steps(reference_copy / "checkpoints")[-1] == MAX_STEPS + CHECKPOINT_EVERY

@@ -46,6 +46,12 @@ def check_resume_compatible(run_dir: RunDir, config) -> bool:
     if problem := run_dir.config_problem():
         raise RunDirError(problem)
     if not run_dir.exists():
+        if made := run_dir.run_files():
+            raise RunDirError(
+                f"{run_dir.path} holds a run's {', '.join(made[:-1])}{' and ' if made[1:] else ''}{made[-1]} but no "
+                f"{run_dir.config_path.name} (the settings they were made with): put it back, or use another "
+                "--model-dir"
+            )
         return False
     # a run saved before its paths were made absolute: read as meant from here
     saved = absolute_paths(run_dir.load_config())
@@ -71,6 +77,19 @@ def check_resume_compatible(run_dir: RunDir, config) -> bool:
             f"{'above 0' if saved.train.ema_decay > 0 else 'at 0'}, or use another --model-dir"
         )
     return True
+
+
+def checkpoints_gone(run_dir: RunDir) -> str:
+    """What to say when DIR's training checkpoints are gone but final/ holds its trained weights (checkpoints
+    deleted to save space): training from step 0 would replace them and drop every record. "" otherwise."""
+    if not saved_checkpoints(run_dir, run_dir.final_dir) or saved_checkpoints(run_dir):
+        return ""
+    return (
+        f"{run_dir.path} holds trained weights in {run_dir.final_dir.name}/ but no training checkpoint in "
+        f"{run_dir.checkpoint_dir.name}/: it cannot train on, and training again from step 0 would replace them "
+        "(put the checkpoints back, or use another --model-dir; evaluate.py, translate.py and export.py still use "
+        "final/)"
+    )
 
 
 def _why(path: Path, err: OSError) -> str:
@@ -108,6 +127,12 @@ def main(argv=None) -> int:
         resuming = check_resume_compatible(run_dir, config)
     except RunDirError as err:
         print(f"train.py: {err}", file=sys.stderr)
+        return 3
+    if resuming and (gone := checkpoints_gone(run_dir)):
+        if run_dir.finished():  # a rerun of a finished run (make train again) ends as it would with them
+            print(f"train.py: already finished; {gone}", file=sys.stderr)
+            return 0
+        print(f"train.py: {gone}", file=sys.stderr)
         return 3
     if resuming:  # fine-tuning: the parent of its start, whatever this command says
         from nmt.init_from import keep_parent_of_resumed_run

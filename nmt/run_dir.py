@@ -79,6 +79,15 @@ class RunDir:
     def exists(self) -> bool:
         return self.config_path.is_file()
 
+    def run_files(self) -> list[str]:
+        """What DIR holds of a trained run, checkpoints and tokenizer: a new run there would adopt them."""
+        made = [
+            f"{folder.name}/"
+            for folder in (self.checkpoint_dir, self.best_dir, self.final_dir)
+            if any(folder.glob("ckpt-*.index"))
+        ]
+        return made + ([f"{self.tokenizer_dir.name}/"] if any(self.tokenizer_dir.glob("*.model")) else [])
+
     def config_problem(self) -> str:
         """What stands where config.yaml should be when it is not a file (a directory, a socket...), else ""."""
         path = self.config_path

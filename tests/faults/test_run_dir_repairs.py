@@ -222,3 +222,41 @@ def test_an_entry_of_the_run_directory_that_cannot_be_written_is_named(
         assert snapshot(reference_copy / "checkpoints") == before
     else:  # the first metrics line comes after the next checkpoint: nothing of the run's progress is lost
         assert _steps(reference_copy / "checkpoints")[-1] == MAX_STEPS + CHECKPOINT_EVERY
+
+
+@pytest.mark.parametrize(
+    "damage", ["config.yaml deleted", "checkpoints deleted", "checkpoints deleted, unfinished"]
+)
+def test_a_run_missing_its_config_or_checkpoints_is_not_trained_over(
+    fault_config, reference_copy, capsys, damage
+):
+    """Without config.yaml, DIR read as a new run that adopted the old checkpoints and tokenizer with any settings
+    (and wrote them into config.yaml); without checkpoints/ (deleted to save space), the rerun trained from step 0,
+    replacing final/ and dropping every record, exit 0 (before 2026-12-07c; found by a resume review). Now: a
+    finished run says so (exit 0), the others are refused (exit 3), DIR untouched before TensorFlow loads."""
+    if damage == "config.yaml deleted":
+        (reference_copy / "config.yaml").unlink()
+    else:
+        shutil.rmtree(reference_copy / "checkpoints")
+    if damage.endswith("unfinished"):  # the final evaluation's record lost: final/ from an earlier end
+        metrics = reference_copy / "metrics.jsonl"
+        metrics.write_text("".join(metrics.read_text().splitlines(keepends=True)[:-1]))
+    before = snapshot_run(reference_copy)
+    argv = ["--config", str(fault_config), "--model-dir", str(reference_copy)]
+    code = train_cli.main([*argv, "--set", "data.vocab_size=80"] if "config" in damage else argv)
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    if damage == "config.yaml deleted":
+        assert code == 3, last
+        # best/ between them if a validation saved best weights
+        assert (
+            f"{reference_copy} holds a run's checkpoints/, " in last
+            and "final/ and tokenizer/ but no config.yaml (the settings they were made with)" in last
+        )
+    else:
+        assert code == (0 if damage == "checkpoints deleted" else 3), last
+        assert ("already finished; " in last) == (code == 0), last
+        assert (
+            "holds trained weights in final/ but no training checkpoint in checkpoints/: it cannot train on"
+            in last
+        )
+    assert snapshot_run(reference_copy) == before

@@ -64,8 +64,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     cli.setup_logging(args.verbose)
-    if args.beam is not None and args.beam < 1:
-        raise cli.CliError(f"--beam must be at least 1, got {args.beam}", exit_code=2)
+    cli.check_search(args.beam, None)
     if args.format == "ctranslate2" and args.beam is not None:
         raise cli.CliError(
             "--beam goes with --format savedmodel (CTranslate2 takes the beam when decoding)", 2

@@ -44,6 +44,9 @@ __all__ = [
 
 
 MAX_ALPHA = 5.0  # the GNMT length penalty's exponent: 0 (none) to this
+# beams (and n-best lists) wider than this are typos: a beam of 1,000,000 ran out of memory in a traceback (the
+# search studies that widen it go to a few hundred)
+MAX_BEAM = 1024
 
 _AT_LEAST_1 = _range(min=1)
 _NOT_NEGATIVE = _range(min=0)  # where 0 means off, none, auto or all (see the field's comment)
@@ -183,7 +186,7 @@ class TrainConfig:
 
 @dataclass
 class EvalConfig:
-    beam_size: int = field(default=4, metadata=_AT_LEAST_1)  # beam width (1 = greedy)
+    beam_size: int = field(default=4, metadata=_range(min=1, max=MAX_BEAM))  # beam width (1 = greedy)
     alpha: float = field(default=0.6, metadata=_range(min=0, max=MAX_ALPHA))  # GNMT length penalty exponent
     max_length_a: float = field(
         default=1.5, metadata=_NOT_NEGATIVE
@@ -277,8 +280,8 @@ def search_setting_problem(beam_size: int | None, alpha: float | None) -> str:
 
     For the decoding CLIs' --beam/--alpha; the config's eval.beam_size and eval.alpha have the same bounds (`_range`).
     """
-    if beam_size is not None and beam_size < 1:
-        return f"beam_size must be at least 1, got {beam_size}"
+    if beam_size is not None and not 1 <= beam_size <= MAX_BEAM:
+        return f"beam_size must be between 1 and {MAX_BEAM}, got {beam_size}"
     if alpha is not None and not 0.0 <= alpha <= MAX_ALPHA:
         return f"alpha must be between 0 and {MAX_ALPHA:g}, got {alpha}"
     return ""

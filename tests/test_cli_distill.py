@@ -100,7 +100,7 @@ def _run_the_printed_student_command(stderr: str, output, tmp_path) -> None:
         ),
         (["--set", "data.folder=x", "--set", "data.lowercase=true"], "--set data.lowercase=true: only the"),
         (["--chunk-size", "0"], "--chunk-size must be at least 1, got 0"),
-        (["--beam", "0"], "--beam must be at least 1"),
+        (["--beam", "0"], "--beam must be between 1 and 1024, got 0"),
         (["--set", "data.train_split=[1"], "invalid config: --set data.train_split"),
         (["--set", "data.source=de", "data.target=en"], "the teacher translates en into de"),
         (  # before 2026-12-06: a folder without validation pairs, exit 0, an INFO line

@@ -91,7 +91,7 @@ def test_evaluate_refuses_a_batch_size_below_one(tiny_run_dir):
 @pytest.mark.parametrize(
     "option, message",
     [
-        (["--beam", "0"], "--beam must be at least 1, got 0"),
+        (["--beam", "0"], "--beam must be between 1 and 1024, got 0"),
         (["--alpha", "-1"], "--alpha must be"),
         (["--beam", "1", "--alpha", "0.6"], "--alpha is the beam search's length penalty"),
     ],

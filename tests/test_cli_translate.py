@@ -345,7 +345,7 @@ def test_nbest_keeps_the_field_of_an_empty_translation(
     "args, message",
     [
         (["--alpha", "-0.5"], "--alpha must be between 0 and 5, got -0.5"),
-        (["--beam", "0"], "--beam must be at least"),
+        (["--beam", "0"], "--beam must be between 1 and 1024, got 0"),
         (["--beam", "1", "--alpha", "1.0"], "--alpha is the beam search's length penalty"),
     ],
 )

@@ -122,7 +122,7 @@ def test_a_missing_run_directory_is_named(tmp_path, capsys):
 @pytest.mark.parametrize(
     "option, message",
     [
-        (["--beams", "4,0"], "--beams: a beam size must be at least 1, got 0"),
+        (["--beams", "4,0"], "--beams: a beam size must be between 1 and 1024, got 0"),
         (["--alphas", "7"], "--alphas: alpha"),
         (
             ["--beams", "1,4", "--alphas", ""],

@@ -83,3 +83,15 @@ def test_a_reader_that_goes_away_ends_the_cli_quietly_with_sigpipes_code():
     stderr = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 141, stderr  # a deadline only: a hang becomes a failure
     assert stderr == ""
+
+
+def test_a_beam_beyond_the_bound_is_refused_before_any_work():
+    """--beam 1000000 (a typo for 4) ran out of memory in a TensorFlow traceback after a minute, 3,000,000,000
+    overflowed int32, and CTranslate2 was killed by the OOM killer (found by a translate review, 2026-12-07c)."""
+    from nmt.cli import CliError, check_search
+
+    check_search(1024, None)
+    for beam in (0, 1025, 1_000_000, 3_000_000_000):
+        with pytest.raises(CliError, match=f"^--beam must be between 1 and 1024, got {beam}$") as raised:
+            check_search(beam, None)
+        assert raised.value.exit_code == 2

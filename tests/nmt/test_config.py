@@ -177,7 +177,8 @@ def test_schedule_and_batch_defaults_keep_older_configs_unchanged(tmp_path):
         ),
         (["train.learning_rate_scaling=cube"], r"train\.learning_rate_scaling: 'cube' is not one of"),
         (["train.budget_probe_steps=0"], r"train\.budget_probe_steps: must be >= 1, got 0"),
-        (["eval.beam_size=0"], r"eval\.beam_size: must be >= 1, got 0"),
+        (["eval.beam_size=0"], r"eval\.beam_size: must be in \[1, 1024\], got 0"),
+        (["eval.beam_size=1000000"], r"eval\.beam_size: must be in \[1, 1024\], got 1000000"),
         (["eval.alpha=6"], r"eval\.alpha: must be in \[0, 5\], got 6\.0"),
         (["train.reference_batch_tokens=-1"], r"train\.reference_batch_tokens: must be >= 0, got -1"),
         (

@@ -45,6 +45,17 @@ def cache_root(cfg: DataConfig) -> Path:
     return Path(root).expanduser()
 
 
+def _cache_advice(cfg: DataConfig | None) -> str:
+    """How to point the cache elsewhere: data.cache_dir wins over $NMT_DATA_CACHE (a trained run's config.yaml keeps
+    the one it was trained with: evaluate.py and translate.py read it there, and have no --set)."""
+    if cfg is not None and cfg.cache_dir:
+        return (
+            f"data.cache_dir is {cfg.cache_dir} (${CACHE_ENV} is used only when it is unset): set it to a writable "
+            "directory (for a trained run, in its config.yaml)"
+        )
+    return f"set data.cache_dir (or ${CACHE_ENV}) to a writable directory"
+
+
 def digest(payload: dict) -> str:
     """A short stable hash of a JSON-able dict."""
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
@@ -89,11 +100,11 @@ def staging(final: Path) -> Path:
 
 
 @contextlib.contextmanager
-def exclusive(final: Path, *, required: bool = True) -> Iterator[None]:
+def exclusive(final: Path, *, required: bool = True, cfg: DataConfig | None = None) -> Iterator[None]:
     """Holds an exclusive lock for preparing `final`, `<final>.lock` (waits while another process holds it).
 
-    A lock file that cannot be created is a DataError, or with `required=False` (a read-only directory of data
-    prepared elsewhere, which nothing will write) no lock.
+    A lock file that cannot be created is a DataError (naming the setting that chose the cache: `cfg`'s), or with
+    `required=False` (a read-only directory of data prepared elsewhere, which nothing will write) no lock.
     """
     try:
         final.parent.mkdir(parents=True, exist_ok=True)
@@ -103,8 +114,7 @@ def exclusive(final: Path, *, required: bool = True) -> Iterator[None]:
             yield
             return
         raise DataError(
-            f"cannot write into the data cache {final.parent} ({err}): set data.cache_dir (or ${CACHE_ENV}) "
-            "to a writable directory"
+            f"cannot write into the data cache {final.parent} ({err}): {_cache_advice(cfg)}"
         ) from err
     with handle:
         try:

@@ -51,7 +51,7 @@ def cached_tokenizer(cfg: DataConfig, *, chief: bool = True):
     if not final.exists() and not chief:
         cache.require(final, "the tokenizer")
     if not final.exists():
-        with cache.exclusive(final):
+        with cache.exclusive(final, cfg=cfg):
             if not final.exists():
                 partial = cache.fresh_staging(final)
                 log.info(
@@ -160,7 +160,7 @@ def prepare_split(
     if not chief:
         cache.require(final, f"split {split!r}", complete=lambda path: (path / MANIFEST).is_file())
         return final
-    with cache.exclusive(final):
+    with cache.exclusive(final, cfg=cfg):
         if read_manifest(final) is None:
             if final.exists():  # published, then its manifest went (by hand): not complete, made again
                 log.warning("removing %s: it has no %s (incomplete or damaged)", final, MANIFEST)

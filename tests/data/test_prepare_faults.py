@@ -217,3 +217,24 @@ def test_the_cli_names_a_damaged_entry_instead_of_nothing_to_do(tmp_path, capsys
     assert main(["--config", config, "--no-progress"]) == 1
     err = capsys.readouterr().err
     assert f"{offsets} is truncated or corrupt" in err and "nothing to do" not in err
+
+
+@pytest.mark.parametrize("from_config", [True, False])
+def test_an_unwritable_cache_names_the_setting_that_chose_it(tmp_path, monkeypatch, from_config):
+    """data.cache_dir wins over $NMT_DATA_CACHE: with it set (a trained run's config.yaml keeps it), the advice says
+    so, instead of suggesting the variable, which changes nothing (found by a data review, 2026-12-07c)."""
+    (tmp_path / "a-file").write_text("not a directory\n", encoding="utf-8")
+    unwritable = tmp_path / "a-file" / "cache"
+    monkeypatch.setenv("NMT_DATA_CACHE", str(tmp_path / "writable" if from_config else unwritable))
+    cfg = dataclasses.replace(folder_cfg(tmp_path), cache_dir=str(unwritable) if from_config else "")
+    with pytest.raises(DataError) as raised:
+        prepare(cfg, progress=False)
+    message = str(raised.value)
+    assert message.startswith(f"cannot write into the data cache {unwritable}")
+    if from_config:
+        assert message.endswith(
+            f"data.cache_dir is {unwritable} ($NMT_DATA_CACHE is used only when it is unset): set it to a writable "
+            "directory (for a trained run, in its config.yaml)"
+        )
+    else:
+        assert message.endswith("set data.cache_dir (or $NMT_DATA_CACHE) to a writable directory")

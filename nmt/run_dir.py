@@ -68,6 +68,10 @@ class RunDir:
         return self.path / "metrics.jsonl"
 
     @property
+    def train_data_path(self) -> Path:
+        return self.path / "train_data.json"
+
+    @property
     def tensorboard_dir(self) -> Path:
         return self.path / "tensorboard"
 

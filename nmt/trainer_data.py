@@ -10,8 +10,11 @@ tokenizer.
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 from nmt.distribute import StopControl, worker_part
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -31,7 +34,9 @@ def training_data(cfg, run_dir, strategy, stop: StopControl, chief: bool) -> Tra
 
     def prepare_data():
         tokenizer = run_tokenizer(cfg, run_dir, chief=chief)  # init_from: the parent's
-        prepare(cfg.data, tokenizer=tokenizer, chief=chief)
+        _, splits = prepare(cfg.data, tokenizer=tokenizer, chief=chief)
+        if chief:
+            record_train_split(run_dir, cfg.data.train_split, splits[cfg.data.train_split])
         return tokenizer
 
     tokenizer = stop.chief_first(chief, prepare_data, "prepare the data")
@@ -44,3 +49,37 @@ def training_data(cfg, run_dir, strategy, stop: StopControl, chief: bool) -> Tra
     train = make_train_dataset(global_data, tokenizer, seed=cfg.train.seed, repeat=True, part=part)
     validation = make_eval_dataset(cfg.data, tokenizer, cfg.data.validation_split)
     return TrainingData(tokenizer, part, train, validation, iter(train))
+
+
+def record_train_split(run_dir, split: str, directory) -> None:
+    """Keeps what the run trains on in `DIR/train_data.json` (the prepared split's pair and piece counts), and warns
+    when a resume finds another: the corpus files changed since (edited, cut, replaced), so the run goes on with
+    other data and its data order is no longer the checkpoint's (an exact resume needs the original corpus). The
+    counts, not the files' names or times: a corpus moved or copied elsewhere is the same corpus."""
+    import json
+
+    from data.store import read_manifest
+    from nmt.run_dir import write_atomic
+
+    manifest = read_manifest(directory) or {}
+    record = {"split": split, "pairs": manifest.get("pairs"), "pieces": manifest.get("pieces")}
+    path = run_dir.train_data_path
+    try:
+        before = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        before = None
+    if before == record:
+        return
+    if isinstance(before, dict) and before.get("split") == split:
+
+        def counts(r: dict) -> str:
+            pieces = r.get("pieces") if isinstance(r.get("pieces"), dict) else {}
+            return f"{r.get('pairs')} pairs, {pieces.get('source')} + {pieces.get('target')} pieces"
+
+        log.warning(
+            "the %s split is not the one this run trained on so far (%s before, %s now): its corpus changed. The "
+            "run goes on with the new data, in an order that is not the checkpoint's; restore the original corpus "
+            "for an exact resume",
+            split, counts(before), counts(record),
+        )  # fmt: skip
+    write_atomic(path, json.dumps(record) + "\n")

@@ -1,0 +1,55 @@
+"""nmt.trainer_data: what a run trains on is kept in DIR/train_data.json, and a resume on another corpus says so.
+
+Before 2026-12-07c a run resumed after its training files were cut to 100 lines trained on them without a word,
+its checkpointed data order applied to another epoch plan (found by a data review). Real preparation of a folder
+corpus (SentencePiece, the token cache); the record is compared by counts, so a corpus moved elsewhere is the same.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import shutil
+
+from data.prepare import prepare
+from nmt.run_dir import RunDir
+from nmt.trainer_data import record_train_split
+from tests.data.test_prepare import folder_cfg
+
+
+def test_a_resume_on_a_changed_corpus_warns_and_a_moved_one_does_not(tmp_path, caplog):
+    cfg = folder_cfg(tmp_path)
+    run = RunDir(tmp_path / "run")
+    run.path.mkdir()
+    tokenizer, splits = prepare(cfg, progress=False)
+    record_train_split(run, "train", splits["train"])
+    first = json.loads(run.train_data_path.read_text(encoding="utf-8"))
+    assert first["split"] == "train" and first["pairs"] > 40 and set(first["pieces"]) == {"source", "target"}
+
+    moved = tmp_path / "moved"
+    shutil.copytree(tmp_path / "corpus", moved)  # other paths and times: prepared again, the same pairs
+    cfg = dataclasses.replace(cfg, folder=str(moved))
+    _, splits = prepare(cfg, tokenizer=tokenizer, progress=False)
+    assert splits["train"].name != run.train_data_path.parent.name
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        record_train_split(run, "train", splits["train"])
+    assert not caplog.records
+    assert json.loads(run.train_data_path.read_text(encoding="utf-8")) == first
+
+    for side in ("en", "fr"):  # cut to 40 pairs
+        path = moved / f"{side}.train.txt"
+        path.write_bytes(b"".join(path.read_bytes().splitlines(keepends=True)[:40]))
+    _, splits = prepare(cfg, tokenizer=tokenizer, progress=False)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        record_train_split(run, "train", splits["train"])
+    (warning,) = [r.getMessage() for r in caplog.records]
+    now = json.loads(run.train_data_path.read_text(encoding="utf-8"))
+    assert now["pairs"] < first["pairs"]
+    assert warning.startswith(
+        f"the train split is not the one this run trained on so far ({first['pairs']} pairs, "
+        f"{first['pieces']['source']} + {first['pieces']['target']} pieces before, {now['pairs']} pairs, "
+    )
+    assert warning.endswith("restore the original corpus for an exact resume")

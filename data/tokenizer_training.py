@@ -132,11 +132,16 @@ def _train_model(sentences: list[str], cfg: DataConfig, seed: int, side: str, nu
                     "may have (it skips longer ones): is the corpus one sentence per line (not CR-only line endings, "
                     "not paragraphs)?"
                 )
+            elif len(sentences) >= 0.9 * cfg.tokenizer_max_sentences:  # the sample was cut at the limit
+                advice = (
+                    "Lower data.vocab_size, or raise data.tokenizer_max_sentences (the sample has "
+                    f"{len(sentences):,} sentences of at most {cfg.tokenizer_max_sentences:,}: the split may have more)."
+                )
             else:
                 advice = "Lower data.vocab_size (or use more data)."
             raise DataError(
                 f"SentencePiece cannot train a {cfg.tokenizer} model of data.vocab_size={cfg.vocab_size} on "
-                f"{len(sentences)} {side} sentences of {cfg.dataset!r}: {str(err).strip()}. {advice}"
+                f"{len(sentences)} {side} sentences of {cfg.dataset!r}: {str(err).strip().rstrip('.')}. {advice}"
             ) from err
     return model.getvalue()
 

@@ -89,8 +89,17 @@ def test_training_is_deterministic_and_uses_the_sample_limit(data_cfg, tmp_path,
 
 
 def test_vocab_too_large_names_the_size(data_cfg, tmp_path):
-    with pytest.raises(DataError, match=r"data\.vocab_size=50000.*Lower data\.vocab_size"):
+    with pytest.raises(
+        DataError, match=r"data\.vocab_size=50000 on .*[^.]\. Lower data\.vocab_size \(or use more data\)\.$"
+    ):
         train_tokenizer(dataclasses.replace(data_cfg, vocab_size=50000), tmp_path)
+    # a sample cut at data.tokenizer_max_sentences: a larger one may hold the vocabulary (found by a data review)
+    with pytest.raises(
+        DataError,
+        match=r"Lower data\.vocab_size, or raise data\.tokenizer_max_sentences \(the sample has 50 sentences of "
+        r"at most 50: the split may have more\)\.$",
+    ):
+        train_tokenizer(dataclasses.replace(data_cfg, vocab_size=50000, tokenizer_max_sentences=50), tmp_path)
 
 
 def test_vocab_too_small_for_the_characters_says_raise_it(data_cfg, tmp_path):

@@ -320,8 +320,10 @@ def _score(args, translator, lines, warnings, truncated, total, interactive) -> 
 
     limit = translator.max_target_length - 1
 
-    def too_long(index: int, length: int) -> None:
-        message = f"a translation of {length} subwords, over the model's {limit}: nan"
+    def too_long(index: int, length: int | None) -> None:
+        # None: a line so long that only its start was tokenized (memory bounded, nmt.scoring)
+        pieces = f"{length} subwords" if length is not None else "more subwords (a very long line)"
+        message = f"a translation of {pieces}, over the model's {limit}: nan"
         warnings(index + 1, "not scored", message, source=args.score if args.score != "-" else "stdin")
 
     handle = open_input(args.score)

@@ -139,8 +139,10 @@ class Tokenizer(tf.Module):
         super().__init__(name=name)
         self.joint = target_model is None
         self._source_pieces, self._longest_source_piece = _model_facts(source_model, "source model")
-        self._target_pieces = (
-            self._source_pieces if self.joint else _model_facts(target_model, "target model")[0]
+        self._target_pieces, self._longest_target_piece = (
+            (self._source_pieces, self._longest_source_piece)
+            if self.joint
+            else _model_facts(target_model, "target model")
         )
         self._models = (source_model, target_model)
         self._source = self._target = None  # TF Text tokenizers, built by _in_graph()
@@ -207,6 +209,10 @@ class Tokenizer(tf.Module):
         piece, times 4 for a normalizer that merges characters (composed accents). Text past that cannot change
         those pieces: a decoder that keeps only the first `pieces` need not tokenize it."""
         return 4 * pieces * self._longest_source_piece
+
+    def target_chars_for(self, pieces: int) -> int:
+        """`source_chars_for` for a target text (the target model's longest piece)."""
+        return 4 * pieces * self._longest_target_piece
 
     @property
     def source_vocab_size(self) -> int:

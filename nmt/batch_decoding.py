@@ -16,7 +16,7 @@ import logging
 import math
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -26,7 +26,14 @@ from transformer.sampling import Sampling, picker
 from transformer.step_fns import cached_decoding, full_step_fn
 from transformer.vocab import BOS_ID, EOS_ID
 
-__all__ = ["decode_batch", "decoding_functions", "limit_lengths", "output_limits"]
+__all__ = [
+    "decode_batch",
+    "decoding_functions",
+    "limit_lengths",
+    "output_limits",
+    "source_ids",
+    "start_pieces",
+]
 
 log = logging.getLogger(__name__)
 
@@ -69,24 +76,39 @@ def source_ids(
         raise ValueError(f"nbest must be between 1 and the beam size ({beam_size}), got {nbest}")
     todo = [i for i, line in enumerate(lines) if line.strip()]
     keep = max_source_length - 1
-    texts = [lines[i] for i in todo]
-    over = {i for i, text in zip(todo, texts) if max_chars is not None and len(text) > max_chars}
-    if over:
-        texts = [text[:max_chars] for text in texts]
     sources = []
-    for index, ids in zip(todo, encode(texts)):
-        whole = index not in over
-        chars = max_chars
-        # A merged run crossed the cut (its pieces may lie beyond it): more of the line, up to a bound on memory.
-        while not whole and len(ids) <= keep and chars < MAX_CHARS_GROWTH * max_chars:
-            chars *= 2
-            ids, whole = encode([lines[index][:chars]])[0], chars >= len(lines[index])
+    for index, (ids, chars) in zip(todo, start_pieces([lines[i] for i in todo], encode, keep, max_chars)):
+        whole = chars >= len(lines[index])
         if len(ids) > keep or not whole:
             if on_truncated is not None:
                 on_truncated(index, len(ids) if whole else None)
             ids = ids[:keep]
         sources.append(ids)
     return todo, sources
+
+
+def start_pieces(
+    lines: Sequence[str], encode: Callable[[list[str]], list[list[int]]], keep: int, max_chars: int | None
+) -> list[tuple[list[int], int]]:
+    """(pieces, characters tokenized) of each line (blank ones too), tokenized from a start bounded as in `source_ids`.
+
+    A line over `max_chars` characters is tokenized from its first `max_chars` (None: every line whole); while
+    that start gives no more than `keep` pieces (a `<unk>` run crossed the cut), from twice as many characters, up to
+    `MAX_CHARS_GROWTH` times `max_chars`. The pieces (untruncated) are the whole line's when the characters
+    tokenized are `len(line)`; otherwise their first `keep` are (up to the growth bound).
+    """
+    if not lines:
+        return []
+    texts = [line if max_chars is None else line[:max_chars] for line in lines]
+    result = []
+    for line, ids in zip(lines, encode(texts)):
+        chars = len(line) if max_chars is None else min(len(line), max_chars)
+        # A merged run crossed the cut (its pieces may lie beyond it): more of the line, up to a bound on memory.
+        while chars < len(line) and len(ids) <= keep and chars < MAX_CHARS_GROWTH * max_chars:
+            chars = min(2 * chars, len(line))
+            ids = encode([line[:chars]])[0]
+        result.append((ids, chars))
+    return result
 
 
 def limit_lengths(step_fn: Callable, eos_id: int = EOS_ID) -> Callable:

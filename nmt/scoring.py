@@ -9,7 +9,11 @@ CTranslate2's `score_batch` on an export gives the same numbers (`tests/nmt/test
 
 Sources are cut as `Translator` cuts them (at most `max_source_length - 1` pieces, then EOS; `on_truncated` hears
 of each). A target needs its pieces, plus BOS, within the position table: a longer one is not scored by a part of
-it: its score is NaN (`on_too_long` hears of it).
+it: its score is NaN (`on_too_long` hears of it). As in translation (`nmt.batch_decoding.start_pieces`),
+`score_lines` tokenizes a line longer than its kept pieces can cover from its start only, the source and the target
+alike (tokenizing a 5.5 MB line whole took ~135 bytes of memory per character): such a source is reported cut
+with None for its count; such a target is too long (NaN), reported with None for its count, and its `tokens`
+are its start's pieces (a lower bound).
 """
 
 from __future__ import annotations
@@ -17,11 +21,12 @@ from __future__ import annotations
 import itertools
 import math
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 
 import numpy as np
 import tensorflow as tf
 
+from nmt.batch_decoding import start_pieces
 from transformer.step_fns import FORBIDDEN
 from transformer.vocab import BOS_ID, EOS_ID, PAD_ID
 
@@ -55,13 +60,17 @@ def score_ids(
     max_source_length: int,
     max_target_length: int,
     batch_tokens: int = 8192,
-    on_truncated: Callable[[int, int], None] | None = None,
-    on_too_long: Callable[[int, int], None] | None = None,
+    on_truncated: Callable[[int, int | None], None] | None = None,
+    on_too_long: Callable[[int, int | None], None] | None = None,
+    partial_sources: Collection[int] = (),
+    partial_targets: Collection[int] = (),
 ) -> list[tuple[float, int]]:
     """(log-probability, tokens) of each target (pieces, without EOS) given its source (pieces, without EOS).
 
     `tokens` counts the target's pieces and its EOS. Pairs are sorted by length and batched under `batch_tokens`
-    padded tokens (source and target together); the result is in input order.
+    padded tokens (source and target together); the result is in input order. `partial_sources`,
+    `partial_targets`: indices of pairs whose pieces are those of the start of a longer line (`start_pieces`): such
+    a source is reported cut with None (not counted), such a target too long (NaN).
     """
     if len(sources) != len(targets):
         raise ValueError(f"{len(sources)} sources but {len(targets)} targets")
@@ -69,11 +78,12 @@ def score_ids(
     results: list[tuple[float, int]] = [(math.nan, len(t) + 1) for t in targets]
     todo = []
     for index, (source, target) in enumerate(zip(sources, targets)):
-        if len(source) > keep and on_truncated is not None:
-            on_truncated(index, len(source))
-        if len(target) + 1 > max_target_length:  # BOS + pieces must fit the position table
+        if (len(source) > keep or index in partial_sources) and on_truncated is not None:
+            on_truncated(index, None if index in partial_sources else len(source))
+        # BOS + pieces must fit the position table
+        if len(target) + 1 > max_target_length or index in partial_targets:
             if on_too_long is not None:
-                on_too_long(index, len(target))
+                on_too_long(index, None if index in partial_targets else len(target))
             continue
         todo.append(index)
     todo.sort(key=lambda i: -max(min(len(sources[i]), keep), len(targets[i])))
@@ -108,13 +118,25 @@ def score_lines(
         raise ValueError(f"{len(sources)} sources but {len(targets)} targets")
     if not sources:
         return []
-    target_ids = translator.tokenizer.tokenize_target(tf.constant(list(targets), tf.string)).to_list()
+    sources, targets = list(sources), list(targets)
+    tokenizer = translator.tokenizer
+    source_chars = tokenizer.source_chars_for(translator.max_source_length)
+    source_ids = start_pieces(sources, translator.encode, translator.max_source_length - 1, source_chars)
+
+    def encode_targets(lines: list[str]) -> list[list[int]]:
+        return tokenizer.tokenize_target(tf.constant(lines, tf.string)).to_list()
+
+    # Enough characters for one piece more than a target may have: a start giving more is too long.
+    target_chars = tokenizer.target_chars_for(translator.max_target_length)
+    target_ids = start_pieces(targets, encode_targets, translator.max_target_length - 1, target_chars)
     return score_ids(
         translator.model,
-        translator.encode(sources),
-        target_ids,
+        [ids for ids, _ in source_ids],
+        [ids for ids, _ in target_ids],
         max_source_length=translator.max_source_length,
         max_target_length=translator.max_target_length,
+        partial_sources={i for i, (_, chars) in enumerate(source_ids) if chars < len(sources[i])},
+        partial_targets={i for i, (_, chars) in enumerate(target_ids) if chars < len(targets[i])},
         **kwargs,
     )
 
@@ -125,8 +147,8 @@ def score_stream(
     targets: Iterable[str],
     *,
     chunk_size: int = 1000,
-    on_truncated: Callable[[int, int], None] | None = None,
-    on_too_long: Callable[[int, int], None] | None = None,
+    on_truncated: Callable[[int, int | None], None] | None = None,
+    on_too_long: Callable[[int, int | None], None] | None = None,
 ) -> Iterator[tuple[float, int]]:
     """Yields `score_lines` of each (source, target) pair, in order, holding `chunk_size` pairs at a time.
 

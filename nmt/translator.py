@@ -388,7 +388,11 @@ class Translator:
           "weights": one float32 array (heads, len(target), len(source)) per decoder layer}.
         """
         beam_size = self.eval_config.beam_size if beam_size is None else beam_size
-        pieces = self.encode([line])[0][: self.max_source_length - 1]
+        from nmt.batch_decoding import start_pieces
+
+        # From the line's start only, as `translate` does: memory bounded for a huge line.
+        keep, chars = self.max_source_length - 1, self.tokenizer.source_chars_for(self.max_source_length)
+        pieces = start_pieces([line], self.encode, keep, chars)[0][0][:keep]
         ids, _ = self._decode([pieces], beam_size, True, self.uses_xla(1, beam_size))
         output = [int(i) for i in ids[0, 0]]
         output = output[: output.index(EOS_ID)] if EOS_ID in output else [i for i in output if i != PAD_ID]

@@ -96,10 +96,18 @@ def _prepare(builder: tfds.core.DatasetBuilder, cfg: DataConfig) -> None:
 
 
 def tfds_builder(cfg: DataConfig) -> tfds.core.DatasetBuilder:
-    """The prepared builder for cfg.dataset (Multi30k or a TFDS catalog name; not a folder)."""
+    """The prepared builder for cfg.dataset (Multi30k or a TFDS catalog name; not a folder).
+
+    Checked before anything reads it: the languages before preparing (the features are known without the data: a
+    wrong data.source or data.target does not wait for a download), and the config's split names once the split
+    sizes are known (a malformed or out-of-range slice is named before a tokenizer is trained or a split read).
+    """
     if cfg.dataset == MULTI30K:
         builder = Multi30k(config=config_name(cfg.source, cfg.target), data_dir=cfg.data_dir)
-        _prepare(builder, cfg)  # a download failure names the mirror locations (MIRROR_HINT)
+        _check_languages(builder, cfg)
+        # a download failure names the mirror locations (MIRROR_HINT)
+        _prepare(builder, cfg)
+        _check_config_splits(builder, cfg)
         return builder
     if cfg.dataset == FOLDER:
         raise ValueError("a folder corpus has no TFDS builder: read it with data.folder")
@@ -113,7 +121,9 @@ def tfds_builder(cfg: DataConfig) -> tfds.core.DatasetBuilder:
         ) from err
     except ValueError as err:  # e.g. an unknown builder config
         raise DataError(f"data.dataset={cfg.dataset!r}: {err}") from err
+    _check_languages(builder, cfg)
     _prepare(builder, cfg)
+    _check_config_splits(builder, cfg)
     return builder
 
 
@@ -127,10 +137,40 @@ def _check_languages(builder: tfds.core.DatasetBuilder, cfg: DataConfig) -> None
             )
 
 
-def _check_split(builder: tfds.core.DatasetBuilder, cfg: DataConfig, split: str) -> None:
-    names = list(builder.info.splits.keys())
-    if names and split.split("[")[0] not in names:
-        raise DataError(f"split {split!r} is not in dataset {cfg.dataset!r} (splits: {', '.join(names)})")
+def split_problem(builder: tfds.core.DatasetBuilder, cfg: DataConfig, split: str) -> str | None:
+    """Why `split` cannot be read from the prepared `builder` (an unknown split name, a malformed slice, a slice
+    out of the split's range), or None (also when TFDS does not know the dataset's splits)."""
+    splits = builder.info.splits
+    names = list(splits.keys())
+    if not names:
+        return None
+    if split.split("[")[0] not in names:
+        return f"split {split!r} is not in dataset {cfg.dataset!r} (splits: {', '.join(names)})"
+    try:
+        tfds.core.ReadInstruction.from_spec(split).to_absolute(splits)
+    except ValueError as err:
+        # TFDS's reason is on its last line ("Unrecognized split format: ...", "Requested slice [5000:1014] ...")
+        reason = str(err).strip().splitlines()[-1]
+        return f"split {split!r} of dataset {cfg.dataset!r} cannot be read: {reason}"
+    return None
+
+
+def _check_split(builder: tfds.core.DatasetBuilder, cfg: DataConfig, split: str, key: str = "") -> None:
+    problem = split_problem(builder, cfg, split)
+    if problem:
+        raise DataError(f"{key}: {problem}" if key else problem)
+
+
+def _check_config_splits(builder: tfds.core.DatasetBuilder, cfg: DataConfig) -> None:
+    """The config's splits whose name the dataset has are readable as given (their slices parse and fit).
+
+    A split name the dataset lacks is left to its user: a missing test split is allowed (the corpus has none).
+    """
+    names = builder.info.splits.keys()
+    for key in ("data.train_split", "data.validation_split", "data.test_split"):
+        split = getattr(cfg, key.removeprefix("data."))
+        if split and split.split("[")[0] in names:
+            _check_split(builder, cfg, split, key)
 
 
 def load_batches(cfg: DataConfig, split: str, batch_size: int = 4096) -> tf.data.Dataset:
@@ -150,7 +190,6 @@ def load_batches(cfg: DataConfig, split: str, batch_size: int = 4096) -> tf.data
 
         return tf.data.Dataset.from_generator(batches, output_signature=signature)
     builder = tfds_builder(cfg)
-    _check_languages(builder, cfg)
     _check_split(builder, cfg, split)
     ds = builder.as_dataset(split=split, shuffle_files=False).batch(batch_size)
     source, target = cfg.source, cfg.target
@@ -208,7 +247,6 @@ def split_sizes(cfg: DataConfig) -> dict[str, int]:
 
         return folder.sizes(cfg)
     builder = tfds_builder(cfg)
-    _check_languages(builder, cfg)
     sizes = {name: int(info.num_examples) for name, info in builder.info.splits.items()}
     if sizes:
         return sizes

@@ -176,21 +176,25 @@ def _split_name(data_config, split: str) -> str:
 
 
 def _check_split(data_config, split: str) -> None:
-    """EvaluationError (a bad --split) if the dataset has no split of that name (TFDS slicing allowed)."""
+    """EvaluationError (a bad --split) if the dataset has no split of that name, or (TFDS) its slice is malformed
+    or out of the split's range; a folder corpus has no slicing."""
     from data.corpus import FOLDER
 
     if data_config.dataset == FOLDER:
         from data.folder import listing
 
         names = list(listing(data_config))
-    else:
-        from data.corpus import tfds_builder
+        if split not in names:
+            slicing = " (a folder corpus has no slicing)" if "[" in split else ""
+            raise EvaluationError(
+                f"split {split!r} is not in dataset {data_config.dataset!r} (splits: {', '.join(names)}){slicing}"
+            )
+        return
+    from data.corpus import split_problem, tfds_builder
 
-        names = list(tfds_builder(data_config).info.splits.keys())
-    if names and split.split("[")[0] not in names:
-        raise EvaluationError(
-            f"split {split!r} is not in dataset {data_config.dataset!r} (splits: {', '.join(names)})"
-        )
+    problem = split_problem(tfds_builder(data_config), data_config, split)
+    if problem:
+        raise EvaluationError(problem)
 
 
 def evaluate_run_dir(

@@ -212,6 +212,56 @@ def test_evaluate_refuses_an_unknown_split_with_a_usage_error(tiny_run_dir, monk
     assert caught.value.exit_code == 2
 
 
+def test_evaluate_refuses_a_slice_it_cannot_read_with_a_usage_error_before_loading_a_model(
+    tiny_run_dir, tmp_path, monkeypatch
+):
+    """A TFDS split's malformed or out-of-range slice (before 2026-12-07, a traceback once the model had loaded),
+    and any slice of a folder corpus (it has no slicing: before, an error once the model had loaded)."""
+    import yaml
+
+    sys.path.insert(0, str(ROOT))
+    import evaluate
+    import nmt.run_models
+    from nmt.cli import CliError
+    from tests.data.conftest import SIZES, write_mirror
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("a model was loaded before the split was checked")
+
+    monkeypatch.setattr(nmt.run_models, "_load_run", no_model)
+    with pytest.raises(
+        CliError, match=r"split 'test\[:5\]' is not in dataset 'folder' .*no slicing"
+    ) as caught:
+        evaluate.main(["--model-dir", str(tiny_run_dir), "--split", "test[:5]"])
+    assert caught.value.exit_code == 2
+
+    # the run, as if trained on Multi30k (a fake mirror, prepared offline)
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run_dir, run)
+    tree = yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8"))
+    tree["data"].update(
+        dataset="multi30k",
+        folder=None,
+        manual_dir=str(write_mirror(tmp_path / "mirror", languages=("en", "de"))),
+        data_dir=str(tmp_path / "tfds"),
+    )
+    (run / "config.yaml").write_text(yaml.safe_dump(tree, sort_keys=False), encoding="utf-8")
+    size = SIZES["test_2016_flickr"]
+    for split, message in (
+        (
+            "test[:abc]",
+            r"^split 'test\[:abc\]' of dataset 'multi30k' cannot be read: Unrecognized split format",
+        ),
+        (
+            "test[50:]",
+            rf"^split 'test\[50:\]' .*: Requested slice \[50:{size}\] incompatible with {size} examples",
+        ),
+    ):
+        with pytest.raises(CliError, match=message) as caught:
+            evaluate.main(["--model-dir", str(run), "--split", split])
+        assert caught.value.exit_code == 2
+
+
 def test_export_ctranslate2_then_evaluate_with_it(tiny_run_dir, tmp_path, capsys, restore_logging):
     """export.py --format ctranslate2 --quantization int8, then evaluate.py --engine ctranslate2: same contract."""
     pytest.importorskip("ctranslate2")

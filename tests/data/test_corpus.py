@@ -49,6 +49,43 @@ def test_unknown_language_split_and_dataset(data_cfg):
         load_split(dataclasses.replace(data_cfg, dataset="no_such_corpus"), "train")
 
 
+def test_tfds_split_slices_are_read_and_bad_ones_are_data_errors(data_cfg, mirror, tmp_path):
+    """A malformed or out-of-range slice is a DataError naming the split (and the config key, for the config's
+    splits) with TFDS's reason, found when the dataset is opened: before a tokenizer is trained or a split read
+    (before 2026-12-07, a traceback from `as_dataset` after the train split was tokenized)."""
+    from data.prepare import prepare
+
+    sources, targets = load_text_pairs(data_cfg, "validation[2:5]")
+    assert (sources, targets) == (
+        mirror_lines(mirror, "val", "en")[2:5],
+        mirror_lines(mirror, "val", "de")[2:5],
+    )
+    assert load_text_pairs(data_cfg, "test[-20%:]")[1] == mirror_lines(mirror, "test_2016_flickr", "de")[-2:]
+    with pytest.raises(
+        DataError, match=r"^split 'validation\[:abc\]' of dataset 'multi30k' cannot be read: Unrec"
+    ):
+        load_split(data_cfg, "validation[:abc]")
+    with pytest.raises(
+        DataError, match=r"^split 'test\[50:\]' .*: Requested slice \[50:10\] incompatible with 10"
+    ):
+        load_split(data_cfg, "test[50:]")
+    cases = {
+        "validation_split": ("validation[:10%", "Unrecognized split format: 'validation\\[:10%'"),
+        "test_split": ("test[:500]", "Requested slice \\[:500\\] incompatible with 10 examples"),
+        "train_split": ("train[abc]", "Unrecognized split format"),
+    }
+    for key, (split, reason) in cases.items():
+        cfg = dataclasses.replace(data_cfg, cache_dir=str(tmp_path / key), **{key: split})
+        with pytest.raises(
+            DataError, match=rf"^data\.{key}: split '.*' of dataset 'multi30k' cannot be read: {reason}"
+        ):
+            split_sizes(cfg)
+        with pytest.raises(DataError, match=rf"^data\.{key}: "):
+            prepare(cfg, progress=False)
+        # refused before the tokenizer was trained: nothing was written into the cache
+        assert not (tmp_path / key).exists() or not any((tmp_path / key).rglob("*.model"))
+
+
 def write_folder(folder, splits={"train": 20, "dev": 5}):  # noqa: B006 - read only
     folder.mkdir(parents=True, exist_ok=True)
     for index, (split, count) in enumerate(splits.items()):
@@ -228,6 +265,26 @@ def test_catalog_dataset_without_network_explains_the_way_out(tmp_path, monkeypa
         DataError, match=r"cannot prepare TFDS dataset .*ConnectionError.*data\.data_dir.*data\.manual_dir"
     ):
         load_split(cfg, "train")
+
+
+def test_a_language_a_catalog_dataset_lacks_is_named_before_any_download(tmp_path, monkeypatch):
+    """The features are known without the data: a wrong data.source or data.target is refused before TFDS
+    downloads and prepares the dataset (hours for WMT; before 2026-12-07 the language was checked afterwards). The
+    download fails at once here (no network), so reaching it gives the network error instead."""
+    downloads = []
+
+    def offline(self, **kwargs):
+        downloads.append(self.name)
+        raise ConnectionError("Failed to resolve 'github.com'")
+
+    monkeypatch.setattr(tfds.core.DatasetBuilder, "download_and_prepare", offline)
+    cfg = DataConfig(dataset="ted_hrlr_translate/pt_to_en", source="pt", target="en", data_dir=str(tmp_path))
+    for key, wrong in (("source", "de"), ("target", "fr")):
+        with pytest.raises(
+            DataError, match=rf"^data.{key}='{wrong}': language not in dataset .*\(it has: pt, en\)$"
+        ):
+            split_sizes(dataclasses.replace(cfg, **{key: wrong}))
+    assert downloads == []
 
 
 def test_find_mirror_order(tmp_path, monkeypatch):

@@ -70,6 +70,11 @@ class DropCounts:
             )
 
 
+def usable(source: bytes, target: bytes) -> bool:
+    """Whether `clean` keeps the pair (what preparation makes training or validation data of)."""
+    return clean([source], [target], DropCounts())[0] != []
+
+
 def clean(sources: list[bytes], targets: list[bytes], counts: DropCounts) -> tuple[list[str], list[str]]:
     """The usable pairs of a chunk, decoded; `counts` is updated with every pair seen and dropped."""
     kept_sources, kept_targets = [], []
@@ -95,14 +100,17 @@ def clean(sources: list[bytes], targets: list[bytes], counts: DropCounts) -> tup
 
 
 def decode_every_line(
-    sources: list[bytes], targets: list[bytes], counts: DropCounts
+    sources: list[bytes], targets: list[bytes], counts: DropCounts, kept: list[bool] | None = None
 ) -> tuple[list[str], list[str]]:
     """Every pair of a chunk, decoded as the evaluation CLIs read files (`nmt.text_io`): invalid UTF-8 becomes
     U+FFFD and NUL bytes are removed; blank lines stay (over-long ones as `data.folder` cut them). `counts` counts
-    the pairs with invalid UTF-8 (for `refuse_another_encoding`) and the blank ones, though none is dropped."""
+    the pairs with invalid UTF-8 (for `refuse_another_encoding`) and the blank ones, though none is dropped; `kept`
+    (if given) gets, per pair, whether `clean` would keep it."""
     counts.total += len(sources)
     decoded: tuple[list[str], list[str]] = ([], [])
     for pair in zip(sources, targets):
+        if kept is not None:
+            kept.append(usable(*pair))
         texts, invalid = [], False
         for raw in pair:
             raw = raw.replace(b"\x00", b"")

@@ -208,19 +208,28 @@ def load_split(cfg: DataConfig, split: str) -> tf.data.Dataset:
     return load_batches(cfg, split).unbatch()
 
 
-def load_text_pairs(cfg: DataConfig, split: str, *, every_line: bool = False) -> tuple[list[str], list[str]]:
+def load_text_pairs(
+    cfg: DataConfig, split: str, *, every_line: bool = False, kept: list[bool] | None = None
+) -> tuple[list[str], list[str]]:
     """The raw (untokenized) sources and targets of a split, in corpus order, as Python strings.
 
     For a folder corpus, the pairs `data.cleaning` drops (as preparation does) are left out, with a warning; with
     `every_line` (evaluation: BLEU on a split), every line pair is kept, as sacreBLEU would score the files: blank
     lines stay, invalid UTF-8 becomes U+FFFD (with a warning) and NUL bytes are removed, as evaluate.py reads a
-    --source/--reference pair of files.
+    --source/--reference pair of files. `kept` (if given, with `every_line`) gets, per pair, whether preparation
+    keeps it (`data.cleaning.usable`): a loss over some of the lines counts those the prepared split has.
     """
+    from data.cleaning import usable
+
     if cfg.dataset == FOLDER:
         from data import folder
         from data.cleaning import DropCounts, clean, decode_every_line
 
-        read = decode_every_line if every_line else clean
+        def read(raw_sources, raw_targets, counts):
+            if every_line:
+                return decode_every_line(raw_sources, raw_targets, counts, kept)
+            return clean(raw_sources, raw_targets, counts)
+
         sources, targets, counts = [], [], DropCounts()
         for raw_sources, raw_targets in folder.stream(cfg, split, 4096):
             kept_sources, kept_targets = read(raw_sources, raw_targets, counts)
@@ -237,6 +246,8 @@ def load_text_pairs(cfg: DataConfig, split: str, *, every_line: bool = False) ->
     for batch in load_batches(cfg, split).as_numpy_iterator():
         sources.extend(s.decode("utf-8") for s in batch["source"])
         targets.extend(t.decode("utf-8") for t in batch["target"])
+        if kept is not None:
+            kept.extend(usable(s, t) for s, t in zip(batch["source"], batch["target"]))
     return sources, targets
 
 

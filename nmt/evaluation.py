@@ -297,7 +297,8 @@ def evaluate_run_dir(
         from data.corpus import load_text_pairs
 
         split_name = _split_name(config.data, split)
-        sources, references = load_text_pairs(config.data, split_name, every_line=True)
+        kept: list[bool] = []  # what the prepared split holds: the loss of its first lines counts those
+        sources, references = load_text_pairs(config.data, split_name, every_line=True, kept=kept)
         label = split
     if max_sentences > len(sources) > 0:
         log.warning(
@@ -312,7 +313,13 @@ def evaluate_run_dir(
         loss_dataset = eval_batches(config.data, prepared)
         cut = cut_pairs(prepared.source_lengths, prepared.target_lengths, config.data.max_length)
     else:
-        loss_dataset = pairs_loss_dataset(config.data, translator.tokenizer, sources, references)
+        loss_sources, loss_references = sources, references
+        if split_name is not None:
+            # --max-sentences of a split: its prepared pairs among those lines (a blank pair is in the BLEU, not in
+            # the loss, as the whole split's loss has it)
+            usable = [pair for pair, keep in zip(zip(sources, references), kept) if keep]
+            loss_sources, loss_references = [s for s, _ in usable], [r for _, r in usable]
+        loss_dataset = pairs_loss_dataset(config.data, translator.tokenizer, loss_sources, loss_references)
         cut = loss_dataset.cut
     if cut and (loss_model if engine == "ctranslate2" else translator.model) is not None:
         log.warning(

@@ -18,7 +18,7 @@ from nmt.evaluation import (
     read_text_file,
     validation_loss,
 )
-from tests.run_fixture import MAX_SENTENCE_NLL, shared_tiny_run_dir, tiny_corpus
+from tests.run_fixture import MAX_SENTENCE_NLL, shared_tiny_run_dir, tiny_corpus, write_corpus
 
 
 @pytest.fixture(scope="session")
@@ -278,3 +278,35 @@ def test_an_ensemble_needs_the_tensorflow_engine(tiny_run_dir, tmp_path):
         EvaluationError, match="an ensemble decodes with the tensorflow engine, not ctranslate2"
     ):
         evaluate_run_dir(tiny_run_dir, engine="ctranslate2", engine_dir=tmp_path, ensemble=[tiny_run_dir])
+
+
+def test_max_sentences_of_a_split_takes_the_loss_of_its_prepared_pairs(tiny_run_dir, tiny_model, tmp_path):
+    """Blank pairs are in a split's BLEU (as sacreBLEU scores the files) but not in its prepared pairs, so not in
+    the whole split's loss; with --max-sentences the loss counted them (and from another tokenization of their
+    lines), a different loss for the same sentences (before 2026-12-07c; found by a data review). The reference:
+    NumPy's loss of the usable pairs among the first lines (`reference_loss`)."""
+    corpus = tiny_corpus()
+    test = list(corpus["test"])
+    for index, pair in (
+        (1, ("", "")),
+        (4, ("", test[4][1])),
+        (7, (test[7][0], " ")),
+        (12, ("\u3000", "\xa0")),
+    ):
+        test[index] = pair
+    corpus["test"] = test
+    folder = write_corpus(tmp_path / "corpus", corpus=corpus)
+    run = copy_with_data(
+        tiny_run_dir, tmp_path / "run", folder=str(folder), cache_dir=str(tmp_path / "cache")
+    )
+    whole = evaluate_run_dir(run, split="test", beam_size=1)
+    every = evaluate_run_dir(run, split="test", beam_size=1, max_sentences=len(test))
+    first = evaluate_run_dir(run, split="test", beam_size=1, max_sentences=10)
+    assert whole["num_sentences"] == every["num_sentences"] == len(test) and first["num_sentences"] == 10
+    assert every["loss_tokens"] == whole["loss_tokens"]
+    assert every["loss"] == pytest.approx(whole["loss"], rel=1e-6)
+    usable = [(s, t) for s, t in test[:10] if s.strip() and t.strip()]
+    assert len(usable) == 7
+    _, tokenizer, model = tiny_model  # the run's own weights and tokenizer
+    loss, tokens = reference_loss(model, tokenizer, [s for s, _ in usable], [t for _, t in usable])
+    assert first["loss_tokens"] == tokens and first["loss"] == pytest.approx(loss, rel=1e-4, abs=1e-6)

@@ -84,13 +84,13 @@ class RunDir:
         return self.config_path.is_file()
 
     def run_files(self) -> list[str]:
-        """What DIR holds of a trained run, checkpoints and tokenizer: a new run there would adopt them."""
-        made = [
+        """What DIR holds of a trained run's weights (checkpoints/, best/, final/): a new run there would adopt them.
+        A tokenizer alone is not a run: DIR seeded with one (ablate.py's variants share theirs) trains with it."""
+        return [
             f"{folder.name}/"
             for folder in (self.checkpoint_dir, self.best_dir, self.final_dir)
             if any(folder.glob("ckpt-*.index"))
         ]
-        return made + ([f"{self.tokenizer_dir.name}/"] if any(self.tokenizer_dir.glob("*.model")) else [])
 
     def config_problem(self) -> str:
         """What stands where config.yaml should be when it is not a file (a directory, a socket...), else ""."""

@@ -249,8 +249,8 @@ def test_a_run_missing_its_config_or_checkpoints_is_not_trained_over(
         assert code == 3, last
         # best/ between them if a validation saved best weights
         assert (
-            f"{reference_copy} holds a run's checkpoints/, " in last
-            and "final/ and tokenizer/ but no config.yaml (the settings they were made with)" in last
+            f"{reference_copy} holds a run's checkpoints/" in last
+            and " and final/ but no config.yaml (the settings they were made with)" in last
         )
     else:
         assert code == (0 if damage == "checkpoints deleted" else 3), last
@@ -260,3 +260,15 @@ def test_a_run_missing_its_config_or_checkpoints_is_not_trained_over(
             in last
         )
     assert snapshot_run(reference_copy) == before
+
+
+def test_a_run_directory_seeded_with_a_tokenizer_alone_is_a_new_run(reference_copy, fault_config):
+    """What ablate.py's variants are before their training (a shared tokenizer copied in): a new run, not refused as
+    a run without its config.yaml (a regression of the refusal above, found by a review on 2026-12-07c)."""
+    from nmt.config import absolute_paths, load_config
+    from nmt.run_dir import RunDir
+
+    seeded = RunDir(reference_copy.parent / "seeded")
+    seeded.path.mkdir()
+    shutil.copytree(reference_copy / "tokenizer", seeded.tokenizer_dir)
+    assert train_cli.check_resume_compatible(seeded, absolute_paths(load_config(fault_config))) is False

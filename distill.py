@@ -100,7 +100,11 @@ def _check(args: argparse.Namespace) -> None:
             exit_code=2,
         )
     cli.check_streams(args.streams)
-    cli_files.check_model_dir(args.model_dir)
+    model_dir = cli_files.check_model_dir(args.model_dir)
+    # --alpha for a teacher that searches greedily (eval.beam_size 1, no --beam): refused as translate.py refuses it
+    # (before 2026-12-07c the corpus was distilled greedily, the length penalty ignored, exit 0)
+    if args.alpha is not None and args.beam is None and model_dir.load_config().eval.beam_size == 1:
+        raise cli.CliError(cli.GREEDY_RUN_ALPHA, exit_code=2)
     cli.check_ensemble(args)
     from pathlib import Path
 

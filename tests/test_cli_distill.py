@@ -111,13 +111,29 @@ def _run_the_printed_student_command(stderr: str, output, tmp_path) -> None:
             ["--set", "data.folder=CORPUS_WITHOUT_VALIDATION"],
             "data.validation_split=validation: the corpus has no such split, and a student",
         ),
+        (  # before 2026-12-07c: distilled greedily, the length penalty ignored, exit 0 (found by a review)
+            ["--alpha", "1.4", "GREEDY_TEACHER"],
+            "--alpha is the beam search's length penalty: nothing to do with greedy search",
+        ),
     ],
 )
 def test_usage_errors_exit_2_before_tensorflow_and_write_nothing(args, message, tiny_run_dir, tmp_path):
     if "data.folder=CORPUS_WITHOUT_VALIDATION" in args:
         corpus = write_corpus(tmp_path / "corpus", corpus={"train": [("a hat.", "einen hut.")]})
         args = [f"data.folder={corpus}" if arg.endswith("WITHOUT_VALIDATION") else arg for arg in args]
-    done = without_tensorflow(["--model-dir", str(tiny_run_dir), "--output", str(tmp_path / "kd"), *args])
+    teacher = tiny_run_dir
+    if "GREEDY_TEACHER" in args:  # a copy of the teacher whose eval.beam_size is 1
+        import shutil
+
+        import yaml
+
+        teacher = tmp_path / "greedy"
+        shutil.copytree(tiny_run_dir, teacher)
+        tree = yaml.safe_load((teacher / "config.yaml").read_text(encoding="utf-8"))
+        tree["eval"]["beam_size"] = 1
+        (teacher / "config.yaml").write_text(yaml.safe_dump(tree, sort_keys=False), encoding="utf-8")
+        args = [arg for arg in args if arg != "GREEDY_TEACHER"]
+    done = without_tensorflow(["--model-dir", str(teacher), "--output", str(tmp_path / "kd"), *args])
     assert done.returncode == 2, done.stderr.decode()[-2000:]
     assert message in done.stderr.decode()
     assert not (tmp_path / "kd").exists()

@@ -248,8 +248,9 @@ def check_output(output: Path) -> None:
     TensorFlow needed: the CLI checks it first)."""
     if output.exists() and not output.is_dir():
         raise DistillError(f"{output} is a file, not a folder")
-    # the lock, and a manifest's temporary file left by a crash during its first write
-    ours = (LOCK, f"{MANIFEST}.")
+    # the lock, and a manifest's temporary file left by a crash during its first write (`write_atomic` names it
+    # ".<name>.XXXX": "..distill.json.XXXX")
+    ours = (LOCK, f".{MANIFEST}.")
     if (
         output.is_dir()
         and not (output / MANIFEST).exists()

@@ -306,3 +306,34 @@ def test_a_corpus_without_the_validation_split_is_refused(translator, tmp_path):
     corpus = write_corpus(tmp_path / "corpus", corpus={"train": [("a hat.", "x")]})
     with pytest.raises(DistillError, match="data.validation_split=validation: the corpus has no such split"):
         run(translator, corpus, tmp_path / "kd")
+
+
+def test_a_folder_left_by_a_crash_during_the_first_manifest_write_is_still_ours(tmp_path, monkeypatch):
+    """A process killed between writing the manifest's temporary file and renaming it leaves the lock and that
+    file: still a distillation's folder (before 2026-12-07c the allowance named the file without the leading dot
+    `write_atomic` adds, so every later run refused the folder; found by a review). Anything else is refused."""
+    import os
+    from pathlib import Path
+
+    import nmt.run_dir
+    from nmt.distill import check_output
+    from nmt.run_dir import write_atomic
+
+    output = tmp_path / "kd"
+    output.mkdir()
+    (output / LOCK).touch()
+
+    def killed(*args):
+        raise KeyboardInterrupt
+
+    # the kill: the rename never happens, and nothing cleans up after it
+    monkeypatch.setattr(nmt.run_dir.os, "replace", killed)
+    monkeypatch.setattr(Path, "unlink", lambda *args, **kwargs: None)
+    with pytest.raises(KeyboardInterrupt):
+        write_atomic(output / MANIFEST, "{}")
+    monkeypatch.undo()
+    assert len(os.listdir(output)) == 2 and not (output / MANIFEST).exists()
+    check_output(output)
+    (output / "notes.txt").touch()
+    with pytest.raises(DistillError, match="not a distillation's folder"):
+        check_output(output)

@@ -159,6 +159,9 @@ def check_options(options) -> str | None:
         return f"--output {options.output}: cannot write there ({err.strerror or err})"
     if output.is_dir():
         return f"--output {options.output} is a directory"
+    root = Path(options.root).resolve()
+    if blocked := next((p for p in (root, *root.parents) if p.exists() and not p.is_dir()), None):
+        return f"--root {options.root}: {blocked} is a file, not a directory"
     return None
 
 

@@ -128,6 +128,20 @@ def test_ablate_cli_refuses_bad_options_before_training(tmp_path, capsys, args, 
     assert not root.exists()
 
 
+def test_ablate_cli_refuses_a_root_through_a_file(tmp_path, capsys):
+    """--root under (or at) a file: exit 2 naming it, before training (before 2026-12-07c: a FileExistsError
+    traceback; found by a review)."""
+    import ablate
+
+    (tmp_path / "a-file").write_text("")
+    for root in (tmp_path / "a-file", tmp_path / "a-file" / "runs"):
+        assert ablate.main(["--quick", "--root", str(root), "--output", str(tmp_path / "r.md")]) == 2
+        assert (
+            f"ablate.py: --root {root}: {tmp_path / 'a-file'} is a file, not a directory"
+            in capsys.readouterr().err
+        )
+
+
 def test_a_variant_directory_in_use_is_not_removed(tmp_path):
     from benchmarks.ablation import AblationError, fresh_run_dir, resumable
     from nmt.run_dir import RunDir, RunLock

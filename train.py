@@ -92,6 +92,15 @@ def checkpoints_gone(run_dir: RunDir) -> str:
     )
 
 
+def more_training(saved, wanted) -> bool:
+    """Whether the train section `wanted` asks a run trained with `saved` for more than it had: a larger (or no)
+    step limit or time budget."""
+    return any(
+        (new == 0 and old > 0) or (new > old > 0)
+        for old, new in ((saved.max_steps, wanted.max_steps), (saved.max_minutes, wanted.max_minutes))
+    )
+
+
 def _why(path: Path, err: OSError) -> str:
     """What is wrong with a run directory that cannot be created or locked, in words."""
     if path.exists() and not path.is_dir():
@@ -129,7 +138,8 @@ def main(argv=None) -> int:
         print(f"train.py: {err}", file=sys.stderr)
         return 3
     if resuming and (gone := checkpoints_gone(run_dir)):
-        if run_dir.finished():  # a rerun of a finished run (make train again) ends as it would with them
+        # a rerun of a finished run (make train again) ends as it would with them, unless it asks for more steps
+        if run_dir.finished() and not more_training(run_dir.load_config().train, config.train):
             print(f"train.py: already finished; {gone}", file=sys.stderr)
             return 0
         print(f"train.py: {gone}", file=sys.stderr)
@@ -188,6 +198,7 @@ def main(argv=None) -> int:
         with lock:
             try:
                 from nmt.trainer import Trainer
+                from nmt.trainer_data import keep_train_split_record
 
                 log.info("run directory %s (%s)", run_dir.path, "resuming" if resuming else "new run")
                 print(config.to_yaml(), file=sys.stderr)
@@ -210,6 +221,8 @@ def main(argv=None) -> int:
                 return 0
             if chief and resuming:
                 write_atomic(run_dir.config_path, config.to_yaml())
+            if chief:  # what it trains on (a resume on a changed corpus warns)
+                keep_train_split_record(run_dir, trainer.train_record, resumed=bool(trainer.resumed_from))
             if trainer.resumed_from:
                 print(f"train.py: resuming {run_dir.path} from step {trainer.resumed_from}", file=sys.stderr)
             signal.signal(signal.SIGTERM, previous_term)  # training installs its own (stop after the step)

@@ -29,12 +29,13 @@ from data.tokenizer import (
 log = logging.getLogger("data.tokenizer")
 
 
-def _sample_sentences(cfg: DataConfig, seed: int) -> tuple[list[str], list[str]]:
+def _sample_sentences(cfg: DataConfig, seed: int) -> tuple[list[str], list[str], bool]:
     """At most cfg.tokenizer_max_sentences sentences from the train split, drawn without replacement, seeded.
 
     Joint: one pool of 2N sentences (both sides), returned as (pool sample, []). Separate: the same sampled
     pairs for both sides, each side at most the limit. Streams the split, keeping only the drawn lines; pairs
-    that `data.cleaning` drops are skipped (so the sample may be a little smaller).
+    that `data.cleaning` drops are skipped (so the sample may be a little smaller). The third value: whether the
+    limit cut the sample (the split has more sentences).
     """
     from data.cleaning import DropCounts, clean
     from data.stream import count_pairs, stream_pairs  # here: loading a tokenizer needs no TFDS
@@ -70,7 +71,7 @@ def _sample_sentences(cfg: DataConfig, seed: int) -> tuple[list[str], list[str]]
             f"no sentences to train the tokenizer on: split {cfg.train_split!r} has no usable pair "
             f"({counts.summary()})"
         )
-    return first, second
+    return first, second, take < pool
 
 
 @functools.cache  # 1.1M code points scanned: once per process
@@ -100,8 +101,11 @@ def _normalization(cfg: DataConfig, scratch: Path) -> dict:
 SPM_MAX_SENTENCE_BYTES = 4192
 
 
-def _train_model(sentences: list[str], cfg: DataConfig, seed: int, side: str, num_threads: int = 1) -> bytes:
-    """Trains one SentencePiece model in memory; deterministic for a given seed with one thread."""
+def _train_model(
+    sentences: list[str], cfg: DataConfig, seed: int, side: str, num_threads: int = 1, capped: bool = False
+) -> bytes:
+    """Trains one SentencePiece model in memory; deterministic for a given seed with one thread. `capped`: the
+    sample was cut at data.tokenizer_max_sentences (said in the advice for a vocabulary too large)."""
     if not sentences:
         raise DataError(f"no {side} sentences to train the tokenizer on (split {cfg.train_split!r} is empty)")
     model = io.BytesIO()
@@ -132,10 +136,10 @@ def _train_model(sentences: list[str], cfg: DataConfig, seed: int, side: str, nu
                     "may have (it skips longer ones): is the corpus one sentence per line (not CR-only line endings, "
                     "not paragraphs)?"
                 )
-            elif len(sentences) >= 0.9 * cfg.tokenizer_max_sentences:  # the sample was cut at the limit
+            elif capped:
                 advice = (
                     "Lower data.vocab_size, or raise data.tokenizer_max_sentences (the sample has "
-                    f"{len(sentences):,} sentences of at most {cfg.tokenizer_max_sentences:,}: the split may have more)."
+                    f"{len(sentences):,} sentences of at most {cfg.tokenizer_max_sentences:,}: the split has more)."
                 )
             else:
                 advice = "Lower data.vocab_size (or use more data)."
@@ -161,7 +165,7 @@ def train_tokenizer(
       DataError: e.g. a vocabulary too large for the corpus (the message names data.vocab_size and the limit).
     """
     out_dir = Path(out_dir)
-    first, second = _sample_sentences(cfg, seed)
+    first, second, capped = _sample_sentences(cfg, seed)
     if cfg.joint_vocab:
         log.info(
             "training a joint %s SentencePiece model (%d pieces) on %d sentences",
@@ -169,7 +173,7 @@ def train_tokenizer(
             cfg.vocab_size,
             len(first),
         )
-        tokenizer = Tokenizer(_train_model(first, cfg, seed, "source and target", num_threads))
+        tokenizer = Tokenizer(_train_model(first, cfg, seed, "source and target", num_threads, capped))
     else:
         log.info(
             "training source and target %s SentencePiece models (%d pieces each) on %d pairs",
@@ -178,8 +182,8 @@ def train_tokenizer(
             len(first),
         )
         tokenizer = Tokenizer(
-            _train_model(first, cfg, seed, "source", num_threads),
-            _train_model(second, cfg, seed, "target", num_threads),
+            _train_model(first, cfg, seed, "source", num_threads, capped),
+            _train_model(second, cfg, seed, "target", num_threads, capped),
         )
     tokenizer.save(out_dir)
     return Tokenizer.load(out_dir)

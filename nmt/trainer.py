@@ -111,7 +111,7 @@ class Trainer(TrainerEvaluation):
             data = training_data(cfg, self.run_dir, self.strategy, self.stop, self.chief)
         except WorkersDisagree as err:
             raise TrainingError(str(err)) from None
-        self.tokenizer, self.part = data.tokenizer, data.part
+        self.tokenizer, self.part, self.train_record = data.tokenizer, data.part, data.train_record
         self.train_dataset, self.eval_dataset, self.iterator = data.train, data.validation, data.iterator
         replicas = self.strategy.num_replicas_in_sync
 

@@ -24,6 +24,8 @@ class TrainingData:
     train: object  # tf.data.Dataset of global batches (this worker's part of each), repeated
     validation: object  # tf.data.Dataset of the validation split
     iterator: object  # over `train`: plain, checkpointable (tf.distribute's DistributedIterator is not)
+    # what the chief trains on (`train_split_record`), kept once the start is accepted (`keep_train_split_record`)
+    train_record: dict | None = None
 
 
 def training_data(cfg, run_dir, strategy, stop: StopControl, chief: bool) -> TrainingData:
@@ -32,11 +34,13 @@ def training_data(cfg, run_dir, strategy, stop: StopControl, chief: bool) -> Tra
     from data.prepare import prepare
     from nmt.init_from import run_tokenizer
 
+    records = []
+
     def prepare_data():
         tokenizer = run_tokenizer(cfg, run_dir, chief=chief)  # init_from: the parent's
         _, splits = prepare(cfg.data, tokenizer=tokenizer, chief=chief)
         if chief:
-            record_train_split(run_dir, cfg.data.train_split, splits[cfg.data.train_split])
+            records.append(train_split_record(cfg.data.train_split, splits[cfg.data.train_split]))
         return tokenizer
 
     tokenizer = stop.chief_first(chief, prepare_data, "prepare the data")
@@ -48,21 +52,29 @@ def training_data(cfg, run_dir, strategy, stop: StopControl, chief: bool) -> Tra
     part = worker_part(strategy)  # None, or this worker's share of each batch (logged)
     train = make_train_dataset(global_data, tokenizer, seed=cfg.train.seed, repeat=True, part=part)
     validation = make_eval_dataset(cfg.data, tokenizer, cfg.data.validation_split)
-    return TrainingData(tokenizer, part, train, validation, iter(train))
+    return TrainingData(tokenizer, part, train, validation, iter(train), records[0] if records else None)
 
 
-def record_train_split(run_dir, split: str, directory) -> None:
-    """Keeps what the run trains on in `DIR/train_data.json` (the prepared split's pair and piece counts), and warns
-    when a resume finds another: the corpus files changed since (edited, cut, replaced), so the run goes on with
-    other data and its data order is no longer the checkpoint's (an exact resume needs the original corpus). The
-    counts, not the files' names or times: a corpus moved or copied elsewhere is the same corpus."""
-    import json
-
+def train_split_record(split: str, directory) -> dict:
+    """What a run trains on: the prepared split's pair and piece counts (not its files' names or times: a corpus
+    moved or copied elsewhere is the same corpus)."""
     from data.store import read_manifest
-    from nmt.run_dir import write_atomic
 
     manifest = read_manifest(directory) or {}
-    record = {"split": split, "pairs": manifest.get("pairs"), "pieces": manifest.get("pieces")}
+    return {"split": split, "pairs": manifest.get("pairs"), "pieces": manifest.get("pieces")}
+
+
+def keep_train_split_record(run_dir, record: dict | None, resumed: bool) -> None:
+    """Keeps `record` in `DIR/train_data.json` once a start is accepted (train.py, beside config.yaml: a refused
+    start or the rerun of a finished run leaves DIR as it was), and warns when a resumed run finds another: its
+    corpus changed since (edited, cut, replaced), so the run goes on with other data, in an order that is no longer
+    the checkpoint's (an exact resume needs the original corpus)."""
+    import json
+
+    from nmt.run_dir import write_atomic
+
+    if record is None:
+        return
     path = run_dir.train_data_path
     try:
         before = json.loads(path.read_text(encoding="utf-8"))
@@ -70,7 +82,7 @@ def record_train_split(run_dir, split: str, directory) -> None:
         before = None
     if before == record:
         return
-    if isinstance(before, dict) and before.get("split") == split:
+    if resumed and isinstance(before, dict) and before.get("split") == record["split"]:
 
         def counts(r: dict) -> str:
             pieces = r.get("pieces") if isinstance(r.get("pieces"), dict) else {}
@@ -80,6 +92,6 @@ def record_train_split(run_dir, split: str, directory) -> None:
             "the %s split is not the one this run trained on so far (%s before, %s now): its corpus changed. The "
             "run goes on with the new data, in an order that is not the checkpoint's; restore the original corpus "
             "for an exact resume",
-            split, counts(before), counts(record),
+            record["split"], counts(before), counts(record),
         )  # fmt: skip
     write_atomic(path, json.dumps(record) + "\n")

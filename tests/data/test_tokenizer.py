@@ -97,9 +97,14 @@ def test_vocab_too_large_names_the_size(data_cfg, tmp_path):
     with pytest.raises(
         DataError,
         match=r"Lower data\.vocab_size, or raise data\.tokenizer_max_sentences \(the sample has 50 sentences of "
-        r"at most 50: the split may have more\)\.$",
+        r"at most 50: the split has more\)\.$",
     ):
         train_tokenizer(dataclasses.replace(data_cfg, vocab_size=50000, tokenizer_max_sentences=50), tmp_path)
+    # a limit just above the 120 sentences there are: the whole split was sampled, no such advice
+    with pytest.raises(DataError, match=r"on 120 .*\. Lower data\.vocab_size \(or use more data\)\.$"):
+        train_tokenizer(
+            dataclasses.replace(data_cfg, vocab_size=50000, tokenizer_max_sentences=125), tmp_path
+        )
 
 
 def test_vocab_too_small_for_the_characters_says_raise_it(data_cfg, tmp_path):

@@ -225,7 +225,13 @@ def test_an_entry_of_the_run_directory_that_cannot_be_written_is_named(
 
 
 @pytest.mark.parametrize(
-    "damage", ["config.yaml deleted", "checkpoints deleted", "checkpoints deleted, unfinished"]
+    "damage",
+    [
+        "config.yaml deleted",
+        "checkpoints deleted",
+        "checkpoints deleted, unfinished",
+        "checkpoints deleted, more",
+    ],
 )
 def test_a_run_missing_its_config_or_checkpoints_is_not_trained_over(
     fault_config, reference_copy, capsys, damage
@@ -233,7 +239,8 @@ def test_a_run_missing_its_config_or_checkpoints_is_not_trained_over(
     """Without config.yaml, DIR read as a new run that adopted the old checkpoints and tokenizer with any settings
     (and wrote them into config.yaml); without checkpoints/ (deleted to save space), the rerun trained from step 0,
     replacing final/ and dropping every record, exit 0 (before 2026-12-07c; found by a resume review). Now: a
-    finished run says so (exit 0), the others are refused (exit 3), DIR untouched before TensorFlow loads."""
+    finished run says so (exit 0) unless asked for more steps, the others are refused (exit 3), DIR untouched before
+    TensorFlow loads."""
     if damage == "config.yaml deleted":
         (reference_copy / "config.yaml").unlink()
     else:
@@ -243,7 +250,11 @@ def test_a_run_missing_its_config_or_checkpoints_is_not_trained_over(
         metrics.write_text("".join(metrics.read_text().splitlines(keepends=True)[:-1]))
     before = snapshot_run(reference_copy)
     argv = ["--config", str(fault_config), "--model-dir", str(reference_copy)]
-    code = train_cli.main([*argv, "--set", "data.vocab_size=80"] if "config" in damage else argv)
+    if "config" in damage:
+        argv += ["--set", "data.vocab_size=80"]
+    elif damage.endswith("more"):  # a finished run asked to train on: it cannot (exit 3, not "finished")
+        argv += ["--set", f"train.max_steps={MAX_STEPS + 5}"]
+    code = train_cli.main(argv)
     last = capsys.readouterr().err.strip().splitlines()[-1]
     if damage == "config.yaml deleted":
         assert code == 3, last
@@ -272,3 +283,31 @@ def test_a_run_directory_seeded_with_a_tokenizer_alone_is_a_new_run(reference_co
     seeded.path.mkdir()
     shutil.copytree(reference_copy / "tokenizer", seeded.tokenizer_dir)
     assert train_cli.check_resume_compatible(seeded, absolute_paths(load_config(fault_config))) is False
+
+
+def test_a_start_that_does_not_train_leaves_the_record_of_the_training_data(
+    fault_config, reference_copy, tmp_path, capsys
+):
+    """DIR/train_data.json is rewritten only by a start that trains: a resume refused (another global batch) or
+    the rerun of a finished run on a changed corpus left the new counts there, so the next resume on it no longer
+    warned (before 2026-12-07c; found by a review)."""
+    import yaml
+
+    record = reference_copy / "train_data.json"
+    before = record.read_text(encoding="utf-8")
+    # the run's corpus, a copy of its own (then cut): its config.yaml and the command name it
+    tree = yaml.safe_load(fault_config.read_text(encoding="utf-8"))
+    corpus = tmp_path / "corpus"
+    shutil.copytree(tree["data"]["folder"], corpus)
+    for path in (reference_copy / "config.yaml", tmp_path / "tiny.yaml"):
+        saved = yaml.safe_load((reference_copy / "config.yaml").read_text(encoding="utf-8"))
+        saved["data"]["folder"] = str(corpus)
+        path.write_text(yaml.safe_dump(saved, sort_keys=False), encoding="utf-8")
+    for path in corpus.glob("*.train.txt"):
+        path.write_bytes(b"".join(path.read_bytes().splitlines(keepends=True)[:40]))
+    argv = ["--config", str(tmp_path / "tiny.yaml"), "--model-dir", str(reference_copy)]
+    refused = train_cli.main([*argv, "--set", f"train.max_steps={MAX_STEPS + 5}", "train.accumulate_steps=2"])
+    assert refused == 1 and "was trained with a global batch" in capsys.readouterr().err
+    assert train_cli.main(argv) == 0
+    assert f"train.py: already finished at step {MAX_STEPS}" in capsys.readouterr().err
+    assert record.read_text(encoding="utf-8") == before

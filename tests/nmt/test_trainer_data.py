@@ -14,7 +14,7 @@ import shutil
 
 from data.prepare import prepare
 from nmt.run_dir import RunDir
-from nmt.trainer_data import record_train_split
+from nmt.trainer_data import keep_train_split_record, train_split_record
 from tests.data.test_prepare import folder_cfg
 
 
@@ -23,7 +23,7 @@ def test_a_resume_on_a_changed_corpus_warns_and_a_moved_one_does_not(tmp_path, c
     run = RunDir(tmp_path / "run")
     run.path.mkdir()
     tokenizer, splits = prepare(cfg, progress=False)
-    record_train_split(run, "train", splits["train"])
+    keep_train_split_record(run, train_split_record("train", splits["train"]), resumed=False)
     first = json.loads(run.train_data_path.read_text(encoding="utf-8"))
     assert first["split"] == "train" and first["pairs"] > 40 and set(first["pieces"]) == {"source", "target"}
 
@@ -34,7 +34,7 @@ def test_a_resume_on_a_changed_corpus_warns_and_a_moved_one_does_not(tmp_path, c
     assert splits["train"].name != run.train_data_path.parent.name
     caplog.clear()
     with caplog.at_level(logging.WARNING):
-        record_train_split(run, "train", splits["train"])
+        keep_train_split_record(run, train_split_record("train", splits["train"]), resumed=True)
     assert not caplog.records
     assert json.loads(run.train_data_path.read_text(encoding="utf-8")) == first
 
@@ -43,8 +43,13 @@ def test_a_resume_on_a_changed_corpus_warns_and_a_moved_one_does_not(tmp_path, c
         path.write_bytes(b"".join(path.read_bytes().splitlines(keepends=True)[:40]))
     _, splits = prepare(cfg, tokenizer=tokenizer, progress=False)
     caplog.clear()
+    record = train_split_record("train", splits["train"])
     with caplog.at_level(logging.WARNING):
-        record_train_split(run, "train", splits["train"])
+        keep_train_split_record(run, record, resumed=False)  # a new run's start there: nothing to compare
+    assert not caplog.records
+    run.train_data_path.write_text(json.dumps(first), encoding="utf-8")
+    with caplog.at_level(logging.WARNING):
+        keep_train_split_record(run, record, resumed=True)
     (warning,) = [r.getMessage() for r in caplog.records]
     now = json.loads(run.train_data_path.read_text(encoding="utf-8"))
     assert now["pairs"] < first["pairs"]

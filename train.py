@@ -24,8 +24,18 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import nmt.xla  # noqa: E402, F401  (TF_XLA_FLAGS before TensorFlow reads them: train.xla fusible)
 from nmt.cli import add_set_argument, exit_now, stop_on_sigterm  # noqa: E402
-from nmt.config import LOCATION_KEYS, ConfigError, absolute_paths, load_config  # noqa: E402
+from nmt.config import ConfigError, absolute_paths, load_config  # noqa: E402
 from nmt.run_dir import RunDir, RunDirError, RunLock, write_atomic  # noqa: E402
+from nmt.run_start import (  # noqa: E402
+    check_resume_compatible,
+    checkpoints_gone,
+    discard,
+    existing_entries,
+    missing_parents,
+    more_training,
+    saved_checkpoints,
+    why_unusable,
+)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -39,76 +49,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--model-dir", help="run directory (default: runs/<config name>)")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     return parser.parse_args(argv)
-
-
-def check_resume_compatible(run_dir: RunDir, config) -> bool:
-    """True when DIR already holds a run; raises RunDirError if its model/data config differs from this one."""
-    if problem := run_dir.config_problem():
-        raise RunDirError(problem)
-    if not run_dir.exists():
-        if made := run_dir.run_files():
-            raise RunDirError(
-                f"{run_dir.path} holds a run's {', '.join(made[:-1])}{' and ' if made[1:] else ''}{made[-1]} but no "
-                f"{run_dir.config_path.name} (the settings they were made with): put it back, or use another "
-                "--model-dir"
-            )
-        return False
-    # a run saved before its paths were made absolute: read as meant from here
-    saved = absolute_paths(run_dir.load_config())
-    for section in ("data", "model"):
-        old, new = getattr(saved, section).__dict__, getattr(config, section).__dict__
-        changed = [
-            f"{section}.{key}: {old[key]!r} -> {new[key]!r}"
-            for key in old
-            if old[key] != new[key] and (section, key) not in LOCATION_KEYS
-        ]
-        if changed:
-            raise RunDirError(
-                f"{run_dir.path} was trained with a different {section} config ({'; '.join(changed)}); "
-                "use another --model-dir or the original config"
-            )
-    if (saved.train.ema_decay > 0) != (
-        config.train.ema_decay > 0
-    ):  # Adam's variables: with the EMA or without
-        raise RunDirError(
-            f"{run_dir.path} was trained {'with' if saved.train.ema_decay > 0 else 'without'} an EMA of the weights "
-            f"(train.ema_decay {saved.train.ema_decay} -> {config.train.ema_decay}): it cannot be turned on or off "
-            "on resume (its checkpoints hold the optimizer's state as it was); keep it "
-            f"{'above 0' if saved.train.ema_decay > 0 else 'at 0'}, or use another --model-dir"
-        )
-    return True
-
-
-def checkpoints_gone(run_dir: RunDir) -> str:
-    """What to say when DIR's training checkpoints are gone but final/ holds its trained weights (checkpoints
-    deleted to save space): training from step 0 would replace them and drop every record. "" otherwise."""
-    if not saved_checkpoints(run_dir, run_dir.final_dir) or saved_checkpoints(run_dir):
-        return ""
-    return (
-        f"{run_dir.path} holds trained weights in {run_dir.final_dir.name}/ but no training checkpoint in "
-        f"{run_dir.checkpoint_dir.name}/: it cannot train on, and training again from step 0 would replace them "
-        "(put the checkpoints back, or use another --model-dir; evaluate.py, translate.py and export.py still use "
-        "final/)"
-    )
-
-
-def more_training(saved, wanted) -> bool:
-    """Whether the train section `wanted` asks a run trained with `saved` for more than it had: a larger (or no)
-    step limit or time budget."""
-    return any(
-        (new == 0 and old > 0) or (new > old > 0)
-        for old, new in ((saved.max_steps, wanted.max_steps), (saved.max_minutes, wanted.max_minutes))
-    )
-
-
-def _why(path: Path, err: OSError) -> str:
-    """What is wrong with a run directory that cannot be created or locked, in words."""
-    if path.exists() and not path.is_dir():
-        return "it is a file, not a directory (give a directory: train.py creates it)"
-    for parent in path.parents:
-        if parent.exists() and not parent.is_dir():
-            return f"{parent} is a file, not a directory"
-    return f"{err.strerror}: {err.filename}" if err.strerror and err.filename else str(err)
 
 
 def main(argv=None) -> int:
@@ -184,7 +124,7 @@ def main(argv=None) -> int:
         return 3
     except OSError as err:  # DIR is a file, under a file, on a read-only filesystem...
         print(
-            f"train.py: cannot use {run_dir.path} as the run directory: {_why(run_dir.path, err)}",
+            f"train.py: cannot use {run_dir.path} as the run directory: {why_unusable(run_dir.path, err)}",
             file=sys.stderr,
         )
         return 2
@@ -302,51 +242,6 @@ def _outputs(run_dir: RunDir, split: str = "test") -> str:
         f"train.py: next: python evaluate.py --model-dir {shlex.quote(str(run_dir.path))} --split {split}  "
         "(sacreBLEU, beam search" + (")" if split == "test" else "; the corpus has no test split)")
     )
-
-
-def saved_checkpoints(run_dir: RunDir, directory: Path | None = None) -> list[Path]:
-    """The checkpoints in DIR's `directory` (default: the training checkpoints), their index files, whatever the
-    state file `checkpoint` says."""
-    return sorted((directory or run_dir.checkpoint_dir).glob("ckpt-*.index"))
-
-
-def existing_entries(run_dir: RunDir) -> set[str] | None:
-    """The names in DIR before a new run starts (None: DIR does not exist yet)."""
-    if not run_dir.path.is_dir():
-        return None if not run_dir.path.exists() else set()
-    return {entry.name for entry in run_dir.path.iterdir()}
-
-
-def missing_parents(run_dir: RunDir) -> list[Path]:
-    """DIR's parent folders that do not exist yet (the lock's mkdir makes them), deepest first."""
-    missing, parent = [], run_dir.path.absolute().parent
-    while not parent.exists() and parent != parent.parent:
-        missing.append(parent)
-        parent = parent.parent
-    return missing
-
-
-def discard(run_dir: RunDir, before: set[str] | None, made_parents: list[Path] = ()) -> None:
-    """Undoes a new run whose start failed: removes what it wrote into DIR (config.yaml, tokenizer/, ...), and DIR
-    itself if it made it (`before` None), with the parent folders it made (`made_parents`, if still empty), so that
-    the corrected command starts afresh there (not refused as another run's directory, nor handed the failed start's
-    tokenizer). What was in DIR before is kept. The lock file goes too: the lock itself is held until the process
-    releases it."""
-    import shutil
-
-    if not run_dir.path.is_dir():
-        return
-    for entry in run_dir.path.iterdir():
-        if before is None or entry.name not in before:
-            if entry.is_dir() and not entry.is_symlink():
-                shutil.rmtree(entry, ignore_errors=True)
-            else:
-                entry.unlink(missing_ok=True)
-    if before is None:
-        with contextlib.suppress(OSError):
-            run_dir.path.rmdir()
-            for parent in made_parents:
-                parent.rmdir()  # fails (and stops) at one that is not empty
 
 
 def report_failure(err: Exception, run_dir: RunDir, removed: bool, multi_worker: bool = False) -> int | None:

@@ -52,6 +52,7 @@ def test_no_mirror_gives_clear_error_and_the_next_run_prepares(corpus, tmp_path,
     from data.corpus import split_sizes
     from nmt.config import load_config
     from nmt.run_dir import RunDir
+    from nmt.run_start import check_resume_compatible
 
     data_dir, missing, run_dir = tmp_path / "tfds", tmp_path / "no_such_mirror", tmp_path / "run"
     tree = fault_tree(corpus)
@@ -78,7 +79,7 @@ def test_no_mirror_gives_clear_error_and_the_next_run_prepares(corpus, tmp_path,
     assert not run_dir.exists()
     mirror = write_fake_mirror(tmp_path / "mirror")
     fixed = load_config(config, [f"data.manual_dir={mirror}"])
-    assert not train_cli.check_resume_compatible(RunDir(run_dir), fixed)  # a new run, no refusal
+    assert not check_resume_compatible(RunDir(run_dir), fixed)  # a new run, no refusal
     assert split_sizes(fixed.data) == {"train": 200, "validation": 40, "test": 40}
     assert prepared(data_dir)
 

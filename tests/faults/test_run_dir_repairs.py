@@ -278,11 +278,12 @@ def test_a_run_directory_seeded_with_a_tokenizer_alone_is_a_new_run(reference_co
     a run without its config.yaml (a regression of the refusal above, found by a review on 2026-12-07c)."""
     from nmt.config import absolute_paths, load_config
     from nmt.run_dir import RunDir
+    from nmt.run_start import check_resume_compatible
 
     seeded = RunDir(reference_copy.parent / "seeded")
     seeded.path.mkdir()
     shutil.copytree(reference_copy / "tokenizer", seeded.tokenizer_dir)
-    assert train_cli.check_resume_compatible(seeded, absolute_paths(load_config(fault_config))) is False
+    assert check_resume_compatible(seeded, absolute_paths(load_config(fault_config))) is False
 
 
 def test_a_start_that_does_not_train_leaves_the_record_of_the_training_data(

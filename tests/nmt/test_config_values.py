@@ -45,7 +45,7 @@ from tests.nmt.test_config import write
         ("train.epsilon=0", r"train\.epsilon: must be > 0, got 0\.0"),
         ("eval.max_length_a=-5", r"eval\.max_length_a: must be >= 0, got -5\.0"),
         ("eval.max_length_b=-5", r"eval\.max_length_b: must be >= 0, got -5"),
-        ("eval.beam_size=-1", r"eval\.beam_size: must be >= 1, got -1"),
+        ("eval.beam_size=-1", r"eval\.beam_size: must be in \[1, 1024\], got -1"),
         ("eval.alpha=-0.1", r"eval\.alpha: must be in \[0, 5\], got -0\.1"),
         ("eval.batch_size=0", r"eval\.batch_size: must be >= 1, got 0"),
         ("model.attention_dropout=1", r"model\.attention_dropout: must be in \[0, 1\), got 1\.0"),

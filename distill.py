@@ -131,6 +131,8 @@ def _corpus(args: argparse.Namespace):
                 f"{teacher.target}; a corpus of other languages needs another teacher",
                 exit_code=2,
             )
+    from pathlib import Path
+
     from data.stream import FOLDER, split_exists
     from nmt.distill import missing_validation
 
@@ -146,6 +148,16 @@ def _corpus(args: argparse.Namespace):
     split = data.test_split
     if split and split != teacher.test_split and not split_exists(data, split):
         raise cli.CliError(f"--set data.test_split={split}: the corpus has no such split", exit_code=2)
+    if data.dataset == FOLDER:
+        corpus, output = Path(data.folder).resolve(), Path(args.output).resolve()
+        if (
+            output == corpus or corpus in output.parents
+        ):  # the corpus would hold a folder that is not one of its files
+            raise cli.CliError(
+                f"--output {args.output} is inside the corpus it distils (data.folder={data.folder}): give a "
+                "folder outside it",
+                exit_code=2,
+            )
     return data
 
 

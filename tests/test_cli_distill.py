@@ -5,6 +5,7 @@ test a real process; the other runs call `main` in this process through `nmt.cli
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -111,6 +112,10 @@ def _run_the_printed_student_command(stderr: str, output, tmp_path) -> None:
             ["--set", "data.folder=CORPUS_WITHOUT_VALIDATION"],
             "data.validation_split=validation: the corpus has no such split, and a student",
         ),
+        (  # before 2026-12-07c: an error blaming the folder distill.py made there, once the teachers had loaded
+            ["--output", "INSIDE_CORPUS"],
+            "is inside the corpus it distils (data.folder=",
+        ),
         (  # before 2026-12-07c: distilled greedily, the length penalty ignored, exit 0 (found by a review)
             ["--alpha", "1.4", "GREEDY_TEACHER"],
             "--alpha is the beam search's length penalty: nothing to do with greedy search",
@@ -133,6 +138,11 @@ def test_usage_errors_exit_2_before_tensorflow_and_write_nothing(args, message, 
         tree["eval"]["beam_size"] = 1
         (teacher / "config.yaml").write_text(yaml.safe_dump(tree, sort_keys=False), encoding="utf-8")
         args = [arg for arg in args if arg != "GREEDY_TEACHER"]
+    if "INSIDE_CORPUS" in args:  # the teacher's own corpus folder
+        import yaml
+
+        folder = yaml.safe_load((tiny_run_dir / "config.yaml").read_text(encoding="utf-8"))["data"]["folder"]
+        args = [str(Path(folder) / "kd") if arg == "INSIDE_CORPUS" else arg for arg in args]
     done = without_tensorflow(["--model-dir", str(teacher), "--output", str(tmp_path / "kd"), *args])
     assert done.returncode == 2, done.stderr.decode()[-2000:]
     assert message in done.stderr.decode()

@@ -147,11 +147,20 @@ def split_problem(builder: tfds.core.DatasetBuilder, cfg: DataConfig, split: str
     if split.split("[")[0] not in names:
         return f"split {split!r} is not in dataset {cfg.dataset!r} (splits: {', '.join(names)})"
     try:
-        tfds.core.ReadInstruction.from_spec(split).to_absolute(splits)
+        absolute = tfds.core.ReadInstruction.from_spec(split).to_absolute(splits)
     except ValueError as err:
         # TFDS's reason is on its last line ("Unrecognized split format: ...", "Requested slice [5000:1014] ...")
         reason = str(err).strip().splitlines()[-1]
         return f"split {split!r} of dataset {cfg.dataset!r} cannot be read: {reason}"
+    # a reversed or empty slice ("[5:2]", "[:0]", "[:1%]" of a small split): TFDS reads it as no data, or fails
+    # later calling the files damaged
+    sizes = {name: splits[name].num_examples for name in names}
+    selected = sum(
+        (sizes.get(part.splitname, 0) if part.to is None else part.to) - (part.from_ or 0)
+        for part in absolute
+    )
+    if selected <= 0 and any(sizes.values()):
+        return f"split {split!r} of dataset {cfg.dataset!r} selects no examples (an empty or reversed slice)"
     return None
 
 

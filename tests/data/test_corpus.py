@@ -69,6 +69,9 @@ def test_tfds_split_slices_are_read_and_bad_ones_are_data_errors(data_cfg, mirro
         DataError, match=r"^split 'test\[50:\]' .*: Requested slice \[50:10\] incompatible with 10"
     ):
         load_split(data_cfg, "test[50:]")
+    for empty in ("test[5:2]", "test[:0]", "test[3:3]", "test[:1%]"):  # 10 pairs: 1% is none
+        with pytest.raises(DataError, match=r"selects no examples \(an empty or reversed slice\)$"):
+            load_split(data_cfg, empty)
     cases = {
         "validation_split": ("validation[:10%", "Unrecognized split format: 'validation\\[:10%'"),
         "test_split": ("test[:500]", "Requested slice \\[:500\\] incompatible with 10 examples"),

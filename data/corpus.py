@@ -156,7 +156,7 @@ def split_problem(builder: tfds.core.DatasetBuilder, cfg: DataConfig, split: str
     # later calling the files damaged
     sizes = {name: splits[name].num_examples for name in names}
     selected = sum(
-        (sizes.get(part.splitname, 0) if part.to is None else part.to) - (part.from_ or 0)
+        max(0, (sizes.get(part.splitname, 0) if part.to is None else part.to) - (part.from_ or 0))
         for part in absolute
     )
     if selected <= 0 and any(sizes.values()):

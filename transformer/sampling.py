@@ -34,8 +34,9 @@ _MASK = 0xFFFFFFFF
 # The multiplier of a well-mixing 32-bit integer hash (H. Mueller); under 2^27, so int64 products never overflow
 _MULTIPLIER = 0x45D9F3B
 _GOLDEN = 0x9E3779B9
-# Log-probabilities at or below: tokens the step function forbids or forces out (their logits are -1e9)
-_IMPOSSIBLE = -1.0e8
+# Log-probabilities at or below: tokens the step function forbids or forces out (their logits are -1e9, or
+# float16's -32752 under mixed_float16: the bias is cut to float16.min / 2); no real log-probability comes near
+_IMPOSSIBLE = -1.0e4
 _COLDEST = 1.0e-6  # the lowest temperature used
 
 

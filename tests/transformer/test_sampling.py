@@ -89,17 +89,20 @@ def test_uniform_numbers_are_uniform_and_reproducible():
     assert np.isfinite(-np.log(-np.log(extremes))).all()
 
 
-@pytest.mark.parametrize("temperature", [1e-45, 1e-40, 0.5, 1.0, 1e8, 3e38])
-def test_forced_and_forbidden_tokens_hold_at_any_temperature(temperature):
+@pytest.mark.parametrize("impossible", [-1.0e9, -32752.0])
+@pytest.mark.parametrize("temperature", [1e-45, 1e-40, 0.5, 1.0, 1e5, 1e8, 3e38])
+def test_forced_and_forbidden_tokens_hold_at_any_temperature(temperature, impossible):
     """Once a sentence reaches its length limit, every other token's log-probability is about -1e9: the draw is EOS.
-    PAD and BOS (forbidden, about -1e9) are never drawn; a temperature near 0 draws the most likely token."""
+    PAD and BOS (forbidden, about -1e9) are never drawn; a temperature near 0 draws the most likely token. Under
+    mixed_float16 the step's bias is float16's -32752, not -1e9: before 2026-12-07c a temperature from a few
+    thousand up drew PAD and BOS mid-sentence (found by a review)."""
     # a number per token: the extremes uniform gives (2^-24 and 1 - 2^-24), and random ones
     u = np.random.default_rng(0).uniform(size=(3, 10)).astype(np.float32)
     u[0, ::2], u[1, 1::2] = 2**-24, 1.0 - 2**-24
-    forced = np.full((3, 10), -1.0e9, np.float32)
+    forced = np.full((3, 10), impossible, np.float32)
     forced[:, EOS_ID] = 0.0
     free = np.tile(np.log(np.linspace(1, 2, 10) / np.linspace(1, 2, 10).sum()), (3, 1)).astype(np.float32)
-    free[:, [PAD_ID, BOS_ID]] = -1.0e9
+    free[:, [PAD_ID, BOS_ID]] = impossible
     for topk, topp in ((0, 1.0), (5, 1.0), (0, 0.3)):
         sampling = Sampling(topk=topk, topp=topp, temperature=temperature)
         assert sample(tf.constant(forced), tf.constant(u), sampling).numpy().tolist() == [EOS_ID] * 3

@@ -200,6 +200,7 @@ def train_inprocess(config_path: Path, run_dir: Path, overrides: list[str], log_
     from nmt.config import load_config
     from nmt.run_dir import RunDir, RunLock, write_atomic
     from nmt.trainer import Trainer, TrainingError
+    from nmt.trainer_data import keep_train_split_record
 
     config = load_config(config_path, overrides)
     run = RunDir(run_dir)
@@ -208,6 +209,8 @@ def train_inprocess(config_path: Path, run_dir: Path, overrides: list[str], log_
             write_atomic(run.config_path, config.to_yaml())
             trainer = Trainer(config, run)
             trainer.setup()
+            # what it trains on, as train.py keeps it (a resume on a changed corpus warns)
+            keep_train_split_record(run, trainer.train_record, resumed=bool(trainer.resumed_from))
             result = trainer.train()
         _append(log_path, f"{result.status}: {result.message}\n")
         return 0

@@ -37,7 +37,7 @@ from nmt.precision import device_kind, resolve_autocluster, resolve_precision, r
 from nmt.run_dir import RunDir, RunDirError
 from nmt.summaries import drop_events_after, write_train_summaries
 from nmt.train_step import TrainStep
-from nmt.trainer_data import training_data
+from nmt.trainer_data import iterator_kind, restorable_iterator, training_data
 from nmt.trainer_evaluation import TrainerEvaluation
 from nmt.worker_scratch import private_directory
 
@@ -152,6 +152,7 @@ class Trainer(TrainerEvaluation):
             pending_evaluation=self.pending_evaluation,
             plan=self.plan.state,
             replan=self.plan.replan_state,
+            iterator_kind=iterator_kind(self.part),
             **self.step_fn.checkpoint_state(),
         )
         # Dropout RNG: Keras SeedGenerator states are in `model.variables` but not in the model's checkpoint
@@ -219,6 +220,8 @@ class Trainer(TrainerEvaluation):
             return 0
         try:  # the parts the plan allows: another global batch is refused, an older checkpoint has no plan
             parts = self.plan.restorable(latest, self.checkpoint_parts)
+            symbolic = self.part is not None
+            parts = restorable_iterator(latest, parts, symbolic, self.config.train.allow_batch_change)
             if not tf.train.load_checkpoint(latest).has_tensor(PENDING_KEY):  # written before it existed
                 parts = {name: part for name, part in parts.items() if name != "pending_evaluation"}
             tf.train.Checkpoint(**parts).restore(latest).assert_existing_objects_matched()

@@ -95,3 +95,47 @@ def keep_train_split_record(run_dir, record: dict | None, resumed: bool) -> None
             record["split"], counts(before), counts(record),
         )  # fmt: skip
     write_atomic(path, json.dumps(record) + "\n")
+
+
+ITERATOR_KIND = "iterator_kind"  # the checkpoint part saying which kind of data iterator it holds
+_KIND_KEY = f"{ITERATOR_KIND}/symbolic/.ATTRIBUTES/VARIABLE_VALUE"
+_KINDS = {
+    True: "a multi-worker part of each batch",
+    False: "whole batches (one process: one device or mirrored)",
+}
+
+
+def iterator_kind(part) -> object:
+    """The checkpoint part recording the training iterator's kind: a multi-worker part's is checkpointed as
+    positions (tf.data's symbolic checkpoints, data.batching), whole batches as TensorFlow's iterator state. One
+    kind cannot read the other's: a mirrored run resumed as a two-worker run (the same replicas and global batch)
+    restored its position silently wrong, and the other way failed as a "corrupt" checkpoint."""
+    import tensorflow as tf
+
+    module = tf.Module(name=ITERATOR_KIND)
+    module.symbolic = tf.Variable(int(part is not None), dtype=tf.int64, trainable=False, name="symbolic")
+    return module
+
+
+def restorable_iterator(prefix: str, parts: dict, symbolic: bool, allow_change: bool) -> dict:
+    """The parts of `parts` to restore from checkpoint `prefix` as far as the data iterator goes: all of them when
+    it holds this run's kind of iterator (or is older than the record: nothing to compare). Another kind raises
+    `BatchChanged`, or with train.allow_batch_change the iterator is not restored (the data order restarts)."""
+    import tensorflow as tf
+
+    from nmt.budget import BatchChanged
+
+    reader = tf.train.load_checkpoint(prefix)
+    if not reader.has_tensor(_KIND_KEY):
+        return {name: part for name, part in parts.items() if name != ITERATOR_KIND}
+    saved = bool(reader.get_tensor(_KIND_KEY))
+    if saved == symbolic:
+        return parts
+    change = f"{prefix} holds the data position of {_KINDS[saved]}; this run reads {_KINDS[symbolic]}"
+    if not allow_change:
+        raise BatchChanged(
+            f"{change}: one cannot continue the other's. Resume with the original train.distribute, or pass --set "
+            "train.allow_batch_change=true to go on (the data order then restarts from the seed)"
+        )
+    log.warning("%s: going on (train.allow_batch_change); the data order restarts", change)
+    return {name: part for name, part in parts.items() if name not in ("iterator", ITERATOR_KIND)}

@@ -58,3 +58,32 @@ def test_a_resume_on_a_changed_corpus_warns_and_a_moved_one_does_not(tmp_path, c
         f"{first['pieces']['source']} + {first['pieces']['target']} pieces before, {now['pairs']} pairs, "
     )
     assert warning.endswith("restore the original corpus for an exact resume")
+
+
+def test_a_checkpoint_of_another_kind_of_data_iterator_is_refused_or_its_position_dropped(tmp_path):
+    """A mirrored run resumed as a two-worker run (same replicas and global batch, so the plan let it through)
+    restored TensorFlow's whole-iterator state into a part's symbolic one: positions silently wrong (batches
+    skipped); the other way failed as a "corrupt" checkpoint (before 2026-12-07c; found by a review). Real
+    checkpoints; one written before the record restores as before."""
+    import pytest
+    import tensorflow as tf
+
+    from nmt.budget import BatchChanged
+    from nmt.trainer_data import iterator_kind, restorable_iterator
+
+    whole = tf.train.Checkpoint(iterator_kind=iterator_kind(None), x=tf.Variable(1.0)).save(
+        str(tmp_path / "w" / "c")
+    )
+    older = tf.train.Checkpoint(x=tf.Variable(1.0)).save(str(tmp_path / "o" / "c"))
+    parts = {"iterator": object(), "iterator_kind": iterator_kind((0, 1, 2)), "x": tf.Variable(0.0)}
+    assert restorable_iterator(whole, parts, symbolic=False, allow_change=False) == parts
+    with pytest.raises(
+        BatchChanged, match=r"holds the data position of whole batches .*; this run reads a multi"
+    ):
+        restorable_iterator(whole, parts, symbolic=True, allow_change=False)
+    assert set(restorable_iterator(whole, parts, symbolic=True, allow_change=True)) == {"x"}
+    assert set(restorable_iterator(older, parts, symbolic=True, allow_change=False)) == {"iterator", "x"}
+    # what a resume restores: the saved kind, and only that (assert_existing_objects_matched passes)
+    kind = iterator_kind(None)
+    tf.train.Checkpoint(iterator_kind=kind).restore(whole).assert_existing_objects_matched()
+    assert int(kind.symbolic.numpy()) == 0

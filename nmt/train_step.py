@@ -108,6 +108,10 @@ class TrainStep:
                 INITIAL_LOSS_SCALE if loss_scaling else 1.0, trainable=False, name="loss_scale"
             )
             self.good_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="good_steps")
+            # whether the scale above is in use (float16): a checkpoint of the other kind resets it on resume
+            self.scaling = tf.Variable(
+                int(loss_scaling), dtype=tf.int64, trainable=False, name="loss_scaling"
+            )
             self.bad_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="consecutive_bad_steps")
             self.skipped_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped_steps")
         self.set_jit_compile(jit_compile)
@@ -143,7 +147,24 @@ class TrainStep:
             "good_steps": self.good_steps,
             "bad_steps": self.bad_steps,
             "skipped_steps": self.skipped_steps,
+            "loss_scaling": self.scaling,
         }
+
+    def reconcile_loss_scaling(self) -> str:
+        """After a restore: a checkpoint trained with loss scaling (float16) resumed without it, or the other way
+        (train.precision changed, or `auto` resolved otherwise on another machine), starts the scale again as a new
+        run does (a float32 run's scale of 1 kept under float16 would take ~30,000 steps to grow back, its small
+        gradients flushed to zero meanwhile). Returns what it did ("" when the kinds agree)."""
+        if bool(self.scaling.numpy()) == self.loss_scaling:
+            return ""
+        self.scaling.assign(int(self.loss_scaling))
+        self.loss_scale.assign(INITIAL_LOSS_SCALE if self.loss_scaling else 1.0)
+        self.good_steps.assign(0)
+        return (
+            f"the checkpoint was trained {'without' if self.loss_scaling else 'with'} float16 loss scaling and "
+            f"this run {'uses' if self.loss_scaling else 'does not use'} it: the loss scale starts again at "
+            f"{float(self.loss_scale.numpy()):g}"
+        )
 
     # --- per replica --------------------------------------------------------------------------------------------
     def _loss_sums(self, batch):

@@ -42,7 +42,8 @@ from nmt.trainer_evaluation import TrainerEvaluation
 from nmt.worker_scratch import private_directory
 
 log = logging.getLogger("nmt.train")
-PENDING_KEY = "pending_evaluation/.ATTRIBUTES/VARIABLE_VALUE"
+# checkpoint parts that older checkpoints lack: restored from those that have them
+NEWER_PARTS = {name: f"{name}/.ATTRIBUTES/VARIABLE_VALUE" for name in ("pending_evaluation", "loss_scaling")}
 
 
 class TrainingError(RuntimeError):
@@ -222,9 +223,13 @@ class Trainer(TrainerEvaluation):
             parts = self.plan.restorable(latest, self.checkpoint_parts)
             symbolic = self.part is not None
             parts = restorable_iterator(latest, parts, symbolic, self.config.train.allow_batch_change)
-            if not tf.train.load_checkpoint(latest).has_tensor(PENDING_KEY):  # written before it existed
-                parts = {name: part for name, part in parts.items() if name != "pending_evaluation"}
+            reader = tf.train.load_checkpoint(latest)
+            parts = {
+                n: p for n, p in parts.items() if n not in NEWER_PARTS or reader.has_tensor(NEWER_PARTS[n])
+            }
             tf.train.Checkpoint(**parts).restore(latest).assert_existing_objects_matched()
+            if change := self.step_fn.reconcile_loss_scaling():
+                log.warning("%s", change)
         except BatchChanged as err:
             raise TrainingError(str(err)) from None
         except restore_errors() as err:

@@ -353,3 +353,36 @@ def test_a_step_does_not_depend_on_the_batch_shape_a_process_started_with():
         got, want = (step.gradients(b)[0] for step in steps)
         for g, w in zip(got, want):
             np.testing.assert_array_equal(g.numpy(), w.numpy())
+
+
+def test_a_resume_across_loss_scaling_starts_the_scale_again(tmp_path):
+    """A float32 (or bfloat16) checkpoint resumed under mixed_float16 kept its scale of 1, which grows back to 2^15
+    only after ~30,000 steps, small gradients flushed to zero meanwhile; the other way a float32 run showed 32768
+    (before 2026-12-07c; found by a numerics review). Real checkpoints of the step's state; the same kind keeps the
+    saved scale and its count of good steps (bit-exact resumes)."""
+    from nmt.train_step import INITIAL_LOSS_SCALE
+
+    model = tiny_model()
+    saved = {}
+    for scaling in (False, True):
+        step = make_step(model, loss_scaling=scaling)
+        step.loss_scale.assign(1024.0 if scaling else 1.0)
+        step.good_steps.assign(7)
+        saved[scaling] = tf.train.Checkpoint(**step.checkpoint_state()).save(
+            str(tmp_path / f"{scaling}" / "c")
+        )
+    for was, now in ((False, True), (True, False), (True, True), (False, False)):
+        step = make_step(model, loss_scaling=now)
+        tf.train.Checkpoint(**step.checkpoint_state()).restore(saved[was]).assert_existing_objects_matched()
+        message = step.reconcile_loss_scaling()
+        if was == now:
+            assert message == ""
+            assert (float(step.loss_scale.numpy()), int(step.good_steps.numpy())) == (
+                1024.0 if now else 1.0,
+                7,
+            )
+        else:
+            expected = INITIAL_LOSS_SCALE if now else 1.0
+            assert message.endswith(f"the loss scale starts again at {expected:g}")
+            assert (float(step.loss_scale.numpy()), int(step.good_steps.numpy())) == (expected, 0)
+            assert step.reconcile_loss_scaling() == ""  # and the next checkpoint records this run's kind

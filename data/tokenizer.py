@@ -33,15 +33,14 @@ import tensorflow as tf
 from common.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from data.errors import DataError
 from data.native_stderr import IDENTITY_NOTICE, without_lines
+from data.tokenizer_seed import JOINT_MODEL, SOURCE_MODEL, TARGET_MODEL
 
 if TYPE_CHECKING:
     import tensorflow_text as tf_text
 
 log = logging.getLogger(__name__)
 
-JOINT_MODEL = "spm.model"
-SOURCE_MODEL = "spm.source.model"
-TARGET_MODEL = "spm.target.model"
+
 BYTE_FALLBACK_MIN_VOCAB = 2048  # below this, 256 byte pieces would crowd out real subwords
 SPECIAL_IDS = {"pad_id": PAD_ID, "unk_id": UNK_ID, "bos_id": BOS_ID, "eos_id": EOS_ID}
 _BUILDING = threading.RLock()  # the TF Text tokenizers of a `Tokenizer` are built once, on first use

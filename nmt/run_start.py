@@ -22,6 +22,16 @@ def check_resume_compatible(run_dir: RunDir, config) -> bool:
                 f"{run_dir.config_path.name} (the settings they were made with): put it back, or use another "
                 "--model-dir"
             )
+        if any(
+            run_dir.tokenizer_dir.glob("*.model")
+        ):  # a seed (ablate.py's): only the one this config trains
+            from data.tokenizer_seed import seed_problem
+
+            if problem := seed_problem(config.data, run_dir.tokenizer_dir):
+                raise RunDirError(
+                    f"{run_dir.tokenizer_dir} is not the tokenizer this config trains ({problem}): a new run there "
+                    "would use it as it is; remove it, or use another --model-dir"
+                )
         return False
     # a run saved before its paths were made absolute: read as meant from here
     saved = absolute_paths(run_dir.load_config())

@@ -277,13 +277,19 @@ def test_a_run_directory_seeded_with_a_tokenizer_alone_is_a_new_run(reference_co
     """What ablate.py's variants are before their training (a shared tokenizer copied in): a new run, not refused as
     a run without its config.yaml (a regression of the refusal above, found by a review on 2026-12-07c)."""
     from nmt.config import absolute_paths, load_config
-    from nmt.run_dir import RunDir
+    from nmt.run_dir import RunDir, RunDirError
     from nmt.run_start import check_resume_compatible
 
     seeded = RunDir(reference_copy.parent / "seeded")
     seeded.path.mkdir()
     shutil.copytree(reference_copy / "tokenizer", seeded.tokenizer_dir)
     assert check_resume_compatible(seeded, absolute_paths(load_config(fault_config))) is False
+    # a seed another config trained (a leftover): refused, not used under settings it does not have
+    other = absolute_paths(load_config(fault_config, ["data.vocab_size=80"]))
+    with pytest.raises(
+        RunDirError, match=r"tokenizer is not the tokenizer this config trains \(spm.model has "
+    ):
+        check_resume_compatible(seeded, other)
 
 
 def test_a_start_that_does_not_train_leaves_the_record_of_the_training_data(

@@ -169,6 +169,10 @@ def _seed(tree: dict) -> int:
         from common.config_tree import ConfigError
 
         raise ConfigError(f"train.seed: expected int, got {type(seed).__name__} {seed!r}")
+    if not 0 <= seed <= 2**32 - 1:  # train.py's range (NumPy's): before, a traceback from inside the pipeline
+        from common.config_tree import ConfigError
+
+        raise ConfigError(f"train.seed: must be in [0, {2**32 - 1}], got {seed}")
     return seed
 
 

@@ -83,6 +83,8 @@ def test_config_error_exits_2(tmp_path, mirror, prepared_dir, capsys):
     assert main(["--config", str(tmp_path / "absent.yaml")]) == 2
     assert main(["--config", config, "--set", "train=[1]"]) == 2
     assert "train: expected a mapping, got list [1]" in capsys.readouterr().err
+    assert main(["--config", config, "--set", "train.seed=-1"]) == 2  # before 2026-12-07c: a traceback
+    assert f"train.seed: must be in [0, {2**32 - 1}], got -1" in capsys.readouterr().err
     assert (
         main(["--config", config, "--set", "train.init_from=runs/base"]) == 2
     )  # its tokenizer is the parent's

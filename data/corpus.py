@@ -152,15 +152,18 @@ def split_problem(builder: tfds.core.DatasetBuilder, cfg: DataConfig, split: str
         # TFDS's reason is on its last line ("Unrecognized split format: ...", "Requested slice [5000:1014] ...")
         reason = str(err).strip().splitlines()[-1]
         return f"split {split!r} of dataset {cfg.dataset!r} cannot be read: {reason}"
-    # a reversed or empty slice ("[5:2]", "[:0]", "[:1%]" of a small split): TFDS reads it as no data, or fails
-    # later calling the files damaged
+    # a reversed slice ("[5:2]", in any part of "a+b": TFDS fails reading it, calling the files damaged) or one
+    # selecting nothing ("[:0]", "[:1%]" of a small split: TFDS reads it as no data)
     sizes = {name: splits[name].num_examples for name in names}
-    selected = sum(
-        max(0, (sizes.get(part.splitname, 0) if part.to is None else part.to) - (part.from_ or 0))
-        for part in absolute
-    )
-    if selected <= 0 and any(sizes.values()):
-        return f"split {split!r} of dataset {cfg.dataset!r} selects no examples (an empty or reversed slice)"
+    if not any(sizes.values()):  # TFDS does not know the sizes: nothing to compare
+        return None
+    ranges = [
+        (part.from_ or 0, sizes.get(part.splitname, 0) if part.to is None else part.to) for part in absolute
+    ]
+    if any(end < start for start, end in ranges):
+        return f"split {split!r} of dataset {cfg.dataset!r} has a reversed slice"
+    if sum(end - start for start, end in ranges) <= 0:
+        return f"split {split!r} of dataset {cfg.dataset!r} selects no examples (an empty slice)"
     return None
 
 

@@ -69,9 +69,14 @@ def test_tfds_split_slices_are_read_and_bad_ones_are_data_errors(data_cfg, mirro
         DataError, match=r"^split 'test\[50:\]' .*: Requested slice \[50:10\] incompatible with 10"
     ):
         load_split(data_cfg, "test[50:]")
-    for empty in ("test[5:2]", "test[:0]", "test[3:3]", "test[:1%]"):  # 10 pairs: 1% is none
-        with pytest.raises(DataError, match=r"selects no examples \(an empty or reversed slice\)$"):
+    for empty in ("test[:0]", "test[3:3]", "test[:1%]", "test[:0]+validation[:0]"):  # 10 pairs: 1% is none
+        with pytest.raises(DataError, match=r"selects no examples \(an empty slice\)$"):
             load_split(data_cfg, empty)
+    # a reversed part fails TFDS's read, whatever the other parts select
+    for reversed_ in ("test[5:2]", "validation[5:2]+validation[0:3]", "test[-2:]+test[5:2]"):
+        with pytest.raises(DataError, match=r"has a reversed slice$"):
+            load_split(data_cfg, reversed_)
+    assert len(load_text_pairs(data_cfg, "test[:0]+validation[0:3]")[0]) == 3  # an empty part is harmless
     cases = {
         "validation_split": ("validation[:10%", "Unrecognized split format: 'validation\\[:10%'"),
         "test_split": ("test[:500]", "Requested slice \\[:500\\] incompatible with 10 examples"),

@@ -1,4 +1,7 @@
-"""Whether a run directory's tokenizer is the one its data config trains, read without TensorFlow.
+"""Whether a run directory's tokenizer has the settings its data config trains with, read without TensorFlow.
+
+What a model file records is compared (its files for data.joint_vocab, data.vocab_size, data.tokenizer,
+data.lowercase), not the corpus or the languages it was trained on, which it does not record.
 
 A run directory seeded with a tokenizer before its first start (ablate.py copies one shared tokenizer into each
 variant's) trains with it (`data.prepare.run_tokenizer`): one that another config made (a leftover of a deleted
@@ -19,7 +22,7 @@ _MODEL_TYPES = {1: "unigram", 2: "bpe", 3: "word", 4: "char"}  # SentencePiece's
 
 
 def seed_problem(cfg: DataConfig, directory: str | Path) -> str:
-    """Why the SentencePiece models in `directory` are not what `cfg` would train (the files data.joint_vocab
+    """Why the SentencePiece models in `directory` do not have `cfg`'s settings (the files data.joint_vocab
     wants, data.vocab_size, data.tokenizer, data.lowercase), or ""."""
     from sentencepiece import sentencepiece_model_pb2
 
@@ -27,6 +30,8 @@ def seed_problem(cfg: DataConfig, directory: str | Path) -> str:
     names = [JOINT_MODEL] if cfg.joint_vocab else [SOURCE_MODEL, TARGET_MODEL]
     if missing := [name for name in names if not (directory / name).is_file()]:
         return f"no {' or '.join(missing)} (data.joint_vocab={str(cfg.joint_vocab).lower()})"
+    if not cfg.joint_vocab and (directory / JOINT_MODEL).is_file():  # the loader takes it first
+        return f"{JOINT_MODEL} too, which would be used instead (data.joint_vocab=false)"
     for name in names:
         try:
             proto = sentencepiece_model_pb2.ModelProto.FromString((directory / name).read_bytes())

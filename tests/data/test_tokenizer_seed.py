@@ -42,6 +42,12 @@ def test_a_seed_is_accepted_only_for_the_settings_it_was_trained_with(data_cfg, 
     assert seed_problem(dataclasses.replace(data_cfg, tokenizer="bpe"), tmp_path / "lowered") == (
         "spm.model has lowercase True, data.lowercase is False"
     )
+    # separate vocabularies beside a joint model: the loader would take the joint one
+    (tmp_path / "lowered" / "spm.source.model").write_bytes((tmp_path / "lowered" / "spm.model").read_bytes())
+    (tmp_path / "lowered" / "spm.target.model").write_bytes((tmp_path / "lowered" / "spm.model").read_bytes())
+    assert seed_problem(dataclasses.replace(lowered, joint_vocab=False), tmp_path / "lowered") == (
+        "spm.model too, which would be used instead (data.joint_vocab=false)"
+    )
     (tmp_path / "cut").mkdir()
     (tmp_path / "cut" / "spm.model").write_bytes((joint / "spm.model").read_bytes()[:100])
     assert seed_problem(data_cfg, tmp_path / "cut").startswith("spm.model is not a SentencePiece model (")

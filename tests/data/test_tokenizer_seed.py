@@ -1,6 +1,6 @@
-"""data.tokenizer_seed: a tokenizer/ seeded into a new run directory is used only when it is the one the data config
-trains (before 2026-12-07c a leftover of another config was used as it was, and config.yaml described another
-tokenizer; found by a review). Real SentencePiece models, trained by data.tokenizer_training."""
+"""data.tokenizer_seed: a tokenizer/ seeded into a new run directory is used only when its model files have the data
+config's settings (before 2026-12-07c a leftover of another config was used as it was, and config.yaml described
+another tokenizer; found by a review). Real SentencePiece models, trained by data.tokenizer_training."""
 
 from __future__ import annotations
 

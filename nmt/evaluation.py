@@ -98,7 +98,10 @@ def evaluate(
     loss_model = loss_model if loss_model is not None else getattr(translator, "model", None)
     if loss_dataset is not None and loss_model is not None:
         loss, tokens = validation_loss(loss_model, loss_dataset)
-        record.update(loss=loss, perplexity=perplexity(loss), loss_tokens=tokens)
+        if tokens:
+            record.update(loss=loss, perplexity=perplexity(loss), loss_tokens=tokens)
+        else:  # every pair blank or one-sided: no loss (not NaN in the report)
+            record.update(loss=None, perplexity=None, loss_tokens=0, loss_note="no usable pair for the loss")
     return hypotheses, record
 
 
@@ -304,6 +307,8 @@ def evaluate_run_dir(
         log.warning(
             "max_sentences %d: %s has %d sentences, all of them evaluated", max_sentences, label, len(sources)
         )
+    if max_sentences >= len(sources):  # all of it: evaluated and named as the full evaluation
+        max_sentences = 0
     if max_sentences:
         sources, references = sources[:max_sentences], references[:max_sentences]
     if not sources:
@@ -313,12 +318,14 @@ def evaluate_run_dir(
         loss_dataset = eval_batches(config.data, prepared)
         cut = cut_pairs(prepared.source_lengths, prepared.target_lengths, config.data.max_length)
     else:
-        loss_sources, loss_references = sources, references
-        if split_name is not None:
-            # --max-sentences of a split: its prepared pairs among those lines (a blank pair is in the BLEU, not in
-            # the loss, as the whole split's loss has it)
-            usable = [pair for pair, keep in zip(zip(sources, references), kept) if keep]
-            loss_sources, loss_references = [s for s, _ in usable], [r for _, r in usable]
+        # the pairs preparation keeps, as a whole split's loss has them (a blank pair is in the BLEU, not in the
+        # loss): --max-sentences of a split, or files (the same text gives the same loss either way)
+        if split_name is None:
+            from data.cleaning import usable as usable_pair
+
+            kept = [usable_pair(s.encode("utf-8"), r.encode("utf-8")) for s, r in zip(sources, references)]
+        usable = [pair for pair, keep in zip(zip(sources, references), kept) if keep]
+        loss_sources, loss_references = [s for s, _ in usable], [r for _, r in usable]
         loss_dataset = pairs_loss_dataset(config.data, translator.tokenizer, loss_sources, loss_references)
         cut = loss_dataset.cut
     if cut and (loss_model if engine == "ctranslate2" else translator.model) is not None:
@@ -345,7 +352,11 @@ def evaluate_run_dir(
         if output
         else Path(model_dir)
         / default_hypotheses_name(
-            label, weights=weights, engine=engine, ensemble=bool(ensemble), max_sentences=max_sentences
+            label,
+            weights=weights,
+            engine=engine,
+            ensemble=bool(ensemble),
+            max_sentences=max_sentences,
         )
     )
     try:

@@ -288,6 +288,7 @@ def test_max_sentences_of_a_split_takes_the_loss_of_its_prepared_pairs(tiny_run_
     corpus = tiny_corpus()
     test = list(corpus["test"])
     for index, pair in (
+        (0, ("", "")),
         (1, ("", "")),
         (4, ("", test[4][1])),
         (7, (test[7][0], " ")),
@@ -305,8 +306,23 @@ def test_max_sentences_of_a_split_takes_the_loss_of_its_prepared_pairs(tiny_run_
     assert whole["num_sentences"] == every["num_sentences"] == len(test) and first["num_sentences"] == 10
     assert every["loss_tokens"] == whole["loss_tokens"]
     assert every["loss"] == pytest.approx(whole["loss"], rel=1e-6)
+    # all of the split: the full evaluation's file, not "first40" (before: named as a part)
+    assert every["hypotheses"] == whole["hypotheses"] == str(run / "hypotheses.test.txt")
+    # the same text as files: the same loss (before 2026-12-07c the file path counted the blank pairs)
+    files = evaluate_run_dir(
+        run,
+        source_file=str(folder / "en.test.txt"),
+        reference_file=str(folder / "de.test.txt"),
+        beam_size=1,
+    )
+    assert files["loss_tokens"] == whole["loss_tokens"]
+    assert files["loss"] == pytest.approx(whole["loss"], rel=1e-6) and files["bleu"] == whole["bleu"]
+    # nothing usable among the first lines: no loss, said so (before: NaN in the report)
+    blank = evaluate_run_dir(run, split="test", beam_size=1, max_sentences=2)
+    assert blank["loss"] is None and blank["loss_tokens"] == 0
+    assert blank["loss_note"] == "no usable pair for the loss" and "nan" not in format_report(blank)
     usable = [(s, t) for s, t in test[:10] if s.strip() and t.strip()]
-    assert len(usable) == 7
+    assert len(usable) == 6
     _, tokenizer, model = tiny_model  # the run's own weights and tokenizer
     loss, tokens = reference_loss(model, tokenizer, [s for s, _ in usable], [t for _, t in usable])
     assert first["loss_tokens"] == tokens and first["loss"] == pytest.approx(loss, rel=1e-4, abs=1e-6)

@@ -45,3 +45,11 @@ def bar_file(stream=None):
 def bar_interval(stream=None, terminal: float = 0.1) -> float:
     """tqdm's `mininterval`: `terminal` seconds on a terminal, `LOG_INTERVAL` in a log."""
     return terminal if _terminal(stream or sys.stderr) else LOG_INTERVAL
+
+
+def train_bar_total(train, planned: int, step: int) -> int | None:
+    """The training progress bar's last step: train.max_steps without a time budget (a resume may raise it past the
+    plan, which stays the checkpoint's), else the time budget's plan (the step limit once past it)."""
+    if train.max_steps and not train.max_minutes:
+        return train.max_steps
+    return (max(planned, train.max_steps) if step >= planned else planned) or None

@@ -34,6 +34,7 @@ from nmt.distribute import StopControl, WorkersDisagree, make_strategy, replica_
 from nmt.final_weights import AveragingSnapshots
 from nmt.optimizer import adam
 from nmt.precision import device_kind, resolve_autocluster, resolve_precision, resolve_xla, set_policy
+from nmt.progress import bar_file, bar_interval, train_bar_total
 from nmt.run_dir import RunDir, RunDirError
 from nmt.summaries import drop_events_after, write_train_summaries
 from nmt.train_step import TrainStep
@@ -293,7 +294,10 @@ class Trainer(TrainerEvaluation):
         )
         planned = self.plan.total_steps  # 0 until a time budget's plan is fixed (then the bar's total)
         self.progress = bar = tqdm(
-            total=(max(planned, cfg.max_steps) if self.step >= planned else planned) or None, initial=self.step, unit="step", dynamic_ncols=True, mininterval=2.0, desc="train",
+            total=train_bar_total(cfg, planned, self.step), initial=self.step, unit="step", dynamic_ncols=True,
+            desc="train",
+            # in a log file, a line every LOG_INTERVAL seconds instead of carriage returns (nmt.progress)
+            file=bar_file(), mininterval=bar_interval(terminal=2.0),
             smoothing=0, disable=not self.chief,  # smoothing 0: the speed (so the ETA) of the whole process
         )  # fmt: skip
         status, message = "", ""
@@ -362,7 +366,8 @@ class Trainer(TrainerEvaluation):
                 # After the step's log: its learning rate is the one its update used, before a (re-)plan moves it.
                 if self.plan.after_step(step, float(self.elapsed.numpy())):  # the plan, or a re-plan
                     first = not planned
-                    bar.total = planned = self.plan.total_steps
+                    planned = self.plan.total_steps
+                    bar.total = train_bar_total(cfg, planned, self.step)
                     if first:
                         self.plan.apply_dropout(self.model, self.step_fn.retrace)
                 self.snapshots.save_if_due(step, planned)

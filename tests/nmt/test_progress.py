@@ -31,3 +31,20 @@ def test_on_a_terminal_tqdm_draws_in_place():
     terminal = Terminal()
     assert bar_file(terminal) is terminal and bar_interval(terminal) == 0.1
     assert isinstance(bar_file(io.StringIO()), LogLines)  # isatty False
+
+
+def test_the_training_bar_ends_at_the_step_limit_a_resume_raised():
+    """A run planned for 6 steps (max_steps alone) resumed with max_steps 12: the bar's total is 12 (before
+    2026-12-07c it stayed 6, reached 100% at step 6 and lost its total and ETA; found by a review). With a time
+    budget, the plan is the end (the step limit once past it)."""
+    from types import SimpleNamespace
+
+    from nmt.progress import train_bar_total
+
+    def train(max_steps, max_minutes):
+        return SimpleNamespace(max_steps=max_steps, max_minutes=max_minutes)
+
+    assert train_bar_total(train(12, 0), planned=6, step=3) == 12
+    assert train_bar_total(train(0, 30.0), planned=900, step=3) == 900
+    assert train_bar_total(train(2000, 30.0), planned=900, step=950) == 2000
+    assert train_bar_total(train(0, 30.0), planned=0, step=3) is None  # the plan not made yet

@@ -325,14 +325,16 @@ class CTranslate2Translator:
                 calls.append((limit, length, members[start : start + self.batch_size]))
         pending = []  # every call is submitted at once; the engine's inter_threads work through them
         for limit, length, members in calls:
-            # alpha = 0: CTranslate2's early exit (length_penalty 0) keeps our ranking; alpha != 0: stop after
-            # beam * patience finished hypotheses, all of them returned and re-ranked by our GNMT score.
+            # alpha = 0 and one hypothesis: CTranslate2's early exit (length_penalty 0) keeps our ranking; alpha != 0,
+            # or an n-best list (its early exit stopped at the first n finished, missing better 2nd..nth ones): stop
+            # after beam * patience finished hypotheses, all of them returned and re-ranked by our score.
+            wide = bool(alpha) or nbest > 1
             lp = ctranslate2_length_penalty(alpha, length + 1) if alpha else 0.0
-            count = max(nbest, round(beam_size * self.patience)) if alpha else nbest
+            count = max(nbest, round(beam_size * self.patience)) if wide else nbest
             outputs = self.engine.translate_batch(
                 [[self._source_pieces[i] for i in sources[index]] for index in members],
                 beam_size=beam_size,
-                patience=self.patience if alpha else 1.0,
+                patience=self.patience if wide else 1.0,
                 num_hypotheses=count,
                 length_penalty=lp,
                 max_decoding_length=limit,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 
 import tensorflow as tf
 from tqdm import tqdm
@@ -64,9 +65,18 @@ class TrainerEvaluation:
                 f"stopped by {self.stop.signal_name()} at step {self.step}, during the final evaluation; "
                 f"{self.run_dir.final_dir} holds the final weights, rerun the same command to evaluate them"
             )
-        message = message or f"finished at step {self.step}: validation loss {record['loss']:.4f}"
+        scores = f"validation loss {record['loss']:.4f}"
         if "bleu" in record:
-            message += f", BLEU {record['bleu']:.2f}"
+            scores += f", BLEU {record['bleu']:.2f}"
+        if (
+            status == "early_stopped"
+        ):  # the final weights' scores, not the validation BLEU that stopped the run
+            message = (
+                f"{message} (best {float(self.best_bleu.numpy()):.2f}, then {self.config.train.early_stopping} "
+                f"evaluations without a better one): stopped at step {self.step}; final weights: {scores}"
+            )
+        else:
+            message = message or f"finished at step {self.step}: {scores}"
         # The chief alone makes final/ (EMA, average): another worker scored its own last weights.
         if not self.chief:
             message += (
@@ -145,7 +155,7 @@ class TrainerEvaluation:
         shown = f"step {self.step}: {name} loss {loss:.4f} (ppl {record['perplexity']:.2f})"
         if "bleu" in record:
             shown += f", BLEU {record['bleu']:.2f}"
-        tqdm.write(shown)
+        tqdm.write(shown, file=sys.stderr)  # with the log, not on stdout (train.py 2> log kept none of them)
         return record
 
     def _validation_bleu(self) -> dict:

@@ -126,6 +126,13 @@ def saved_weights(run: Run, name: str) -> tuple[str, dict[str, np.ndarray]]:
 
 def test_early_stopping_after_patience_evaluations_without_improvement(run):
     assert run.result.status == "early_stopped" and run.result.step == STOP_STEP, run.result
+    # the best validation BLEU and the final weights' scores, each named (before 2026-12-07c: "validation BLEU
+    # stopped improving, BLEU 1.00", the final weights' BLEU read as the validation's; found by a review)
+    assert run.result.message.startswith(
+        f"validation BLEU stopped improving (best {max(SCRIPTED_BLEU):.2f}, then {PATIENCE} evaluations without a "
+        f"better one): stopped at step {STOP_STEP}; final weights: validation loss "
+    ), run.result.message
+    assert run.result.message.endswith(f", BLEU {FINAL_BLEU:.2f}"), run.result.message
     validation = [r for r in run.records if r["tag"] == "validation"]
     assert [r["step"] for r in validation] == list(range(EVAL_EVERY, STOP_STEP + 1, EVAL_EVERY))
     assert [r["bleu"] for r in validation] == SCRIPTED_BLEU

@@ -42,6 +42,7 @@ import tensorflow as tf
 from common.sampling import Sampling
 from nmt.batch_decoding import decode_batch, decoding_functions, limit_lengths, output_limits, source_ids
 from nmt.validation import validation_loss
+from transformer.decoding import NEG_INF
 from transformer.vocab import BOS_ID, EOS_ID, PAD_ID
 
 log = logging.getLogger(__name__)
@@ -340,7 +341,10 @@ class Translator:
         if nbest == 1:
             return texts
         scores = scores[:, :nbest].tolist()
-        return [list(zip(texts[i * nbest : (i + 1) * nbest], scores[i])) for i in range(count)]
+        lists = [list(zip(texts[i * nbest : (i + 1) * nbest], scores[i])) for i in range(count)]
+        # A beam with fewer distinct hypotheses than asked (a limit of 0 pieces: only the empty one) holds NEG_INF
+        # fillers: the best repeated instead, as CTranslate2 gives (before, "-1000000000.0000" in the output).
+        return [[h if h[1] > NEG_INF / 2 else best[0] for h in best] for best in lists]
 
     def _decode(
         self,

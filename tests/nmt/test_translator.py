@@ -413,3 +413,18 @@ def test_xla_decoding_equals_the_default(translator):
     np.testing.assert_allclose(
         [[s for _, s in n] for n in got], [[s for _, s in n] for n in expected], atol=1e-4
     )
+
+
+def test_an_nbest_list_of_a_zero_length_limit_repeats_the_empty_hypothesis(translator, monkeypatch):
+    """max_length_a/b 0: every output is empty and the beam has no second hypothesis; the n-best list repeats the
+    empty one (score 0), as CTranslate2's does, instead of printing the search's -1e9 filler (before 2026-12-07c;
+    found by a review)."""
+    import dataclasses
+
+    monkeypatch.setattr(
+        translator,
+        "eval_config",
+        dataclasses.replace(translator.eval_config, max_length_a=0.0, max_length_b=0),
+    )
+    got = translator.translate(["a", "The cat sees the ball."], beam_size=2, nbest=2)
+    assert got == [[("", 0.0), ("", 0.0)]] * 2

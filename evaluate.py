@@ -113,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     cli.decoding_kernels()
 
     from nmt.ctranslate2_engine import EngineError, ExportError
-    from nmt.evaluation import EvaluationError, evaluate_run_dir, format_report
+    from nmt.evaluation import EvaluationError, evaluate_run_dir
+    from nmt.evaluation_report import format_report
 
     warnings = cli.LineWarnings()
     try:

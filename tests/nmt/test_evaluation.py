@@ -13,11 +13,11 @@ import sacrebleu
 from nmt.evaluation import (
     EvaluationError,
     evaluate_run_dir,
-    format_report,
     pairs_loss_dataset,
     read_text_file,
     validation_loss,
 )
+from nmt.evaluation_report import format_report
 from tests.run_fixture import MAX_SENTENCE_NLL, shared_tiny_run_dir, tiny_corpus, write_corpus
 
 
@@ -321,6 +321,7 @@ def test_max_sentences_of_a_split_takes_the_loss_of_its_prepared_pairs(tiny_run_
     blank = evaluate_run_dir(run, split="test", beam_size=1, max_sentences=2)
     assert blank["loss"] is None and blank["loss_tokens"] == 0
     assert blank["loss_note"] == "no usable pair for the loss" and "nan" not in format_report(blank)
+    assert "loss           n/a (no usable pair for the loss)" in format_report(blank)
     usable = [(s, t) for s, t in test[:10] if s.strip() and t.strip()]
     assert len(usable) == 6
     _, tokenizer, model = tiny_model  # the run's own weights and tokenizer

@@ -49,9 +49,8 @@ def test_ablation_of_two_variants_writes_both_tables(tmp_path):
         run = tmp_path / "runs" / name
         assert (run / "final").is_dir() and (run / "tensorboard" / "train").is_dir()
         assert yaml.safe_load((run / "config.yaml").read_text())["train"]["seed"] == 1234
-        assert (
-            run / "train_data.json"
-        ).is_file()  # as train.py keeps it: a resume (--reuse) on another corpus warns
+        # as train.py keeps it: a resume (--reuse) on another corpus warns
+        assert (run / "train_data.json").is_file()
         assert len((tmp_path / "runs" / f"{name}.train.log").read_text().splitlines()) == 1  # the outcome
     assert (
         yaml.safe_load((tmp_path / "runs" / "scale_unscaled" / "config.yaml").read_text())["model"]["scale"]

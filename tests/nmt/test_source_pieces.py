@@ -9,31 +9,12 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import pytest
 import tensorflow as tf
 
 from data.tokenizer import Tokenizer
 from nmt.batch_decoding import start_pieces
 from nmt.scoring import score_ids, score_lines
-from nmt.translator import Translator
-from tests.run_fixture import shared_tiny_run_dir, tiny_corpus
-
-
-@pytest.fixture(scope="session")
-def tiny_run_dir(tmp_path_factory, request):
-    return shared_tiny_run_dir(tmp_path_factory, getattr(request.config, "cache", None))
-
-
-@pytest.fixture(scope="module")
-def shared_translator(tiny_run_dir):
-    return Translator.from_run_dir(tiny_run_dir)
-
-
-@pytest.fixture
-def translator(shared_translator, tiny_run_dir):
-    # conftest reseeds TensorFlow before each test, which destroys older tokenizers' SentencePiece resources
-    shared_translator.tokenizer = Tokenizer.load(tiny_run_dir / "tokenizer")
-    return shared_translator
+from tests.run_fixture import tiny_corpus
 
 
 def whole(tokenize, lines):

@@ -15,33 +15,10 @@ import pytest
 import tensorflow as tf
 
 import nmt.translator
-from data.tokenizer import Tokenizer
 from nmt.batch_decoding import MAX_CHARS_GROWTH
 from nmt.translator import Translator, decode_batch, limit_lengths, output_limits, validation_loss
-from tests.run_fixture import MAX_SENTENCE_NLL, shared_tiny_run_dir, tiny_corpus
+from tests.run_fixture import MAX_SENTENCE_NLL, tiny_corpus
 from transformer.vocab import EOS_ID, PAD_ID
-
-
-@pytest.fixture(scope="session")
-def tiny_run_dir(tmp_path_factory, request):
-    return shared_tiny_run_dir(tmp_path_factory, getattr(request.config, "cache", None))
-
-
-@pytest.fixture(scope="module")
-def shared_translator(tiny_run_dir):
-    return Translator.from_run_dir(tiny_run_dir)
-
-
-@pytest.fixture
-def translator(shared_translator, tiny_run_dir):
-    """The module's translator (traces shared between tests) with a tokenizer loaded for this test.
-
-    conftest reseeds TensorFlow before each test, and tf.random.set_seed clears the eager kernel cache, which holds
-    tensorflow_text's SentencePiece resources: a tokenizer created in an earlier test no longer works.
-    """
-    shared_translator.tokenizer = Tokenizer.load(tiny_run_dir / "tokenizer")
-    shared_translator.batch_size = shared_translator.eval_config.batch_size
-    return shared_translator
 
 
 def sources(n=12):

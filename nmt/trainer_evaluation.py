@@ -137,6 +137,8 @@ class TrainerEvaluation:
         }
         if with_bleu:
             record.update(bleu=scores["bleu"], chrf=scores["chrf"], bleu_signature=scores["signature"])
+            # train.bleu_max_sentences: a BLEU of the first N sentences only, said in the record and the line
+            record.update(bleu_sentences=scores["sentences"], validation_sentences=scores["of"])
             if tag != "final" and scores["bleu"] > self.best_bleu.numpy():
                 self.best_bleu.assign(scores["bleu"])
                 self.evals_since_best.assign(0)
@@ -155,17 +157,21 @@ class TrainerEvaluation:
         shown = f"step {self.step}: {name} loss {loss:.4f} (ppl {record['perplexity']:.2f})"
         if "bleu" in record:
             shown += f", BLEU {record['bleu']:.2f}"
+            if record["bleu_sentences"] < record["validation_sentences"]:
+                shown += f" (first {record['bleu_sentences']} of {record['validation_sentences']} sentences)"
         tqdm.write(shown, file=sys.stderr)  # with the log, not on stdout (train.py 2> log kept none of them)
         return record
 
     def _validation_bleu(self) -> dict:
-        """Greedy translations of the validation sentences, scored: {"bleu", "chrf", "signature"}."""
+        """Greedy translations of the validation sentences, scored: {"bleu", "chrf", "signature", "sentences",
+        "of"} (sentences scored, of all the split's: train.bleu_max_sentences cuts)."""
         from data.corpus import load_text_pairs
         from nmt.translator import Translator
 
         sources, references = load_text_pairs(
             self.config.data, self.config.data.validation_split, every_line=True
         )
+        total = len(sources)
         limit = self.config.train.bleu_max_sentences
         if limit:
             sources, references = sources[:limit], references[:limit]
@@ -180,7 +186,8 @@ class TrainerEvaluation:
             max_source_length=self.config.model.max_length,
             streams=1,
         )
-        return self._score(translator.translate(sources, beam_size=1), references)
+        scores = self._score(translator.translate(sources, beam_size=1), references)
+        return {**scores, "sentences": len(sources), "of": total}
 
     def _chiefs_scores(self, scores: dict) -> dict:
         """Multi-worker (a collective, at every scheduled BLEU evaluation): the chief's BLEU and chrF for every worker.

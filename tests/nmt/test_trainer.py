@@ -124,7 +124,7 @@ def saved_weights(run: Run, name: str) -> tuple[str, dict[str, np.ndarray]]:
     return Path(prefix).name, model_weights(run, prefix)
 
 
-def test_early_stopping_after_patience_evaluations_without_improvement(run):
+def test_early_stopping_after_patience_evaluations_without_improvement(run, corpus):
     assert run.result.status == "early_stopped" and run.result.step == STOP_STEP, run.result
     # the best validation BLEU and the final weights' scores, each named (before 2026-12-07c: "validation BLEU
     # stopped improving, BLEU 1.00", the final weights' BLEU read as the validation's; found by a review)
@@ -142,6 +142,12 @@ def test_early_stopping_after_patience_evaluations_without_improvement(run):
     # The trainer translated the validation sentences each time (bleu_max_sentences of them) and passed them on.
     assert len(run.scorer.calls) == len(SCRIPTED_BLEU) + 1
     assert all(len(h) == len(r) == 3 and all(isinstance(s, str) for s in h) for h, r in run.scorer.calls)
+    # ...and every BLEU record says it is of those 3 of the split's lines (before 2026-12-07d nothing said so)
+    lines = len((corpus[0] / "en.validation.txt").read_text(encoding="utf-8").splitlines())
+    assert lines > 3
+    assert all((r["bleu_sentences"], r["validation_sentences"]) == (3, lines) for r in run.records), (
+        run.records
+    )
     reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(run.path / "checkpoints")))
     assert float(reader.get_tensor("best_bleu/.ATTRIBUTES/VARIABLE_VALUE")) == max(SCRIPTED_BLEU)
     assert int(reader.get_tensor("evals_since_best/.ATTRIBUTES/VARIABLE_VALUE")) == PATIENCE

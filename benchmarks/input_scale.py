@@ -62,13 +62,14 @@ marks = {"started": time.time()}
 import tensorflow
 marks["tensorflow_imported"] = time.time()
 from data.config import load_data_config
-from data.pipeline import open_split, train_batches
+from data.pipeline import open_split, split_tables, train_batches
 from data.prepare import prepare
 cfg, tree = load_data_config(sys.argv[2], sys.argv[3:])
 marks["imported"] = time.time()
 tokenizer, splits = prepare(cfg, progress=False)
 marks["prepared"] = time.time()
-batches = train_batches(cfg, open_split(cfg, tokenizer, cfg.train_split), seed=1234)
+split = open_split(cfg, tokenizer, cfg.train_split)
+batches = train_batches(cfg, split, seed=1234, tables=split_tables(cfg, tokenizer))
 marks["dataset_built"] = time.time()
 next(iter(batches))
 marks["first_batch"] = time.time()

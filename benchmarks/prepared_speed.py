@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     import keras
 
     from benchmarks.train_speed import make_train_step
-    from data.pipeline import train_batches
+    from data.pipeline import split_tables, train_batches
     from data.prepare import prepare
     from data.store import PreparedSplit
     from nmt.config import load_config
@@ -86,7 +86,12 @@ def main(argv: list[str] | None = None) -> int:
     }
 
     def fresh_iterators() -> dict:
-        return {name: iter(train_batches(config.data, split, seed=seed)) for name, split in opened.items()}
+        # with the config's subword dropout, as training reads them (before 2026-12-07d: a traceback with it on)
+        tables = split_tables(config.data, tokenizer)
+        return {
+            name: iter(train_batches(config.data, split, seed=seed, tables=tables))
+            for name, split in opened.items()
+        }
 
     iterators = fresh_iterators()
     for iterator in iterators.values():

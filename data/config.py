@@ -55,8 +55,10 @@ class DataConfig:
     tokenizer_max_sentences: int = field(
         default=1_000_000, metadata=_AT_LEAST_1
     )  # at most this many sentences sampled to train SentencePiece
+    # At most 65535: the prepared data's length index (data.store) saturates at 65535 pieces, and a longer pair
+    # would pass the length filter unseen.
     max_length: int = field(
-        default=128, metadata=value_range(min=2, why="a subword and its BOS or EOS")
+        default=128, metadata=value_range(min=2, max=65535, why="a subword and its BOS or EOS; at most 65535")
     )  # drop training pairs longer than this many subwords (with BOS/EOS) on either side
     batch_tokens: int = field(
         default=4096, metadata=_AT_LEAST_1
@@ -101,6 +103,12 @@ def validate_data_config(cfg: DataConfig) -> None:
         raise ConfigError(
             f"data.folder is set ({cfg.folder}) but data.dataset is {cfg.dataset!r}: set data.dataset: folder "
             "to use the folder, or remove data.folder"
+        )
+    if cfg.batch_tokens < cfg.max_length:
+        # batches of the longest bucket are one pair of max_length tokens: over the budget, unsaid
+        raise ConfigError(
+            f"data.batch_tokens: {cfg.batch_tokens} is less than data.max_length={cfg.max_length}: a batch of the "
+            f"longest pairs could not keep to it (raise data.batch_tokens or lower data.max_length)"
         )
     edges = cfg.bucket_boundaries
     for index in range(1, len(edges)):

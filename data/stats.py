@@ -89,7 +89,7 @@ def compute_stats(cfg, seed: int, tokenizer_dir: Path | None) -> dict:
     """
     from data.corpus import load_text_pairs, split_sizes
     from data.errors import DataError
-    from data.pipeline import bucket_edges, open_split, train_batches
+    from data.pipeline import bucket_edges, open_split, split_tables, train_batches
     from data.prepare import cached_tokenizer
     from data.tokenizer import Tokenizer
     from data.tokenizer_training import train_tokenizer
@@ -132,7 +132,8 @@ def compute_stats(cfg, seed: int, tokenizer_dir: Path | None) -> dict:
     train = open_split(cfg, tokenizer, cfg.train_split)
     max_pieces = cfg.max_length - 1
     dropped = int(((train.source_lengths > max_pieces) | (train.target_lengths > max_pieces)).sum())
-    dataset = train_batches(cfg, train, seed=seed, repeat=False)
+    # with subword dropout as training has it (before 2026-12-07d: a traceback, the tables not given)
+    dataset = train_batches(cfg, train, seed=seed, repeat=False, tables=split_tables(cfg, tokenizer))
     first = _epoch_stats(dataset)  # also warms the pipeline (tracing, tokenized corpus)
     start = time.perf_counter()
     second = _epoch_stats(dataset)

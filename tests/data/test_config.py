@@ -55,7 +55,15 @@ def test_nmt_config_still_exports_data_config():
     [
         ("data.vocab_size=3", r"data\.vocab_size: must be >= 6, got 3 \(room for the 4 special pieces"),
         ("data.vocab_size=5", r"data\.vocab_size: must be >= 6, got 5"),
-        ("data.max_length=1", r"data\.max_length: must be >= 2, got 1"),
+        ("data.max_length=1", r"data\.max_length: must be in \[2, 65535\], got 1"),
+        # the length index saturates at 65535: a longer pair would pass the filter (before 2026-12-07d accepted)
+        ("data.max_length=65536", r"data\.max_length: must be in \[2, 65535\], got 65536"),
+        ("data.max_length=99999999999999999999", r"data\.max_length: must be in \[2, 65535\]"),
+        # batches of the longest bucket would be over the budget (before 2026-12-07d accepted, silently)
+        (
+            "data.batch_tokens=39",
+            r"data\.batch_tokens: 39 is less than data\.max_length=40: a batch of the longest pairs could not",
+        ),
         ("data.batch_tokens=-1", r"data\.batch_tokens: must be >= 1, got -1"),
         ("data.eval_batch_tokens=0", r"data\.eval_batch_tokens: must be >= 1, got 0"),
         ("data.tokenizer_max_sentences=0", r"data\.tokenizer_max_sentences: must be >= 1, got 0"),
@@ -82,14 +90,18 @@ def test_data_ranges_are_checked_at_config_time(override, message):
 def test_data_range_boundaries_are_accepted():
     cfg, _ = load_data_config(
         "tiny.yaml",
-        ["data.vocab_size=6", "data.max_length=2", "data.batch_tokens=1", "data.eval_batch_tokens=1"]
+        ["data.vocab_size=6", "data.max_length=2", "data.batch_tokens=2", "data.eval_batch_tokens=1"]
         + [
             "data.tokenizer_max_sentences=1",
             "data.bucket_boundaries=[1, 2, 50]",
             "data.subword_dropout=0.999",
         ],
     )
-    assert (cfg.vocab_size, cfg.max_length, cfg.batch_tokens, cfg.eval_batch_tokens) == (6, 2, 1, 1)
+    assert (cfg.vocab_size, cfg.max_length, cfg.batch_tokens, cfg.eval_batch_tokens) == (6, 2, 2, 1)
+    assert (
+        load_data_config("tiny.yaml", ["data.max_length=65535", "data.batch_tokens=65535"])[0].max_length
+        == 65535
+    )
     assert (cfg.tokenizer_max_sentences, cfg.bucket_boundaries, cfg.subword_dropout) == (1, [1, 2, 50], 0.999)
     assert (
         load_data_config("tiny.yaml", ["data.subword_dropout=1e-1"])[0].subword_dropout == 0.1

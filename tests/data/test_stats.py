@@ -75,6 +75,38 @@ def test_prints_one_json_line(tmp_path, mirror, prepared_dir, capsys):
     assert stats["bucket_edges"][-1] == 20
 
 
+def test_subword_dropout_stats_are_of_the_training_batches(tmp_path, mirror, prepared_dir, capsys):
+    """data.subword_dropout > 0: the batches training makes, resegmented (before 2026-12-07d: a traceback)."""
+    import dataclasses
+
+    import numpy as np
+
+    from common.special_ids import PAD_ID
+    from data.config import DataConfig
+    from data.pipeline import make_train_dataset
+
+    config = write_config(tmp_path, mirror, prepared_dir)
+    args = ["--config", config, "--set", "train.seed=5", "--set", "data.subword_dropout=0.3"]
+    assert main([*args, "--tokenizer-dir", str(tmp_path / "spm")]) == 0
+    stats = json.loads(capsys.readouterr().out)
+    data = DataConfig(
+        manual_dir=str(mirror), data_dir=str(prepared_dir), cache_dir=str(tmp_path / "cache"), vocab_size=96,
+        max_length=20, batch_tokens=256, subword_dropout=0.3,
+    )  # fmt: skip
+    tokenizer = Tokenizer.load(tmp_path / "spm")
+    pads = {}
+    for rate in (0.3, 0.0):
+        batches = list(make_train_dataset(dataclasses.replace(data, subword_dropout=rate), tokenizer, seed=5,
+                                          repeat=False))  # fmt: skip
+        slots = sum(b[key].numpy().size for b in batches for key in ("source", "target_out"))
+        pads[rate] = sum(
+            int(np.sum(b[key].numpy() == PAD_ID)) for b in batches for key in ("source", "target_out")
+        )
+        pads[rate] /= slots
+    # the dropout's pieces, not the plain segmentation's
+    assert stats["padding_waste"] == round(pads[0.3], 4) != round(pads[0.0], 4)
+
+
 def test_config_error_exits_2(tmp_path, mirror, prepared_dir, capsys):
     config = write_config(tmp_path, mirror, prepared_dir)
     assert main(["--config", config, "--set", "data.vocab_sise=8"]) == 2

@@ -90,7 +90,7 @@ def test_int_is_accepted_for_float_but_not_the_reverse():
         ("train.precision=fp8", r"train\.precision: 'fp8' is not one of"),
         ("train.xla=sometimes", r"train\.xla: expected true, false, fusible or auto, got 'sometimes'"),
         ("model.num_heads=3", r"model\.d_model: 256 is not divisible by model\.num_heads=3"),
-        ("data.max_length=0", r"data\.max_length: must be >= 2, got 0"),
+        ("data.max_length=0", r"data\.max_length: must be in \[2, 65535\], got 0"),
         ("eval.streams=-1", r"eval\.streams: must be >= 0, got -1 \(0 = auto\)"),
         ("model.dropout=1.0", r"model\.dropout: must be in \[0, 1\), got 1\.0"),
         ("model.ffn_dropout=-0.1", r"model\.ffn_dropout: must be in \[0, 1\), got -0\.1"),

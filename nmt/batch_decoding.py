@@ -66,9 +66,10 @@ def source_ids(
     first `max_chars` only, and reported with num_subwords None (not counted): tokenizing a 15 MB line whole took
     ~160 bytes of memory per character for 63 pieces kept. Where that start gives no more pieces than are kept
     (a run of characters the tokenizer does not know is one `<unk>` piece, however long, without byte fallback),
-    twice as much of the line is tokenized, and so on up to `MAX_CHARS_GROWTH` times `max_chars`: the kept pieces are
-    the whole line's, as the SavedModel's (beyond that bound, e.g. megabytes of blanks before the text, what the start
-    gave is kept and reported cut).
+    twice as much of the line is tokenized, and so on up to `MAX_CHARS_GROWTH` times `max_chars` (`start_pieces`:
+    cut at a space): the kept pieces are the whole line's, as the SavedModel's (beyond that bound, e.g. megabytes of
+    blanks before the text, what the line's first `MAX_CHARS_GROWTH * max_chars` characters gave is kept and reported
+    cut; the SavedModel tokenizes that start too).
     """
     if beam_size < 1:
         raise ValueError(f"beam_size must be at least 1, got {beam_size}")
@@ -90,25 +91,42 @@ def source_ids(
 def start_pieces(
     lines: Sequence[str], encode: Callable[[list[str]], list[list[int]]], keep: int, max_chars: int | None
 ) -> list[tuple[list[int], int]]:
-    """(pieces, characters tokenized) of each line (blank ones too), tokenized from a start bounded as in `source_ids`.
+    """(pieces, characters considered) of each line (blank ones too), tokenized from a start bounded as in
+    `source_ids`.
 
-    A line over `max_chars` characters is tokenized from its first `max_chars` (None: every line whole); while
-    that start gives no more than `keep` pieces (a `<unk>` run crossed the cut), from twice as many characters, up to
-    `MAX_CHARS_GROWTH` times `max_chars`. The pieces (untruncated) are the whole line's when the characters
-    tokenized are `len(line)`; otherwise their first `keep` are (up to the growth bound).
+    A line over `max_chars` characters is tokenized from its first `max_chars` (None: every line whole), up to its
+    last space within them: SentencePiece's pieces never cross a space, so the pieces of the words before it are
+    the whole line's, where a word the cut split would be segmented otherwise (before 2026-12-07d its pieces were
+    counted, and a kept piece could differ from the whole line's and the SavedModel's). While that start gives no
+    more than `keep` pieces (a `<unk>` run crossed the cut), or has no space, twice as many characters are
+    considered, up to `MAX_CHARS_GROWTH` times `max_chars`, where the line's start is tokenized as it is (the
+    SavedModel's start, `nmt.export`). The pieces (untruncated) are the whole line's when the characters
+    considered are `len(line)`; otherwise their first `keep` are (up to the growth bound).
     """
     if not lines:
         return []
-    texts = [line if max_chars is None else line[:max_chars] for line in lines]
+    bound = None if max_chars is None else MAX_CHARS_GROWTH * max_chars
+    starts = [
+        _start(line, len(line) if max_chars is None else min(len(line), max_chars), bound) for line in lines
+    ]
     result = []
-    for line, ids in zip(lines, encode(texts)):
-        chars = len(line) if max_chars is None else min(len(line), max_chars)
-        # A merged run crossed the cut (its pieces may lie beyond it): more of the line, up to a bound on memory.
-        while chars < len(line) and len(ids) <= keep and chars < MAX_CHARS_GROWTH * max_chars:
-            chars = min(2 * chars, len(line))
-            ids = encode([line[:chars]])[0]
+    for line, (text, chars, clean), ids in zip(lines, starts, encode([text for text, _, _ in starts])):
+        # A merged run crossed the cut (its pieces may lie beyond it), or no word ended before it: more of the
+        # line, up to a bound on memory.
+        while not (clean and len(ids) > keep) and chars < len(line) and chars < bound:
+            text, chars, clean = _start(line, min(2 * chars, len(line), bound), bound)
+            ids = encode([text])[0]
         result.append((ids, chars))
     return result
+
+
+def _start(line: str, chars: int, bound: int | None) -> tuple[str, int, bool]:
+    """(text to tokenize, chars, whether its pieces are the whole line's) for `line`'s first `chars` characters:
+    the line whole; at the growth bound the cut as it is; else the cut up to its last space (False without one)."""
+    if chars >= len(line) or (bound is not None and chars >= bound):
+        return line[:chars], chars, chars >= len(line)
+    space = line.rfind(" ", 1, chars + 1)  # a space right after the cut ends a word too
+    return (line[:space], chars, True) if space > 0 else (line[:chars], chars, False)
 
 
 def limit_lengths(step_fn: Callable, eos_id: int = EOS_ID) -> Callable:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import tensorflow as tf
 
+from nmt.batch_decoding import MAX_CHARS_GROWTH
 from nmt.export import export_run_dir, export_saved_model, load_exported
 from nmt.translator import Translator
 from tests.run_fixture import shared_tiny_run_dir, tiny_corpus
@@ -30,6 +31,12 @@ def shared_export(tiny_run_dir, tmp_path_factory):
 def test_exported_model_matches_the_run_dir(tiny_run_dir, shared_export, tmp_path):
     pairs = (tiny_corpus()["validation"] + tiny_corpus()["test"])[:48]
     lines = [s for s, _ in pairs] + ["", "The cat sees " * 30, "\xa0", "\u3000 \u2003", "\x1c\x85"]
+    translator = Translator.from_run_dir(tiny_run_dir)
+    # A run of unknown characters (one <unk> piece) beyond the Translator's bound on the characters tokenized, then
+    # a sentence: the Translator keeps the start, and so does the SavedModel (before 2026-12-07d it tokenized the
+    # whole input, the sentence too, and without a bound on memory: 650 MB for a 4 MB input).
+    limit = MAX_CHARS_GROWTH * translator.tokenizer.source_chars_for(translator.max_source_length)
+    lines.append("\U0001f600" * (limit + 1) + " " + pairs[0][0])
     output, module = shared_export
     assert (output / "saved_model.pb").is_file() and module.beam_size == 2
     assert any((output / "assets").glob("*.model"))  # the SentencePiece model travels with the SavedModel
@@ -59,13 +66,14 @@ def test_exported_model_matches_the_run_dir(tiny_run_dir, shared_export, tmp_pat
     assert done.returncode == 0, done.stderr[-2000:]
     exported = json.loads(done.stdout.strip().splitlines()[-1])
 
-    expected = Translator.from_run_dir(tiny_run_dir).translate(lines, beam_size=2)
+    expected = translator.translate(lines, beam_size=2)
     assert exported == [t.strip() for t in expected]  # as translate.py writes them
     # The fixture reproduces its memorised sentences on any CPU, so both sides are right, not just equal.
     assert exported[:48] == [t for _, t in pairs]
     # the long line 49: truncated alike on both sides (compared above, never judged)
     assert exported[48] == ""
-    assert exported[50:] == ["", "", ""]  # Unicode whitespace is blank, as Python's strip() says
+    assert exported[50:53] == ["", "", ""]  # Unicode whitespace is blank, as Python's strip() says
+    assert exported[53] != pairs[0][1]  # the sentence after the bound is not translated
 
 
 def test_blank_is_pythons_whitespace_on_every_code_point():

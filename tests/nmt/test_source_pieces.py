@@ -44,6 +44,23 @@ def test_start_pieces_bounds_the_characters_tokenized_and_keeps_the_whole_lines_
     ]
 
 
+def test_a_cut_inside_a_word_keeps_the_whole_lines_pieces(translator):
+    """Wherever the character bound falls (inside a word too), the first `keep` pieces are the whole line's: bounds
+    and keeps small enough to cut every word of these lines (before 2026-12-07d a word the cut split was segmented
+    as its start, e.g. "▁s l e" for "▁sleep s", and the SavedModel, tokenizing whole, got other pieces)."""
+    lines = [s for s, _ in tiny_corpus()["test"][:4]] + ["Zwei  Hunde   laufen\tschnell durch den Park."]
+    reference = whole(translator.tokenizer.tokenize_source, lines)
+    checked = 0
+    for max_chars in range(2, max(map(len, lines)) + 2):
+        for keep in range(1, 12):
+            got = start_pieces(lines, translator.encode, keep, max_chars)
+            for line, (ids, chars), expected in zip(lines, got, reference):
+                assert ids[:keep] == expected[:keep], (line, max_chars, keep)
+                assert chars == len(line) or len(ids) > keep, (line, max_chars, keep)
+                checked += chars < len(line)
+    assert checked > 1000  # most cases were cut, not tokenized whole
+
+
 def test_the_target_bound_of_a_joint_or_separate_vocabulary(translator):
     tokenizer = translator.tokenizer
     assert tokenizer.target_chars_for(64) == tokenizer.source_chars_for(64)

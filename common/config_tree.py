@@ -9,9 +9,10 @@ CLIs build only their `data:` section (`build(DataConfig, tree.get("data", {}), 
 A YAML file may inherit from another with `base: other.yaml` (resolved next to the file, then in `configs/`);
 `--set section.key=value` overrides are parsed as YAML scalars. An unknown key, a key that is not a string, a wrong
 type, NaN where a number is expected, or a value outside a field's `choices` or `value_range` metadata raises
-`ConfigError`. A float field also takes a string that Python's `float()` parses: YAML 1.1 reads `1e-9` (no dot) as a
-string. A dataclass may list keys it no longer has in a class attribute `LEGACY_KEYS = {"key": "why"}`: they are
-accepted, ignored and logged once (old run directories stay loadable).
+`ConfigError`; so does an unquoted number YAML 1.1 reads as another, in a file or `--set` (`010` is 8, octal;
+`1:30` is 90, base 60). A float field also takes a string that Python's `float()` parses: YAML 1.1 reads `1e-9`
+(no dot) as a string. A dataclass may list keys it no longer has in a class attribute
+`LEGACY_KEYS = {"key": "why"}`: they are accepted, ignored and logged once (old run directories stay loadable).
 """
 
 from __future__ import annotations
@@ -72,6 +73,10 @@ class Range:
         return "finite"
 
 
+# The largest size or count a config takes where it becomes an int32 tensor (a shape, a length, a batch's tokens).
+MAX_INT32 = 2**31 - 1
+
+
 def value_range(
     min: float | None = None,
     max: float | None = None,
@@ -84,6 +89,26 @@ def value_range(
     `field(default=0.1, metadata=value_range(0, 1, max_open=True))` is [0, 1). None (an optional field) passes.
     `why`, if given, ends the error message in parentheses."""
     return {"range": Range(min, max, min_open, max_open, why)}
+
+
+# What YAML 1.1 (PyYAML) reads as a number other than the one it looks like: 010 is 8 (octal), 1:30 is 90 (base 60).
+YAML11_NUMBER = re.compile(r"[-+]?(0[0-7_]+|[0-9][0-9_]*(:[0-5]?[0-9])+(\.[0-9_]*)?)")
+_INT_TAG, _FLOAT_TAG = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
+
+
+def _yaml11_reading(raw: str) -> str:
+    """For an unquoted YAML scalar `raw` that YAML 1.1 reads as another number than it looks like (`YAML11_NUMBER`),
+    what it reads and what to write instead, e.g. "YAML reads this as 90 (base 60): write the number ..."; else ""."""
+    if not YAML11_NUMBER.fullmatch(raw):
+        return ""
+    value = yaml.safe_load(raw)
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return ""
+    kind = "base 60" if ":" in raw else "octal"
+    return (
+        f"YAML reads this as {value!r} ({kind}): write the number without leading zeros or colons (or quote it for "
+        "a text value)"
+    )
 
 
 def resolve_config_path(name: str | Path, relative_to: Path | None = None) -> Path:
@@ -107,32 +132,43 @@ def resolve_config_path(name: str | Path, relative_to: Path | None = None) -> Pa
     )
 
 
-def _repeated_key(text: str) -> str:
-    """The first key repeated in one mapping of the YAML `text`, as "KEY twice (first on line N), again on line M"
-    ("" if none): `yaml.safe_load` keeps the last silently, so a second `train:` section at the end of a file
-    replaced the whole first one. Read from the node tree (`yaml.compose`: nothing is constructed); merge keys
-    (`<<: *defaults`) may be overridden, as YAML means them to be."""
-    stack, seen_nodes = [yaml.compose(text, Loader=yaml.SafeLoader)], set()
+def _node_problem(text: str, path: Path) -> str:
+    """What the YAML `text` of the file `path` means otherwise than it reads, as a message ("" if nothing). From the
+    node tree (`yaml.compose`: nothing is constructed), in the file's order:
+    - a key repeated in one mapping: `yaml.safe_load` keeps the last silently, so a second `train:` section at the
+      end of a file replaced the whole first one (merge keys, `<<: *defaults`, may be overridden, as YAML means);
+    - an unquoted number YAML 1.1 reads otherwise (`_yaml11_reading`): `max_minutes: 1:30:00` was 5400 minutes."""
+    stack, seen_nodes = [(yaml.compose(text, Loader=yaml.SafeLoader), "")], set()
     while stack:
-        node = stack.pop()
+        node, dotted = stack.pop()
         if node is None or id(node) in seen_nodes:
             continue
         seen_nodes.add(id(node))
+        children = []
         if isinstance(node, yaml.MappingNode):
             first_line = {}
             for key_node, value_node in node.value:
-                stack.append(value_node)
+                name = key_node.value if isinstance(key_node, yaml.ScalarNode) else "?"
+                children.append((value_node, f"{dotted}.{name}" if dotted else name))
                 if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(key_node, yaml.ScalarNode):
                     continue
                 key = (key_node.tag, key_node.value)
                 if key in first_line:
                     return (
-                        f"found the key {key_node.value!r} twice (first on line {first_line[key] + 1}), again on "
-                        f"line {key_node.start_mark.line + 1}"
+                        f"invalid YAML in {path}: found the key {key_node.value!r} twice (first on line "
+                        f"{first_line[key] + 1}), again on line {key_node.start_mark.line + 1}"
                     )
                 first_line[key] = key_node.start_mark.line
         elif isinstance(node, yaml.SequenceNode):
-            stack.extend(node.value)
+            children = [(item, f"{dotted}[{index}]") for index, item in enumerate(node.value)]
+        elif (
+            node.style is None
+            and node.tag in (_INT_TAG, _FLOAT_TAG)
+            and (reading := _yaml11_reading(node.value))
+        ):
+            return f"{path}, line {node.start_mark.line + 1}: {dotted or 'the document'}: {node.value}: {reading}"
+        # reversed: popped in the file's order, the first problem in the file is the one named
+        stack.extend(reversed(children))
     return ""
 
 
@@ -142,12 +178,12 @@ def _read_yaml(path: Path) -> dict:
     except (OSError, UnicodeDecodeError) as err:
         raise ConfigError(f"cannot read config file {path}: {err}") from err
     try:
-        repeated = _repeated_key(text)
+        problem = _node_problem(text, path)
         data = yaml.safe_load(text)
     except yaml.YAMLError as err:
         raise ConfigError(f"invalid YAML in {path}: {err}") from err
-    if repeated:
-        raise ConfigError(f"invalid YAML in {path}: {repeated}")
+    if problem:
+        raise ConfigError(problem)
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -179,10 +215,6 @@ def _load_file(path: Path, seen: tuple[Path, ...] = ()) -> dict:
     return _merge(parent, tree)
 
 
-# What YAML 1.1 (PyYAML) reads as a number other than the one it looks like: 010 is 8 (octal), 1:30 is 90 (base 60).
-YAML11_NUMBER = re.compile(r"[-+]?(0[0-7_]+|[0-9][0-9_]*(:[0-5]?[0-9])+(\.[0-9_]*)?)")
-
-
 def parse_override(text: str) -> tuple[list[str], Any]:
     """`section.key=value` -> (["section", "key"], value parsed as a YAML scalar)."""
     if "=" not in text:
@@ -195,16 +227,8 @@ def parse_override(text: str) -> tuple[list[str], Any]:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError as err:
         raise ConfigError(f"--set {dotted}: cannot parse value {raw!r}: {err}") from err
-    if (
-        isinstance(value, int | float)
-        and not isinstance(value, bool)
-        and YAML11_NUMBER.fullmatch(raw.strip())
-    ):
-        kind = "base 60" if ":" in raw else "octal"
-        raise ConfigError(
-            f"--set {dotted.strip()}={raw.strip()}: YAML reads this as {value!r} ({kind}): write "
-            "the number without leading zeros or colons (or quote it for a text value)"
-        )
+    if reading := _yaml11_reading(raw.strip()):
+        raise ConfigError(f"--set {dotted.strip()}={raw.strip()}: {reading}")
     return keys, value
 
 

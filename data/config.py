@@ -11,7 +11,7 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from common.config_tree import ConfigError, build, check_fields, choices, load_tree, value_range
+from common.config_tree import MAX_INT32, ConfigError, build, check_fields, choices, load_tree, value_range
 from common.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 log = logging.getLogger(__name__)
@@ -21,7 +21,8 @@ log = logging.getLogger(__name__)
 _SPECIAL_PIECES = len({PAD_ID, UNK_ID, BOS_ID, EOS_ID})
 MIN_VOCAB_SIZE = _SPECIAL_PIECES + 2
 _VOCAB_WHY = f"room for the {_SPECIAL_PIECES} special pieces, the word boundary and one character"
-_AT_LEAST_1 = value_range(min=1)
+# Sizes and counts: at most what an int32 tensor holds (before 2026-12-07d 2**63 passed, then a traceback).
+_AT_LEAST_1 = value_range(min=1, max=MAX_INT32)
 
 
 @dataclass
@@ -46,7 +47,7 @@ class DataConfig:
     test_split: str = "test"  # split for the final test score (Multi30k: test2016 flickr)
     tokenizer: str = field(default="unigram", metadata=choices("unigram", "bpe"))  # SentencePiece model type
     vocab_size: int = field(
-        default=8000, metadata=value_range(min=MIN_VOCAB_SIZE, why=_VOCAB_WHY)
+        default=8000, metadata=value_range(min=MIN_VOCAB_SIZE, max=MAX_INT32, why=_VOCAB_WHY)
     )  # SentencePiece vocabulary size (padded up to a multiple of 8 in the model)
     joint_vocab: bool = True  # one vocabulary for source and target (needed for shared embeddings)
     # The tokenizer lowercases both sides (its SentencePiece normalization), as papers that train on lowercased

@@ -18,6 +18,7 @@ import yaml
 
 from common.config_tree import (  # noqa: F401 - re-exported: callers import them from here
     CONFIG_DIR,
+    MAX_INT32,
     ConfigError,
     build,
     load_tree,
@@ -48,8 +49,21 @@ MAX_ALPHA = 5.0  # the GNMT length penalty's exponent: 0 (none) to this
 # search studies that widen it go to a few hundred)
 MAX_BEAM = 1024
 
-_AT_LEAST_1 = _range(min=1)
-_NOT_NEGATIVE = _range(min=0)  # where 0 means off, none, auto or all (see the field's comment)
+# Upper bounds of the int settings (a larger number passed the config, then failed in a traceback: train.max_steps
+# 99999999999999999999 at the step plan's int64 variable, train.warmup_steps at the first step's learning rate).
+# Sizes, lengths and counts: MAX_INT32 (common.config_tree), what becomes an int32 tensor or is counted like one.
+# Steps and tokens per step: int64 counters (the optimizer's iterations, nmt.budget's plan), with room for their sums
+# (a step + train.budget_probe_skip + train.budget_probe_steps).
+MAX_INT64 = 2**62
+# train.accumulate_steps: the global batch, replicas x data.batch_tokens x accumulate_steps, is an int64 (nmt.budget)
+MAX_ACCUMULATE_STEPS = 2**16
+
+# Int ranges; in the _NOT_NEGATIVE ones 0 means off, none, auto or all (see the field's comment)
+_INT32_AT_LEAST_1 = _range(min=1, max=MAX_INT32)
+_INT32_NOT_NEGATIVE = _range(min=0, max=MAX_INT32)
+_INT64_AT_LEAST_1 = _range(min=1, max=MAX_INT64)
+_INT64_NOT_NEGATIVE = _range(min=0, max=MAX_INT64)
+_NOT_NEGATIVE = _range(min=0)  # floats
 _POSITIVE = _range(min=0, min_open=True)
 _RATE = _range(min=0, max=1, max_open=True)  # dropouts, smoothing, decays: [0, 1)
 _FRACTION = _range(min=0, max=1)
@@ -57,10 +71,10 @@ _FRACTION = _range(min=0, max=1)
 
 @dataclass
 class ModelConfig:
-    d_model: int = field(default=256, metadata=_AT_LEAST_1)  # model width
-    num_heads: int = field(default=4, metadata=_AT_LEAST_1)  # attention heads
-    d_ff: int = field(default=1024, metadata=_AT_LEAST_1)  # feed-forward inner width
-    num_layers: int = field(default=3, metadata=_AT_LEAST_1)  # encoder layers and decoder layers (each)
+    d_model: int = field(default=256, metadata=_INT32_AT_LEAST_1)  # model width
+    num_heads: int = field(default=4, metadata=_INT32_AT_LEAST_1)  # attention heads
+    d_ff: int = field(default=1024, metadata=_INT32_AT_LEAST_1)  # feed-forward inner width
+    num_layers: int = field(default=3, metadata=_INT32_AT_LEAST_1)  # encoder layers and decoder layers (each)
     dropout: float = field(default=0.1, metadata=_RATE)  # residual / embedding dropout
     attention_dropout: float = field(default=0.0, metadata=_RATE)  # dropout on attention weights
     # Dropout on the feed-forward hidden activations: null = model.dropout (and the plan's, train.dropout_by_plan);
@@ -73,16 +87,16 @@ class ModelConfig:
     share_qkv: str = field(default="none", metadata=_choices("none", "qk", "all"))  # projection sharing
     attention: str = field(default="full", metadata=_choices("full", "chunked", "local"))  # encoder self-attn
     chunk_size: int = field(
-        default=64, metadata=_AT_LEAST_1
+        default=64, metadata=_INT32_AT_LEAST_1
     )  # chunk length for chunked (memory-efficient) attention
     window: int = field(
-        default=16, metadata=_NOT_NEGATIVE
+        default=16, metadata=_INT32_NOT_NEGATIVE
     )  # half-width of the band for local attention (0 = self)
     scale: float | None = field(
         default=None, metadata=_POSITIVE
     )  # attention score scale; None = 1/sqrt(depth)
     mask_fill: str | float = "auto"  # "auto" = dtype-aware, exact zeros; a float (e.g. -1e9) for the ablation
-    max_length: int = field(default=512, metadata=_AT_LEAST_1)  # size of the sinusoidal position table
+    max_length: int = field(default=512, metadata=_INT32_AT_LEAST_1)  # size of the sinusoidal position table
 
 
 @dataclass
@@ -92,7 +106,7 @@ class TrainConfig:
     )  # seeds weights, dropout and data order (NumPy's range)
     init_from: str | None = None  # fine-tuning: a new run starts from this run's weights and tokenizer
     max_steps: int = field(
-        default=0, metadata=_NOT_NEGATIVE
+        default=0, metadata=_INT64_NOT_NEGATIVE
     )  # optimizer steps to run in all (0 = no step limit)
     max_minutes: float = field(
         default=0.0, metadata=_NOT_NEGATIVE
@@ -101,14 +115,14 @@ class TrainConfig:
         default=1e-3, metadata=_POSITIVE
     )  # peak learning rate (end of warmup) for a global batch of reference_batch_tokens
     reference_batch_tokens: int = field(
-        default=0, metadata=_NOT_NEGATIVE
+        default=0, metadata=_INT64_NOT_NEGATIVE
     )  # global batch learning_rate is for; 0 = one replica's (batch x accumulation)
     learning_rate_scaling: str = field(
         default="sqrt", metadata=_choices("sqrt", "linear", "none")
     )  # peak = learning_rate x (global batch / reference_batch_tokens) ^ (1/2 | 1 | 0)
     allow_batch_change: bool = False  # resume a checkpoint of another replica count / accumulate_steps (data.batch_tokens stays fixed)
     warmup_steps: int = field(
-        default=4000, metadata=_NOT_NEGATIVE
+        default=4000, metadata=_INT64_NOT_NEGATIVE
     )  # linear warmup, then the decay of `schedule`
     schedule: str = field(
         default="inverse_sqrt", metadata=_choices("inverse_sqrt", "linear", "cosine")
@@ -117,10 +131,10 @@ class TrainConfig:
         default=0.1, metadata=_FRACTION
     )  # linear/cosine: the floor, as a fraction of the peak learning rate
     budget_probe_skip: int = field(
-        default=20, metadata=_NOT_NEGATIVE
+        default=20, metadata=_INT64_NOT_NEGATIVE
     )  # max_minutes: first steps of each process left out of the step-rate probe
     budget_probe_steps: int = field(
-        default=100, metadata=_AT_LEAST_1
+        default=100, metadata=_INT64_AT_LEAST_1
     )  # max_minutes: steps timed to plan the run's total steps (nmt.budget)
     # max_minutes: plan again at this fraction of the planned decay, from the rate timed since half of it
     # (0 = keep the first plan; nmt.budget)
@@ -147,7 +161,7 @@ class TrainConfig:
     # or auto (true on GPU/TPU, false on CPU)
     xla: bool | str = "auto"
     accumulate_steps: int = field(
-        default=1, metadata=_AT_LEAST_1
+        default=1, metadata=_range(min=1, max=MAX_ACCUMULATE_STEPS)
     )  # batches per optimizer step (gradients normalised by true token count)
     distribute: str = field(
         default="none", metadata=_choices("none", "mirrored", "multi_worker", "tpu")
@@ -155,23 +169,27 @@ class TrainConfig:
     cluster_wait_minutes: float = field(
         default=10.0, metadata=_NOT_NEGATIVE
     )  # multi_worker: how long a task waits for the others of its cluster to start (0 = no limit)
-    log_every: int = field(default=50, metadata=_AT_LEAST_1)  # steps between TensorBoard scalars and progress
-    checkpoint_every: int = field(default=500, metadata=_AT_LEAST_1)  # steps between checkpoints
+    log_every: int = field(
+        default=50, metadata=_INT64_AT_LEAST_1
+    )  # steps between TensorBoard scalars and progress
+    checkpoint_every: int = field(default=500, metadata=_INT64_AT_LEAST_1)  # steps between checkpoints
     keep_checkpoints: int = field(
-        default=5, metadata=_AT_LEAST_1
+        default=5, metadata=_INT32_AT_LEAST_1
     )  # checkpoints kept on disk (at least average_last; a stop's, off the checkpoint_every grid, beside them)
-    eval_every: int = field(default=1000, metadata=_NOT_NEGATIVE)  # steps between validation losses (0 = off)
+    eval_every: int = field(
+        default=1000, metadata=_INT64_NOT_NEGATIVE
+    )  # steps between validation losses (0 = off)
     bleu_every: int = field(
-        default=2000, metadata=_NOT_NEGATIVE
+        default=2000, metadata=_INT64_NOT_NEGATIVE
     )  # steps between validation BLEU (greedy) evaluations (0 = off)
     bleu_max_sentences: int = field(
-        default=0, metadata=_NOT_NEGATIVE
+        default=0, metadata=_INT32_NOT_NEGATIVE
     )  # validation sentences decoded for BLEU during training (0 = all)
     early_stopping: int = field(
-        default=0, metadata=_NOT_NEGATIVE
+        default=0, metadata=_INT32_NOT_NEGATIVE
     )  # stop after this many BLEU evaluations without improvement (0 = off)
     average_last: int = field(
-        default=0, metadata=_NOT_NEGATIVE
+        default=0, metadata=_INT32_NOT_NEGATIVE
     )  # average the last K checkpoints into the final weights (0 = off)
     average_fraction: float = field(
         default=0.0, metadata=_FRACTION
@@ -180,7 +198,7 @@ class TrainConfig:
     # the average has the lower validation loss
     ema_decay: float = field(default=0.0, metadata=_RATE)
     max_bad_steps: int = field(
-        default=10, metadata=_NOT_NEGATIVE
+        default=10, metadata=_INT64_NOT_NEGATIVE
     )  # consecutive non-finite steps tolerated before the run stops
 
 
@@ -191,12 +209,12 @@ class EvalConfig:
     max_length_a: float = field(
         default=1.5, metadata=_NOT_NEGATIVE
     )  # maximum output length = a * source length + b
-    max_length_b: int = field(default=10, metadata=_NOT_NEGATIVE)  # see max_length_a
+    max_length_b: int = field(default=10, metadata=_INT32_NOT_NEGATIVE)  # see max_length_a
     batch_size: int = field(
-        default=256, metadata=_AT_LEAST_1
+        default=256, metadata=_INT32_AT_LEAST_1
     )  # sentences per decoding batch (test2016 on the Zen 4: 1.3x greedy, 1.4x beam 4 vs 64)
     streams: int = field(
-        default=0, metadata=_range(min=0, why="0 = auto")
+        default=0, metadata=_range(min=0, max=MAX_INT32, why="0 = auto")
     )  # decoding batches in flight at once (threads); 0 = auto: 2 on a CPU with 2+ cores, 1 on a GPU
 
 

@@ -29,7 +29,7 @@ def test_inheritance_overrides_and_strict_data_section(tmp_path):
         load_data_config(child, ["data.zzz=8"])
     with pytest.raises(ConfigError, match="data.tokenizer: 'wordpiece' is not one of"):
         load_data_config(child, ["data.tokenizer=wordpiece"])
-    with pytest.raises(ConfigError, match="data.batch_tokens: must be >= 1, got 0"):
+    with pytest.raises(ConfigError, match=r"data\.batch_tokens: must be in \[1, 2147483647\], got 0"):
         load_data_config(child, ["data.batch_tokens=0"])
 
 
@@ -53,8 +53,11 @@ def test_nmt_config_still_exports_data_config():
 @pytest.mark.parametrize(
     "override, message",
     [
-        ("data.vocab_size=3", r"data\.vocab_size: must be >= 6, got 3 \(room for the 4 special pieces"),
-        ("data.vocab_size=5", r"data\.vocab_size: must be >= 6, got 5"),
+        (
+            "data.vocab_size=3",
+            r"data\.vocab_size: must be in \[6, 2147483647\], got 3 \(room for the 4 special pieces",
+        ),
+        ("data.vocab_size=5", r"data\.vocab_size: must be in \[6, 2147483647\], got 5"),
         ("data.max_length=1", r"data\.max_length: must be in \[2, 65535\], got 1"),
         # the length index saturates at 65535: a longer pair would pass the filter (before 2026-12-07d accepted)
         ("data.max_length=65536", r"data\.max_length: must be in \[2, 65535\], got 65536"),
@@ -64,11 +67,20 @@ def test_nmt_config_still_exports_data_config():
             "data.batch_tokens=39",
             r"data\.batch_tokens: 39 is less than data\.max_length=40: a batch of the longest pairs could not",
         ),
-        ("data.batch_tokens=-1", r"data\.batch_tokens: must be >= 1, got -1"),
-        ("data.eval_batch_tokens=0", r"data\.eval_batch_tokens: must be >= 1, got 0"),
-        ("data.tokenizer_max_sentences=0", r"data\.tokenizer_max_sentences: must be >= 1, got 0"),
-        ("data.bucket_boundaries=[30, 10, 0]", r"data\.bucket_boundaries\[2\]: must be >= 1, got 0"),
-        ("data.bucket_boundaries=[-8]", r"data\.bucket_boundaries\[0\]: must be >= 1, got -8"),
+        ("data.batch_tokens=-1", r"data\.batch_tokens: must be in \[1, 2147483647\], got -1"),
+        ("data.eval_batch_tokens=0", r"data\.eval_batch_tokens: must be in \[1, 2147483647\], got 0"),
+        (
+            "data.tokenizer_max_sentences=0",
+            r"data\.tokenizer_max_sentences: must be in \[1, 2147483647\], got 0",
+        ),
+        (
+            "data.bucket_boundaries=[30, 10, 0]",
+            r"data\.bucket_boundaries\[2\]: must be in \[1, 2147483647\], got 0",
+        ),
+        (
+            "data.bucket_boundaries=[-8]",
+            r"data\.bucket_boundaries\[0\]: must be in \[1, 2147483647\], got -8",
+        ),
         (
             "data.bucket_boundaries=[30, 10]",
             r"data\.bucket_boundaries: must be strictly increasing, got \[30, 10\]",
@@ -110,11 +122,13 @@ def test_data_range_boundaries_are_accepted():
 
 def test_a_data_config_built_in_code_is_checked_too():
     validate_data_config(DataConfig(bucket_boundaries=[8, 16]))
-    with pytest.raises(ConfigError, match=r"data\.bucket_boundaries\[0\]: must be >= 1, got 0"):
+    with pytest.raises(
+        ConfigError, match=r"data\.bucket_boundaries\[0\]: must be in \[1, 2147483647\], got 0"
+    ):
         validate_data_config(DataConfig(bucket_boundaries=[0, 16]))
     with pytest.raises(ConfigError, match=r"data\.bucket_boundaries: must be strictly increasing"):
         validate_data_config(DataConfig(bucket_boundaries=[16, 8]))
-    with pytest.raises(ConfigError, match=r"data\.vocab_size: must be >= 6, got 4"):
+    with pytest.raises(ConfigError, match=r"data\.vocab_size: must be in \[6, 2147483647\], got 4"):
         validate_data_config(DataConfig(vocab_size=4))
 
 

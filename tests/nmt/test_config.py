@@ -1,12 +1,13 @@
 """The config loader: inheritance, overrides, and errors that name the dotted path."""
 
+import math
 import re
 import subprocess
 import sys
 
 import pytest
 
-from nmt.config import CONFIG_DIR, Config, ConfigError, load_config
+from nmt.config import CONFIG_DIR, Config, ConfigError, load_config, load_tree
 
 
 def write(path, text):
@@ -73,6 +74,48 @@ def test_set_keeps_numbers_and_texts_that_only_look_alike(tmp_path):
     assert folder == "/corpora/a:1"  # a text: kept as given
 
 
+@pytest.mark.parametrize(
+    "text, line, where, reading",
+    [
+        ("base: base.yaml\ntrain:\n  max_minutes: 1:30:00\n  warmup_steps: 0400\n", 3, "train.max_minutes: 1:30:00",
+         r"5400 \(base 60\)"),
+        ("train:\n  warmup_steps: 0400\n", 2, "train.warmup_steps: 0400", r"256 \(octal\)"),
+        ("train: {max_steps: 10, seed: 0123}\n", 1, "train.seed: 0123", r"83 \(octal\)"),
+        ("train:\n  max_steps: -1:00\n", 2, "train.max_steps: -1:00", r"-60 \(base 60\)"),
+        ("train:\n  max_minutes: 1:30.5\n", 2, "train.max_minutes: 1:30.5", r"90\.5 \(base 60\)"),
+        ("data:\n  bucket_boundaries: [8,\n    010]\n", 3, "data.bucket_boundaries[1]: 010", r"8 \(octal\)"),
+        ("data:\n  folder: 1:30\n", 2, "data.folder: 1:30", r"90 \(base 60\)"),
+    ],
+)  # fmt: skip
+def test_a_file_refuses_numbers_yaml_11_reads_otherwise(tmp_path, text, line, where, reading):
+    """As --set does: `max_minutes: 1:30:00` in a file was 5400 minutes, `warmup_steps: 0400` 256 steps."""
+    path = write(tmp_path / "child.yaml", text)
+    advice = r"write the number without leading zeros or colons \(or quote it for a text value\)"
+    with pytest.raises(ConfigError, match=rf"^{re.escape(f'{path}, line {line}: {where}')}: YAML reads this as "
+                       rf"{reading}: {advice}$"):  # fmt: skip
+        load_config(path)
+    # in an inherited file too, named
+    child = write(tmp_path / "grandchild.yaml", "base: child.yaml\n")
+    with pytest.raises(ConfigError, match=rf"^{re.escape(f'{path}, line {line}: {where}')}: YAML reads"):
+        load_config(child)
+
+
+def test_a_file_keeps_numbers_and_texts_that_only_look_alike(tmp_path):
+    plain = (
+        "values: [0, 0.5, 1e-3, 10, -1, 4096, 1_000, 0x1F, 1.5, '0400', \"1:30\", 08, 0:30, a:1]\nnan: .nan\n"
+    )
+    tree = load_tree(write(tmp_path / "plain.yaml", plain))
+    expected = [0, 0.5, "1e-3", 10, -1, 4096, 1000, 31, 1.5, "0400", "1:30", "08", "0:30", "a:1"]
+    # 1e-3 (no dot) a string, as YAML 1.1 reads it: float fields take it
+    assert tree["values"] == expected
+    assert math.isnan(tree["nan"])
+    text = "base: base.yaml\ntrain:\n  max_steps: 0\n  warmup_steps: 4096\n  learning_rate: 1e-3\n"
+    text += "  label_smoothing: 0.5\n  max_minutes: 10\ndata:\n  dataset: folder\n  folder: '0400'\n"
+    config = load_config(write(tmp_path / "ordinary.yaml", text))
+    assert (config.train.max_steps, config.train.warmup_steps, config.train.learning_rate) == (0, 4096, 1e-3)
+    assert (config.train.label_smoothing, config.train.max_minutes, config.data.folder) == (0.5, 10.0, "0400")
+
+
 def test_int_is_accepted_for_float_but_not_the_reverse():
     assert load_config(None, ["train.clipnorm=2"]).train.clipnorm == 2.0
     with pytest.raises(ConfigError, match=r"train\.warmup_steps: expected int, got float"):
@@ -91,7 +134,7 @@ def test_int_is_accepted_for_float_but_not_the_reverse():
         ("train.xla=sometimes", r"train\.xla: expected true, false, fusible or auto, got 'sometimes'"),
         ("model.num_heads=3", r"model\.d_model: 256 is not divisible by model\.num_heads=3"),
         ("data.max_length=0", r"data\.max_length: must be in \[2, 65535\], got 0"),
-        ("eval.streams=-1", r"eval\.streams: must be >= 0, got -1 \(0 = auto\)"),
+        ("eval.streams=-1", r"eval\.streams: must be in \[0, 2147483647\], got -1 \(0 = auto\)"),
         ("model.dropout=1.0", r"model\.dropout: must be in \[0, 1\), got 1\.0"),
         ("model.ffn_dropout=-0.1", r"model\.ffn_dropout: must be in \[0, 1\), got -0\.1"),
         ("train", r"--set expects section\.key=value"),
@@ -176,11 +219,17 @@ def test_schedule_and_batch_defaults_keep_older_configs_unchanged(tmp_path):
             r"train\.min_learning_rate_fraction: must be in \[0, 1\]",
         ),
         (["train.learning_rate_scaling=cube"], r"train\.learning_rate_scaling: 'cube' is not one of"),
-        (["train.budget_probe_steps=0"], r"train\.budget_probe_steps: must be >= 1, got 0"),
+        (
+            ["train.budget_probe_steps=0"],
+            r"train\.budget_probe_steps: must be in \[1, 4611686018427387904\], got 0",
+        ),
         (["eval.beam_size=0"], r"eval\.beam_size: must be in \[1, 1024\], got 0"),
         (["eval.beam_size=1000000"], r"eval\.beam_size: must be in \[1, 1024\], got 1000000"),
         (["eval.alpha=6"], r"eval\.alpha: must be in \[0, 5\], got 6\.0"),
-        (["train.reference_batch_tokens=-1"], r"train\.reference_batch_tokens: must be >= 0, got -1"),
+        (
+            ["train.reference_batch_tokens=-1"],
+            r"train\.reference_batch_tokens: must be in \[0, 4611686018427387904\], got -1",
+        ),
         (
             ["train.dropout_by_plan=[[3000, 0.1, 2]]"],
             r"train\.dropout_by_plan: expected \[planned steps, dropout\]",
@@ -266,17 +315,28 @@ def test_the_published_recipes_train_at_their_own_dropout(name):
 @pytest.mark.parametrize(
     "extra, message",
     [
-        (["--set", "train.max_steps=-5"], "train.max_steps: must be >= 0, got -5"),
+        (["--set", "train.max_steps=-5"], "train.max_steps: must be in [0, 4611686018427387904], got -5"),
         (["--set", "eval.max_length_a=-5"], "eval.max_length_a: must be >= 0, got -5.0"),
         (["--config", "{mixkeys}"], "config keys must be strings: the top level has the key 1 (int)"),
+        (
+            ["--config", "{octal}"],
+            "{octal}, line 3: train.warmup_steps: 0400: YAML reads this as 256 (octal)",
+        ),
+        (
+            ["--set", "train.max_steps=99999999999999999999"],
+            "train.max_steps: must be in [0, 4611686018427387904], got 99999999999999999999",
+        ),
     ],
 )
 def test_train_py_exits_2_and_writes_nothing(tmp_path, extra, message):
-    mixkeys = write(tmp_path / "mixkeys.yaml", "base: tiny.yaml\n1: 2\nfoo: 3\n")
+    files = {
+        "mixkeys": write(tmp_path / "mixkeys.yaml", "base: tiny.yaml\n1: 2\nfoo: 3\n"),
+        "octal": write(tmp_path / "octal.yaml", "base: tiny.yaml\ntrain:\n  warmup_steps: 0400\n"),
+    }
     model_dir = tmp_path / "run"
     command = [sys.executable, "train.py", "--config", "tiny.yaml", "--model-dir", str(model_dir)]
-    command += [arg.format(mixkeys=mixkeys) for arg in extra]
+    command += [arg.format(**files) for arg in extra]
     done = subprocess.run(command, cwd=CONFIG_DIR.parent, capture_output=True, text=True, timeout=600)
     assert done.returncode == 2, done.stderr[-2000:]
-    assert done.stderr.startswith(f"train.py: config error: {message}"), done.stderr[-2000:]
+    assert done.stderr.startswith(f"train.py: config error: {message.format(**files)}"), done.stderr[-2000:]
     assert "Traceback" not in done.stderr and not model_dir.exists()

@@ -15,7 +15,7 @@ from tests.nmt.test_config import write
 @pytest.mark.parametrize(
     "override, message",
     [
-        ("train.max_steps=-1", r"train\.max_steps: must be >= 0, got -1"),
+        ("train.max_steps=-1", r"train\.max_steps: must be in \[0, 4611686018427387904\], got -1"),
         ("train.max_minutes=-1", r"train\.max_minutes: must be >= 0, got -1\.0"),
         ("train.max_minutes=.inf", r"train\.max_minutes: must be >= 0 and finite, got inf"),
         ("train.learning_rate=0", r"train\.learning_rate: must be > 0, got 0\.0"),
@@ -24,44 +24,52 @@ from tests.nmt.test_config import write
         ("train.label_smoothing=1", r"train\.label_smoothing: must be in \[0, 1\), got 1\.0"),
         ("train.label_smoothing=-0.1", r"train\.label_smoothing: must be in \[0, 1\), got -0\.1"),
         ("train.clipnorm=-1", r"train\.clipnorm: must be >= 0, got -1\.0"),
-        ("train.average_last=-2", r"train\.average_last: must be >= 0, got -2"),
-        ("train.bleu_max_sentences=-3", r"train\.bleu_max_sentences: must be >= 0, got -3"),
-        ("train.log_every=0", r"train\.log_every: must be >= 1, got 0"),
-        ("train.checkpoint_every=0", r"train\.checkpoint_every: must be >= 1, got 0"),
-        ("train.keep_checkpoints=0", r"train\.keep_checkpoints: must be >= 1, got 0"),
-        ("train.eval_every=-1", r"train\.eval_every: must be >= 0, got -1"),
-        ("train.bleu_every=-1", r"train\.bleu_every: must be >= 0, got -1"),
-        ("train.early_stopping=-1", r"train\.early_stopping: must be >= 0, got -1"),
-        ("train.max_bad_steps=-1", r"train\.max_bad_steps: must be >= 0, got -1"),
+        ("train.average_last=-2", r"train\.average_last: must be in \[0, 2147483647\], got -2"),
+        ("train.bleu_max_sentences=-3", r"train\.bleu_max_sentences: must be in \[0, 2147483647\], got -3"),
+        ("train.log_every=0", r"train\.log_every: must be in \[1, 4611686018427387904\], got 0"),
+        (
+            "train.checkpoint_every=0",
+            r"train\.checkpoint_every: must be in \[1, 4611686018427387904\], got 0",
+        ),
+        ("train.keep_checkpoints=0", r"train\.keep_checkpoints: must be in \[1, 2147483647\], got 0"),
+        ("train.eval_every=-1", r"train\.eval_every: must be in \[0, 4611686018427387904\], got -1"),
+        ("train.bleu_every=-1", r"train\.bleu_every: must be in \[0, 4611686018427387904\], got -1"),
+        ("train.early_stopping=-1", r"train\.early_stopping: must be in \[0, 2147483647\], got -1"),
+        ("train.max_bad_steps=-1", r"train\.max_bad_steps: must be in \[0, 4611686018427387904\], got -1"),
         ("train.ema_decay=1", r"train\.ema_decay: must be in \[0, 1\), got 1\.0"),
         ("train.ema_decay=2", r"train\.ema_decay: must be in \[0, 1\), got 2\.0"),
         ("train.ema_decay=-0.5", r"train\.ema_decay: must be in \[0, 1\), got -0\.5"),
-        ("train.warmup_steps=-1", r"train\.warmup_steps: must be >= 0, got -1"),
-        ("train.accumulate_steps=0", r"train\.accumulate_steps: must be >= 1, got 0"),
-        ("train.budget_probe_skip=-1", r"train\.budget_probe_skip: must be >= 0, got -1"),
+        ("train.warmup_steps=-1", r"train\.warmup_steps: must be in \[0, 4611686018427387904\], got -1"),
+        ("train.accumulate_steps=0", r"train\.accumulate_steps: must be in \[1, 65536\], got 0"),
+        (
+            "train.budget_probe_skip=-1",
+            r"train\.budget_probe_skip: must be in \[0, 4611686018427387904\], got -1",
+        ),
         ("train.budget_replan_at=1", r"train\.budget_replan_at: must be in \[0, 1\), got 1\.0"),
         ("train.beta_1=1", r"train\.beta_1: must be in \[0, 1\), got 1\.0"),
         ("train.beta_2=-0.1", r"train\.beta_2: must be in \[0, 1\), got -0\.1"),
         ("train.epsilon=0", r"train\.epsilon: must be > 0, got 0\.0"),
         ("eval.max_length_a=-5", r"eval\.max_length_a: must be >= 0, got -5\.0"),
-        ("eval.max_length_b=-5", r"eval\.max_length_b: must be >= 0, got -5"),
+        ("eval.max_length_b=-5", r"eval\.max_length_b: must be in \[0, 2147483647\], got -5"),
         ("eval.beam_size=-1", r"eval\.beam_size: must be in \[1, 1024\], got -1"),
         ("eval.alpha=-0.1", r"eval\.alpha: must be in \[0, 5\], got -0\.1"),
-        ("eval.batch_size=0", r"eval\.batch_size: must be >= 1, got 0"),
+        ("eval.batch_size=0", r"eval\.batch_size: must be in \[1, 2147483647\], got 0"),
         ("model.attention_dropout=1", r"model\.attention_dropout: must be in \[0, 1\), got 1\.0"),
         ("model.dropout=-0.1", r"model\.dropout: must be in \[0, 1\), got -0\.1"),
-        ("model.num_heads=0", r"model\.num_heads: must be >= 1, got 0"),  # before d_model % num_heads
-        ("model.num_layers=0", r"model\.num_layers: must be >= 1, got 0"),
-        ("model.d_ff=-1", r"model\.d_ff: must be >= 1, got -1"),
-        ("model.chunk_size=0", r"model\.chunk_size: must be >= 1, got 0"),
-        ("model.window=-1", r"model\.window: must be >= 0, got -1"),
+        # before d_model % num_heads
+        ("model.num_heads=0", r"model\.num_heads: must be in \[1, 2147483647\], got 0"),
+        ("model.num_layers=0", r"model\.num_layers: must be in \[1, 2147483647\], got 0"),
+        ("model.d_ff=-1", r"model\.d_ff: must be in \[1, 2147483647\], got -1"),
+        ("model.chunk_size=0", r"model\.chunk_size: must be in \[1, 2147483647\], got 0"),
+        ("model.window=-1", r"model\.window: must be in \[0, 2147483647\], got -1"),
         ("model.scale=0", r"model\.scale: must be > 0, got 0\.0"),
-        ("model.max_length=0", r"model\.max_length: must be >= 1, got 0"),
+        ("model.max_length=0", r"model\.max_length: must be in \[1, 2147483647\], got 0"),
+        # the rest: tests/data/test_config.py
+        ("data.vocab_size=3", r"data\.vocab_size: must be in \[6, 2147483647\], got 3"),
         (
-            "data.vocab_size=3",
-            r"data\.vocab_size: must be >= 6, got 3",
-        ),  # the rest: tests/data/test_config.py
-        ("data.bucket_boundaries=[30, 10, 0]", r"data\.bucket_boundaries\[2\]: must be >= 1, got 0"),
+            "data.bucket_boundaries=[30, 10, 0]",
+            r"data\.bucket_boundaries\[2\]: must be in \[1, 2147483647\], got 0",
+        ),
         ("train.seed=-1", r"train\.seed: must be in \[0, 4294967295\], got -1"),
         ("train.seed=4294967296", r"train\.seed: must be in \[0, 4294967295\], got 4294967296"),
     ],
@@ -92,6 +100,9 @@ def test_out_of_range_values_are_refused_naming_the_key(override, message):
         ["model.dropout=0", "model.attention_dropout=0.999", "model.ffn_dropout=0", "model.window=0"],
         ["model.ffn_dropout=null", "model.scale=1e-3", "model.chunk_size=1", "model.num_heads=1"],
         ["data.vocab_size=6", "data.max_length=2", "data.bucket_boundaries=[1, 2, 100]"],
+        [f"train.max_steps={2**62}", f"train.warmup_steps={2**62}", f"train.log_every={2**62}"],
+        [f"eval.max_length_b={2**31 - 1}", f"eval.batch_size={2**31 - 1}", f"model.max_length={2**31 - 1}"],
+        ["train.accumulate_steps=65536", f"train.keep_checkpoints={2**31 - 1}"],
     ],
 )
 def test_range_boundaries_are_accepted(overrides):
@@ -127,6 +138,48 @@ def test_every_numeric_field_declares_a_range_but_a_few():
     }
     unbounded |= {"train.dropout_by_plan", "train.ffn_dropout_by_plan"}  # [steps, rate] pairs: checked apart
     assert {name for name, f, _ in _numeric_fields() if "range" not in f.metadata} == unbounded
+
+
+INT_KEYS = [name for name, _, annotation in _numeric_fields() if int in _leaf_types(annotation)]
+DATA_INTS_UNBOUNDED_ABOVE: set[str] = set()  # none left (data.* bounded since 2026-12-07d)
+
+
+def test_every_int_field_has_an_upper_bound_but_a_few():
+    """A new int field gets an upper bound (a number TensorFlow holds), or is listed above."""
+    fields = {name: f for name, f, _ in _numeric_fields()}
+    assert {key for key in INT_KEYS if fields[key].metadata["range"].max is None} == DATA_INTS_UNBOUNDED_ABOVE
+
+
+@pytest.mark.parametrize("key", sorted(set(INT_KEYS) - DATA_INTS_UNBOUNDED_ABOVE))
+@pytest.mark.parametrize("huge", [2**63, 99999999999999999999])
+def test_ints_too_large_for_tensorflow_are_refused(key, huge):
+    """An int64 holds less than 2**63: train.max_steps=99999999999999999999 was accepted, then a traceback at the
+    step plan's variable (train.warmup_steps: at the first step's learning rate); now exit 2 at config time."""
+    assert {"train.max_steps", "train.warmup_steps", "model.d_model", "eval.max_length_b"} <= set(INT_KEYS)
+    # a list of ints: each is checked, named by its index
+    value = f"[{huge}]" if key == "data.bucket_boundaries" else str(huge)
+    suffix = "[0]" if key == "data.bucket_boundaries" else ""
+    with pytest.raises(
+        ConfigError, match=rf"^{re.escape(key + suffix)}: must be in \[\d+, \d+\], got {huge}"
+    ):
+        load_config(None, [f"{key}={value}"])
+
+
+def test_the_largest_accepted_steps_work_where_they_end():
+    """The bounds are numbers TensorFlow holds: the step plan's int64 variables and the warmup's float32."""
+    import tensorflow as tf
+
+    from nmt.budget import TrainingPlan
+    from nmt.schedule import make_schedule
+
+    train = load_config(None, [f"train.max_steps={2**62}", f"train.warmup_steps={2**62}"]).train
+    plan = TrainingPlan(train, 1, 512)
+    plan.start(0, 0.0)
+    assert plan.total_steps == 2**62
+    for kind in ("inverse_sqrt", "cosine"):
+        schedule = make_schedule(kind, 1.0, train.warmup_steps, floor=0.1, total_steps=plan.state.total_steps)
+        rate = float(schedule(tf.constant(0, tf.int64)))
+        assert rate == pytest.approx(2.0**-62, rel=1e-6)  # the first warmup step: peak x 1 / warmup_steps
 
 
 FLOAT_KEYS = [

@@ -5,7 +5,9 @@ Training FLOPs per batch (Kaplan et al., 2020; Chowdhery et al., 2022, appendix 
     6 * N * target_tokens  +  attention FLOPs
 
 - ``N``: non-embedding parameters, including the output projection (``V * d_model`` when tied to the embedding):
-  every weight does one multiply-add per token forward and two backward. Counted per target token, as the brief
+  every weight does one multiply-add per token forward and two backward. A projection shared within a
+  self-attention (`model.share_qkv` ``qk`` or ``all``: one ``wq`` layer computes Q, K (and V)) counts once per use,
+  as it runs one matmul per use (cross-attention shares none). Counted per target token, as the brief
   asks (the encoder runs on source tokens, about as many on Multi30k).
 - attention: ``QK^T`` and ``AV`` cost ``4 * Lq * Lk * d_model`` forward per attention layer and sequence, times 3
   with the backward pass, on the non-padding lengths of each pair; encoder self ``(S, S)``, decoder self ``(T, T)``
@@ -27,6 +29,7 @@ import time
 import numpy as np
 import tensorflow as tf
 
+from transformer.multi_head import MultiHeadAttention
 from transformer.vocab import PAD_ID
 
 COMPUTE_DTYPES = {"float32": tf.float32, "mixed_bfloat16": tf.bfloat16, "mixed_float16": tf.float16}
@@ -41,10 +44,23 @@ def embedding_parameters(model) -> int:
     return int(sum(np.prod(v.shape) for v in model.trainable_variables if "embedding" in v.path))
 
 
+def reused_projection_parameters(model) -> int:
+    """Parameters of the Q/K/V projections an attention layer uses more than once (`share_qkv`), times their extra
+    uses: ``wk`` and ``wv`` are the ``wq`` layer itself when shared, so ``wq``'s kernel and bias (``d^2 + d``) run
+    2 (``qk``) or 3 (``all``) times per token but are one variable each."""
+    reused = 0
+    for layer in model._flatten_layers(include_self=False):
+        if isinstance(layer, MultiHeadAttention):
+            extra_uses = sum(projection is layer.wq for projection in (layer.wk, layer.wv))
+            reused += extra_uses * count_parameters(layer.wq)
+    return reused
+
+
 def non_embedding_parameters(model, *, target_vocab_size: int, d_model: int, tie_output: bool) -> int:
-    """Parameters doing per-token matmul work: all but the embedding tables, plus a tied output projection."""
+    """Parameters doing per-token matmul work: all but the embedding tables, plus a tied output projection, with a
+    shared Q/K/V projection counted once per use (`reused_projection_parameters`)."""
     tied = target_vocab_size * d_model if tie_output else 0
-    return count_parameters(model) - embedding_parameters(model) + tied
+    return count_parameters(model) - embedding_parameters(model) + tied + reused_projection_parameters(model)
 
 
 def attention_flops(batch: dict, *, d_model: int, num_layers: int) -> float:

@@ -43,8 +43,8 @@ import time
 from pathlib import Path
 
 from benchmarks.prepared_speed import MARK as SPEED_MARK
-from benchmarks.synthetic_corpus import write_corpus
-from benchmarks.train_start import run_child, run_train
+from benchmarks.synthetic_corpus import multi30k_mirror, write_corpus
+from benchmarks.train_start import child_config, run_child, run_train
 
 REPO = Path(__file__).resolve().parents[1]
 MARK = "INPUT_SCALE "
@@ -118,6 +118,13 @@ def _prepared_speed(config: str, overrides: list[str], log_path: Path, **setting
     return json.loads(lines[-1][len(SPEED_MARK) :])
 
 
+def child_paths(config: str | Path, workdir: str | Path) -> tuple[str, Path]:
+    """(config, workdir) as the children, started in the repository, must be given them: the config as this
+    process's working directory means it (`benchmarks.train_start.child_config`) and `workdir` absolute (the
+    corpus, cache and run paths the children get are under it)."""
+    return child_config(config), Path(workdir).expanduser().absolute()
+
+
 def bench_input_scale(
     emit,
     *,
@@ -137,12 +144,19 @@ def bench_input_scale(
     97% target (0.9675 in one bench, 1.0074 with 20 rounds right after it); 20 rounds take ~4 min per size.
     """
     from benchmarks.machine import machine_facts
+    from data.errors import DataError
 
-    workdir = Path(workdir)
+    given_config = config
+    config, workdir = child_paths(config, workdir)
+    try:
+        mirror = multi30k_mirror()
+    except DataError as err:
+        # one line on stderr and exit 1 from bench.py, not a traceback; before any corpus or child process
+        raise SystemExit(f"bench.py: input_scale: {err}") from None
     records = []
     for size in pairs:
         machine = machine_facts()  # the load average before this size's measurements
-        corpus = write_corpus(workdir / f"corpus-{size}", size)
+        corpus = write_corpus(workdir / f"corpus-{size}", size, mirror=mirror)
         stamp = time.time_ns()
         cache_dir = workdir / f"cache-{size}-{stamp}"  # a fresh cache: the first child is cold
         settings = [
@@ -198,7 +212,7 @@ def bench_input_scale(
             "train": train,
             "prepared_vs_memory": speed.get("prepared_vs_memory"),
             "prepared_speed": speed,
-            "config": config,
+            "config": given_config,
             "machine": machine,
         }
         if records:  # the peak RSS target compares every size with the smallest one

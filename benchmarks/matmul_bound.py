@@ -38,7 +38,7 @@ FLOPs: ``2 m k n`` per product. Against `benchmarks.flops.train_flops` (the MFU 
 ``6 x weights x rows`` and ``12 d x lengths^2`` per attention, but the MFU count uses non-padding lengths, the
 target token count for every weight (the encoder runs on source rows), and counts biases and LayerNorm parameters as
 weights; here padded rows and no bias. On a batch without padding and with ``S = T`` they differ only by the
-``6 x (biases + LayerNorm parameters) x tokens`` term (tested), otherwise by the padding and the source/target
+``6 x (biases + LayerNorm parameters) x tokens`` term (a shared projection's bias once per use; tested), otherwise by the padding and the source/target
 length difference: the record reports both counts.
 """
 

@@ -150,15 +150,32 @@ def _kill_if_stuck(pid: int, log_path: Path, finished: str, grace: float, killed
         time.sleep(1.0)
 
 
+def child_config(config: str | Path) -> str:
+    """`config` as a child process started in another directory (the repository) must be given it: a file that
+    exists from this process's working directory becomes its absolute path (it is what `--config` means here);
+    anything else stays as given, e.g. a bare name such as tiny.yaml that resolves in configs/."""
+    path = Path(config).expanduser()
+    return str(path.absolute()) if path.is_file() else str(config)
+
+
+def train_command(config: str | Path, overrides: list[str], run_dir: Path, *, steps: int) -> list[str]:
+    """The `train.py` command line of `run_train` (started in the repository): the config and the run directory
+    as this process's working directory means them (`child_config`, an absolute `run_dir`)."""
+    return [sys.executable, "train.py", "--config", child_config(config), "--model-dir",
+            str(Path(run_dir).absolute()), "--set", *overrides, *SETTINGS, f"train.max_steps={steps}"]  # fmt: skip
+
+
 def run_train(
     config: str, overrides: list[str], run_dir: Path, *, steps: int = 30, repo: Path = REPO
 ) -> dict:
-    """Runs `repo`/train.py for `steps` steps into the fresh `run_dir`; returns the measurements (module doc)."""
-    run_dir = Path(run_dir)
+    """Runs `repo`/train.py for `steps` steps into the fresh `run_dir`; returns the measurements (module doc).
+
+    `config` and `run_dir` are read from this process's working directory; `overrides` are passed as given, so
+    paths in them must be absolute (`benchmarks.input_scale`'s are)."""
+    run_dir = Path(run_dir).absolute()
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     log_path = run_dir.with_name(run_dir.name + ".log")
-    command = [sys.executable, "train.py", "--config", config, "--model-dir", str(run_dir), "--set",
-               *overrides, *SETTINGS, f"train.max_steps={steps}"]  # fmt: skip
+    command = train_command(config, overrides, run_dir, steps=steps)
     child = run_child(command, log_path, finished="train.py: finished", cwd=repo)
     log_text, start = child["log"], child["start"]
     if child["returncode"]:

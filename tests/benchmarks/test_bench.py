@@ -289,8 +289,9 @@ def test_flops_count_attention_on_real_lengths():
     assert target_tokens(batch) == 2
 
 
-def test_repository_paths_of_the_benchmarks():
-    """The repository root the benchmarks run train.py and their child processes from, and the Multi30k mirror."""
+def test_repository_paths_of_the_benchmarks(monkeypatch):
+    """The repository root the benchmarks run train.py and their child processes from, and the Multi30k mirror
+    (without $NMT_DATA_MIRROR: the repository's sibling shared/data/multi30k, where present)."""
     from pathlib import Path
 
     from benchmarks import ablation, input_scale, refusal, synthetic_corpus
@@ -298,4 +299,40 @@ def test_repository_paths_of_the_benchmarks():
     repo = Path(__file__).resolve().parents[2]
     assert (repo / "train.py").is_file() and (repo / "benchmarks" / "runner.py").is_file()
     assert refusal.ROOT == ablation.REPO_ROOT == input_scale.REPO == repo
-    assert synthetic_corpus.DEFAULT_MIRROR == repo.parent / "shared" / "data" / "multi30k"
+    default = repo.parent / "shared" / "data" / "multi30k"
+    monkeypatch.delenv("NMT_DATA_MIRROR", raising=False)
+    if (default / "train.en.gz").is_file():
+        assert synthetic_corpus.multi30k_mirror() == default
+
+
+def test_refusal_reads_the_config_from_the_working_directory(tmp_path, monkeypatch):
+    """bench.py run from another directory with a config file there: train.py, started in the repository, gets
+    its absolute path and refuses the locked run directory (it used to look the name up in the repository, exit 2
+    on a missing config, timed as if it were the refusal); a bare name of configs/ stays as given."""
+    import shutil
+
+    from benchmarks import refusal
+
+    shutil.copy(refusal.ROOT / "configs" / "tiny.yaml", tmp_path / "mytiny.yaml")
+    monkeypatch.chdir(tmp_path)
+    record = refusal.bench_refusal(lambda record: record, config="mytiny.yaml", repeats=1)
+    assert record["refused"] is True and record["exit_code"] == 3
+    command = refusal.refusal_command("mytiny.yaml", ["train.seed=1"], run_dir=tmp_path / "run")
+    assert command[command.index("--config") + 1] == str(tmp_path / "mytiny.yaml")
+    assert command[-4:] == ["--set", "train.seed=1", "--model-dir", str(tmp_path / "run")]
+    command = refusal.refusal_command("tiny.yaml", run_dir=tmp_path / "run")
+    assert command[command.index("--config") + 1] == "tiny.yaml"
+
+
+def test_refusal_stops_when_train_py_fails_otherwise(tmp_path, monkeypatch):
+    """A train.py that exits with another code than the refusal's 3 (here 2, a config that does not exist) stops
+    the benchmark with one line naming the code and the child's last stderr line; nothing is emitted."""
+    from benchmarks.refusal import bench_refusal
+
+    monkeypatch.chdir(tmp_path)
+    emitted = []
+    with pytest.raises(SystemExit) as stopped:
+        bench_refusal(emitted.append, config="no-such-config.yaml", repeats=1)
+    message = str(stopped.value.code)
+    assert emitted == [] and "\n" not in message
+    assert message.startswith("bench.py: refusal: train.py exited with 2,") and "no-such-config" in message

@@ -118,29 +118,39 @@ def test_matmul_set_is_the_matmuls_tensorflow_runs_for_our_model(changes):
     assert _graph_matmul_flops(model, batch) == expected
 
 
-def test_matmul_flops_agree_with_the_mfu_count_without_padding():
+@pytest.mark.parametrize("share_qkv", ["none", "qk", "all"])
+def test_matmul_flops_agree_with_the_mfu_count_without_padding(share_qkv):
     """Without padding and with S = T, the MFU count (6 N tokens + attention, `benchmarks.flops`) exceeds the
     matmul-only count by exactly 6 x (bias and LayerNorm parameters) x tokens: the only terms it counts that are
-    not matmuls. With padding the matmul-only count is larger (it counts padded rows)."""
+    not matmuls. With padding the matmul-only count is larger (it counts padded rows). A Q/K/V projection shared
+    within a self-attention (`share_qkv`) runs once per use, weights and bias: both counts are those of the unshared
+    model."""
     import keras
 
     from benchmarks.flops import non_embedding_parameters, train_flops
     from transformer.model import build_model
 
+    config = dataclasses.replace(TINY, share_qkv=share_qkv)
     keras.utils.set_random_seed(0)
-    model = build_model(TINY, VOCAB, VOCAB)
-    non_matmul = sum(int(np.prod(v.shape)) for v in model.trainable_variables if len(v.shape) == 1)
-    assert non_matmul > 0
+    model = build_model(config, VOCAB, VOCAB)
+    d, f = 8, 12
+    # Bias and LayerNorm parameters per use, by hand (Post-LN): encoder layer q k v o, FFN, 2 LayerNorms; decoder
+    # layer self and cross q k v o, FFN, 3 LayerNorms.
+    non_matmul = 2 * ((4 * d + f + d + 2 * 2 * d) + (8 * d + f + d + 3 * 2 * d))
+    if share_qkv == "none":
+        assert non_matmul == sum(
+            int(np.prod(v.shape)) for v in model.trainable_variables if len(v.shape) == 1
+        )
     non_embedding = non_embedding_parameters(model, target_vocab_size=VOCAB, d_model=8, tie_output=True)
     count = dict(non_embedding=non_embedding, d_model=8, num_layers=2)
 
     batch = _batch(3, 6, 6)
     tokens = 3 * 6
     mfu = train_flops([batch], **count)
-    assert matmul_flops(batch_matmuls(batch, TINY, VOCAB, masked=True)) == mfu - 6 * non_matmul * tokens
+    assert matmul_flops(batch_matmuls(batch, config, VOCAB, masked=True)) == mfu - 6 * non_matmul * tokens
 
     padded = _batch(3, 6, 6, pad_source=2, pad_target=2)
-    assert matmul_flops(batch_matmuls(padded, TINY, VOCAB, masked=True)) > train_flops([padded], **count)
+    assert matmul_flops(batch_matmuls(padded, config, VOCAB, masked=True)) > train_flops([padded], **count)
 
 
 @pytest.mark.parametrize("precision", ["float32", "mixed_bfloat16"])

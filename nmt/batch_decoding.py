@@ -233,8 +233,8 @@ def output_limits(source_lengths, a: float, b: int, cap: int):
     if isinstance(source_lengths, (int, np.integer)):
         return max(0, min(int(math.floor(a * source_lengths + b)), cap - 1))
     lengths = tf.cast(source_lengths, tf.float64)  # float64, like Python: the same floor as the int branch
-    limits = tf.cast(tf.floor(a * lengths + float(b)), tf.int32)
-    return tf.clip_by_value(limits, 0, cap - 1)
+    # clipped before the int32 cast (before 2026-12-07d after it: a limit over 2^31 wrapped to 0, an empty output)
+    return tf.cast(tf.clip_by_value(tf.floor(a * lengths + float(b)), 0.0, float(cap - 1)), tf.int32)
 
 
 class DecodingFunctions:

@@ -295,6 +295,11 @@ def test_output_length_limit_is_per_sentence(translator, beam):
     assert translator.translate(src, beam_size=beam) == [text.decode() for text in firsts]
     assert output_limits(10, 1.5, 10, 64) == 25 and output_limits(100, 1.5, 10, 64) == 63
     np.testing.assert_array_equal(output_limits(tf.constant([10, 100]), 1.5, 10, 64).numpy(), [25, 63])
+    # limits beyond int32 (a huge eval.max_length_a or _b) are the cap, on tensors as on ints (before 2026-12-07d
+    # the tensor branch wrapped them to 0: the SavedModel translated everything to "")
+    for a, b in ((1.5, 2**31 - 1), (1e12, 0)):
+        assert output_limits(10, a, b, 512) == 511
+        np.testing.assert_array_equal(output_limits(tf.constant([10, 20]), a, b, 512).numpy(), [511, 511])
 
 
 def test_limit_lengths_forces_eos_with_a_fake_step_function():

@@ -269,6 +269,18 @@ def _validate(config: Config) -> None:
         raise ConfigError(
             f"model.d_model: {config.model.d_model} is not divisible by model.num_heads={config.model.num_heads}"
         )
+    # Beyond every position a chunk or band only pads: memory for nothing, to an out-of-memory error
+    model = config.model
+    if model.attention == "chunked" and model.chunk_size > model.max_length:
+        raise ConfigError(
+            f"model.chunk_size: {model.chunk_size} exceeds model.max_length={model.max_length}, the longest "
+            "sequence: a chunk longer only pads"
+        )
+    if model.attention == "local" and model.window >= model.max_length:
+        raise ConfigError(
+            f"model.window: {model.window} reaches past model.max_length={model.max_length}: every position "
+            "sees every other, which is model.attention: full (without the band's padding)"
+        )
     if config.model.share_embeddings and not config.data.joint_vocab:
         raise ConfigError("model.share_embeddings: true needs data.joint_vocab: true")
     validate_data_config(config.data)

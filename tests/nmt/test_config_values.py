@@ -80,6 +80,29 @@ def test_out_of_range_values_are_refused_naming_the_key(override, message):
 
 
 @pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            ["model.attention=chunked", "model.chunk_size=513"],
+            r"model\.chunk_size: 513 exceeds model\.max_length=512",
+        ),
+        (
+            ["model.attention=local", "model.window=512"],
+            r"model\.window: 512 reaches past model\.max_length=512",
+        ),
+    ],
+)
+def test_chunks_and_bands_past_every_position_are_refused(overrides, message):
+    """Before 2026-12-07d accepted: a chunk or band of 2^31 positions padded every batch to it, out of memory."""
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, overrides)
+    # the largest that still cut, and the same sizes for the other kinds of attention (unused there)
+    load_config(None, ["model.attention=chunked", "model.chunk_size=512"])
+    load_config(None, ["model.attention=local", "model.window=511"])
+    load_config(None, ["model.attention=full", "model.window=2147483647", "model.chunk_size=2147483647"])
+
+
+@pytest.mark.parametrize(
     "overrides",
     [
         ["train.max_steps=0", "train.max_minutes=0"],  # 0 = no limit

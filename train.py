@@ -120,7 +120,14 @@ def main(argv=None) -> int:
     try:  # before the slow imports: a second training on DIR is refused at once
         lock = RunLock(run_dir).acquire() if chief else contextlib.nullcontext()
     except RunDirError as err:
-        print(f"train.py: {err}", file=sys.stderr)
+        # two tasks whose TF_CONFIGs both make them the chief: the other one holds the lock
+        hint = (
+            "; if this is a task of a multi-worker run, another task also takes itself for the chief: check that "
+            "every task's TF_CONFIG lists the same cluster in the same order, with its own index"
+            if config.train.distribute == "multi_worker"
+            else ""
+        )
+        print(f"train.py: {err}{hint}", file=sys.stderr)
         return 3
     except OSError as err:  # DIR is a file, under a file, on a read-only filesystem...
         print(

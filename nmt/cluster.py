@@ -106,10 +106,18 @@ def cluster_task(environ=os.environ) -> tuple[str, int, dict]:
 def split_address(address) -> tuple[str, int]:
     """(host, port) of a TF_CONFIG address `host:port` (`[v6 address]:port` too); ConfigError if it is not one."""
     host, sep, port = str(address).rpartition(":")
-    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
-    if not isinstance(address, str) or not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+    bracketed = host.startswith("[") and host.endswith("]")
+    host = host[1:-1] if bracketed else host
+    # ASCII digits only: str.isdigit() also accepts "²", which int() refuses
+    digits = port.isascii() and port.isdigit()
+    if not isinstance(address, str) or not sep or not host or not digits or not 0 < int(port) < 65536:
         raise ConfigError(
             f"TF_CONFIG's cluster address {address!r} is not host:port (a port from 1 to 65535)"
+        )
+    if ":" in host and not bracketed:
+        raise ConfigError(
+            f"TF_CONFIG's cluster address {address!r} is an IPv6 address without brackets: write it "
+            "[ADDRESS]:PORT (e.g. [fe80::1]:2222)"
         )
     return host, int(port)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import platform
 import signal
 
@@ -34,17 +35,20 @@ def make_strategy(kind: str, cluster_wait_minutes: float = 0.0):
     if kind == "none":
         return tf.distribute.get_strategy()
     if kind == "mirrored":
-        if not tf.config.list_physical_devices("GPU"):
-            cpus = tf.config.list_physical_devices("CPU")
-            try:
-                tf.config.set_logical_device_configuration(
-                    cpus[0], [tf.config.LogicalDeviceConfiguration()] * CPU_REPLICAS
-                )
-            except RuntimeError:
-                pass  # devices already initialised (e.g. a second trainer in one process): use what exists
-            devices = [d.name for d in tf.config.list_logical_devices("CPU")]
-            return tf.distribute.MirroredStrategy(devices=devices)
-        return tf.distribute.MirroredStrategy()
+        # TensorFlow's MirroredStrategy parses TF_CONFIG itself (a malformed one: a JSONDecodeError) and would only
+        # log that it ignores it: a TF_CONFIG left in the environment of another run must change nothing here
+        with without_tf_config():
+            if not tf.config.list_physical_devices("GPU"):
+                cpus = tf.config.list_physical_devices("CPU")
+                try:
+                    tf.config.set_logical_device_configuration(
+                        cpus[0], [tf.config.LogicalDeviceConfiguration()] * CPU_REPLICAS
+                    )
+                except RuntimeError:
+                    pass  # devices already initialised (e.g. a second trainer in one process): use what exists
+                devices = [d.name for d in tf.config.list_logical_devices("CPU")]
+                return tf.distribute.MirroredStrategy(devices=devices)
+            return tf.distribute.MirroredStrategy()
     if kind == "multi_worker":
         return multi_worker_strategy(cluster_wait_minutes)  # nmt.cluster: bounded, interruptible start-up
     if kind == "tpu":
@@ -58,6 +62,17 @@ def make_strategy(kind: str, cluster_wait_minutes: float = 0.0):
         tf.tpu.experimental.initialize_tpu_system(resolver)
         return tf.distribute.TPUStrategy(resolver)
     raise ValueError(f"train.distribute: unknown strategy {kind!r}")
+
+
+@contextlib.contextmanager
+def without_tf_config():
+    """TF_CONFIG hidden from the environment inside the block (TensorFlow reads it there), set again after it."""
+    saved = os.environ.pop("TF_CONFIG", None)
+    try:
+        yield
+    finally:
+        if saved is not None:
+            os.environ["TF_CONFIG"] = saved
 
 
 def is_multi_worker(strategy) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -24,6 +25,61 @@ def test_tf_config_is_ignored_outside_multi_worker(monkeypatch, distribute):
     assert is_chief(distribute)
     monkeypatch.setenv("TF_CONFIG", "{not json")
     assert is_chief(distribute)
+
+
+def test_a_stray_tf_config_changes_nothing_for_mirrored():
+    """TensorFlow's MirroredStrategy parses TF_CONFIG itself: a malformed one left in the environment crashed
+    `train.distribute: mirrored` with a JSONDecodeError. In a subprocess (it splits the CPU into two logical
+    devices): the strategy is built with a malformed and a well-formed 2-worker TF_CONFIG, has this machine's two
+    replicas each time, and TF_CONFIG is back in the environment afterwards."""
+    import subprocess
+    import sys
+
+    from tests.faults.helpers import ROOT
+
+    code = (
+        "import os, sys\n"
+        "from nmt.distribute import make_strategy\n"
+        "for value in sys.argv[1:]:\n"
+        "    os.environ['TF_CONFIG'] = value\n"
+        "    strategy = make_strategy('mirrored')\n"
+        "    print(strategy.num_replicas_in_sync, os.environ.get('TF_CONFIG') == value)\n"
+    )
+    values = ["{not json", tf_config({"type": "worker", "index": 1})]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
+    done = subprocess.run(
+        [sys.executable, "-c", code, *values], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split("\n")[:2] == ["2 True", "2 True"], done.stdout
+
+
+def test_the_lock_refusal_of_a_second_chief_hints_at_tf_config(
+    monkeypatch, tmp_path, capsys, restore_logging
+):
+    """Two tasks whose TF_CONFIGs both make them the chief (the workers listed in another order on each host, or
+    both index 0) on a shared --model-dir: the second is refused by the first's lock; with multi_worker the message
+    says what to check (exit 3 still). The first task's lock held in this process."""
+    import train as train_cli
+    from nmt.run_dir import RunDir, RunLock
+
+    monkeypatch.setenv("TF_CONFIG", tf_config({"type": "worker", "index": 0}))
+    run_dir = tmp_path / "run"
+    argv = ["--config", "tiny.yaml", "--model-dir", str(run_dir)]
+    hint = (
+        "; if this is a task of a multi-worker run, another task also takes itself for the chief: check that every "
+        "task's TF_CONFIG lists the same cluster in the same order, with its own index"
+    )
+    refused = (
+        f"train.py: another training (pid {os.getpid()}) is already running on {run_dir}; wait for it to finish or "
+        "stop it first"
+    )
+    with RunLock(RunDir(run_dir)):
+        assert train_cli.main([*argv, "--set", "train.distribute=multi_worker"]) == 3
+        assert capsys.readouterr().err.strip().splitlines()[-1] == refused + hint
+        # a single-process run ignores TF_CONFIG: the plain refusal
+        assert train_cli.main(argv) == 3
+        assert capsys.readouterr().err.strip().splitlines()[-1] == refused
 
 
 def test_the_chief_of_a_multi_worker_run(monkeypatch):
@@ -94,6 +150,21 @@ def test_the_chief_of_a_multi_worker_run(monkeypatch):
             r"task index 2 is not one of the cluster's 2 'worker' task",
         ),
         (tf_config({"type": "worker", "index": "one"}), r"task index must be an integer, got 'one'"),
+        # str.isdigit() accepts "²", int() does not (before: a ValueError traceback)
+        (
+            tf_config({"type": "worker", "index": 0}, {"worker": ["127.0.0.1:1", "127.0.0.1:²"]}),
+            r"TF_CONFIG's cluster address '127.0.0.1:²' is not host:port \(a port from 1 to 65535\)$",
+        ),
+        (
+            tf_config({"type": "worker", "index": 0}, {"worker": ["127.0.0.1:1", "127.0.0.1:65536"]}),
+            r"'127.0.0.1:65536' is not host:port \(a port from 1 to 65535\)$",
+        ),
+        # before: read as host "fe80:", port 1
+        (
+            tf_config({"type": "worker", "index": 0}, {"worker": ["127.0.0.1:1", "fe80::1"]}),
+            r"address 'fe80::1' is an IPv6 address without brackets: write it "
+            r"\[ADDRESS\]:PORT \(e.g. \[fe80::1\]:2222\)$",
+        ),
     ],
 )
 def test_a_malformed_tf_config_is_a_config_error(monkeypatch, value, message):

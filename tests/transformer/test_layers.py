@@ -49,32 +49,61 @@ def test_feed_forward_matches_numpy():
     np.testing.assert_allclose(y.numpy(), np.maximum(x @ w1 + b1, 0) @ w2 + b2, atol=1e-5)
 
 
-def encoder_reference(layer, x, mask):
-    """The layer's sublayers composed by hand, per norm placement and residual flag."""
+def sublayers_reference(x, sublayers, norm, residual):
+    """``[(fn, norm_layer), ...]`` composed by hand for the given norm placement and residual flag (the test's
+    parameters: never read from the layer under test, which would hide a layer that drops them)."""
+    for fn, norm_layer in sublayers:
+        if norm == "pre":
+            y = fn(normalize(norm_layer, x))
+            x = x + y if residual else y
+        else:
+            y = fn(x)
+            x = normalize(norm_layer, x + y if residual else y)
+    return x
 
-    def block(x, fn, norm):
-        if layer.norm == "pre":
-            y = fn(normalize(norm, x))
-            return x + y if layer.residual else y
-        y = fn(x)
-        return normalize(norm, x + y if layer.residual else y)
 
-    x = block(x, lambda h: layer.self_attention(h, h, h, mask=mask)[0], layer.self_attention_norm)
-    return block(x, layer.feed_forward, layer.feed_forward_norm)
+NORM_RESIDUAL = [("post", True), ("pre", True), ("post", False), ("pre", False)]
 
 
-@pytest.mark.parametrize("norm, residual", [("post", True), ("pre", True), ("post", False), ("pre", False)])
+@pytest.mark.parametrize("norm, residual", NORM_RESIDUAL)
 def test_encoder_layer_norm_placement(norm, residual):
     layer = EncoderLayer(
         d_model=D_MODEL, num_heads=HEADS, d_ff=D_FF, dropout=0.0, norm=norm, residual=residual
     )
+    assert (layer.norm, layer.residual) == (norm, residual)
     x = tf.random.normal((2, 5, D_MODEL))
     mask = padding_mask(tf.constant([[4, 4, 4, 0, 0], [4, 4, 4, 4, 4]]))
     y = layer(x, mask=mask)
-    np.testing.assert_allclose(y.numpy(), encoder_reference(layer, x, mask).numpy(), atol=1e-5)
-    if norm == "post":  # LayerNorm output: zero mean per position
+    sublayers = [
+        (lambda h: layer.self_attention(h, h, h, mask=mask)[0], layer.self_attention_norm),
+        (layer.feed_forward, layer.feed_forward_norm),
+    ]
+    expected = sublayers_reference(x, sublayers, norm, residual)
+    np.testing.assert_allclose(y.numpy(), expected.numpy(), atol=1e-5)
+    # LayerNorm output: zero mean per position
+    if norm == "post":
         np.testing.assert_allclose(y.numpy().mean(-1), 0.0, atol=1e-5)
     assert layer.self_attention_norm.epsilon == 1e-6
+
+
+@pytest.mark.parametrize("norm, residual", NORM_RESIDUAL)
+def test_decoder_layer_norm_placement(norm, residual):
+    layer = DecoderLayer(
+        d_model=D_MODEL, num_heads=HEADS, d_ff=D_FF, dropout=0.0, norm=norm, residual=residual
+    )
+    assert (layer.norm, layer.residual) == (norm, residual)
+    x = tf.random.normal((2, 5, D_MODEL))
+    memory = tf.random.normal((2, 4, D_MODEL))
+    self_mask = causal_mask(5)
+    memory_mask = padding_mask(tf.constant([[4, 4, 0, 0], [4, 4, 4, 4]]))
+    y, _ = layer(x, memory, self_mask=self_mask, memory_mask=memory_mask)
+    sublayers = [
+        (lambda h: layer.self_attention(h, h, h, mask=self_mask)[0], layer.self_attention_norm),
+        (lambda h: layer.cross_attention(h, memory, memory, mask=memory_mask)[0], layer.cross_attention_norm),
+        (layer.feed_forward, layer.feed_forward_norm),
+    ]
+    expected = sublayers_reference(x, sublayers, norm, residual)
+    np.testing.assert_allclose(y.numpy(), expected.numpy(), atol=1e-5)
 
 
 def test_encoder_layer_dropout_only_in_training():

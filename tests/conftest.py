@@ -50,3 +50,11 @@ def restore_logging():
     root.setLevel(level)
     for name, library_level in libraries.items():
         logging.getLogger(name).setLevel(library_level)
+
+
+@pytest.fixture(scope="session")
+def tiny_run_dir(tmp_path_factory, request):
+    """The tiny trained run directory (tests/run_fixture.py), shared by every test of the session."""
+    from tests.run_fixture import shared_tiny_run_dir
+
+    return shared_tiny_run_dir(tmp_path_factory, getattr(request.config, "cache", None))

@@ -9,13 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.run_fixture import salads, shared_tiny_run_dir, write_corpus
+from tests.run_fixture import salads, write_corpus
 from tests.test_cli_translate import ROOT, cli, in_process
-
-
-@pytest.fixture(scope="session")
-def tiny_run_dir(tmp_path_factory, request):
-    return shared_tiny_run_dir(tmp_path_factory, getattr(request.config, "cache", None))
 
 
 @pytest.fixture

@@ -13,14 +13,9 @@ import sacrebleu
 
 from common.cpu import int8_saturates
 from nmt.cli import decoding_onednn
-from tests.run_fixture import MAX_SENTENCE_NLL, assert_int8_translations, shared_tiny_run_dir, tiny_corpus
+from tests.run_fixture import MAX_SENTENCE_NLL, assert_int8_translations, tiny_corpus
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture(scope="session")
-def tiny_run_dir(tmp_path_factory, request):
-    return shared_tiny_run_dir(tmp_path_factory, getattr(request.config, "cache", None))
 
 
 def test_evaluate_json_bleu_equals_sacrebleu_on_its_hypotheses(tiny_run_dir):

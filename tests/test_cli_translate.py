@@ -19,15 +19,10 @@ from xml.etree import ElementTree
 
 import pytest
 
-from tests.run_fixture import salads, shared_ct2_export, shared_tiny_run_dir, tiny_corpus
+from tests.run_fixture import salads, shared_ct2_export, tiny_corpus
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN_DEADLINE = 600  # seconds before a process that should have reacted counts as hung
-
-
-@pytest.fixture(scope="session")
-def tiny_run_dir(tmp_path_factory, request):
-    return shared_tiny_run_dir(tmp_path_factory, getattr(request.config, "cache", None))
 
 
 def cli(script, *args, stdin=b"", timeout=300):

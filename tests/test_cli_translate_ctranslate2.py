@@ -7,13 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.run_fixture import shared_ct2_export, shared_tiny_run_dir, tiny_corpus
+from tests.run_fixture import shared_ct2_export, tiny_corpus
 from tests.test_cli_translate import cli, in_process, listing
-
-
-@pytest.fixture(scope="session")
-def tiny_run_dir(tmp_path_factory, request):
-    return shared_tiny_run_dir(tmp_path_factory, getattr(request.config, "cache", None))
 
 
 @pytest.fixture(scope="module")

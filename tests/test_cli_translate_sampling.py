@@ -4,13 +4,8 @@ import dataclasses
 
 import pytest
 
-from tests.run_fixture import salads, shared_tiny_run_dir
+from tests.run_fixture import salads
 from tests.test_cli_translate import cli
-
-
-@pytest.fixture(scope="session")
-def tiny_run_dir(tmp_path_factory, request):
-    return shared_tiny_run_dir(tmp_path_factory, getattr(request.config, "cache", None))
 
 
 def test_sampled_translations_are_the_apis_and_reproducible(tiny_run_dir, tmp_path):

@@ -8,15 +8,8 @@ import pytest
 NUMBER = (int, float)
 
 
-@pytest.fixture(scope="session")
-def trained_tiny_run(tmp_path_factory, request):
-    from tests.run_fixture import shared_tiny_run_dir
-
-    return shared_tiny_run_dir(tmp_path_factory, getattr(request.config, "cache", None))
-
-
 @pytest.mark.slow  # ~15 s; the CTranslate2 CLI path stays in make test (tests/test_cli_evaluate.py)
-def test_decode_engine_rows_name_their_settings_and_hold_the_engines_translations(trained_tiny_run, tmp_path):
+def test_decode_engine_rows_name_their_settings_and_hold_the_engines_translations(tiny_run_dir, tmp_path):
     """The decode rows of `make bench` (cached TensorFlow float32, then CTranslate2 and TensorFlow int8) on the tiny
     trained run: every row names engine, compute type, beam, alpha and patience; the CTranslate2 rows' translations
     are those of the engine (`CTranslate2Translator` on the same export), every BLEU is sacreBLEU's, the ratios and
@@ -34,13 +27,11 @@ def test_decode_engine_rows_name_their_settings_and_hold_the_engines_translation
     from nmt.run_dir import RunDir
     from transformer.model import build_model
 
-    config = RunDir(trained_tiny_run).load_config()
+    config = RunDir(tiny_run_dir).load_config()
     context = BenchContext(config)
     stream = io.StringIO()
     emit = JsonLines(stream)
-    common = dict(
-        run_dir=trained_tiny_run, sentences=8, beams=(1, 2), xla_settings=(False,), latency_sentences=3
-    )
+    common = dict(run_dir=tiny_run_dir, sentences=8, beams=(1, 2), xla_settings=(False,), latency_sentences=3)
     records = bench_decode(context, emit, caches=(True,), ensemble=0, sampling=False, **common)
     records += bench_decode_engines(
         context,
@@ -61,7 +52,7 @@ def test_decode_engine_rows_name_their_settings_and_hold_the_engines_translation
     }  # fmt: skip
     sources, targets = load_text_pairs(config.data, config.data.test_split)
     lines, references = zip(*[(s, t) for s, t in zip(sources, targets) if s.strip()][:8])
-    tokenizer = Tokenizer.load(trained_tiny_run / "tokenizer")
+    tokenizer = Tokenizer.load(tiny_run_dir / "tokenizer")
     for name, r in rows.items():
         assert r["sentences"] == 8 and r["sentences_per_sec"] > 0 and r["tokens_per_sec"] > 0, name
         assert r["latency_sentences"] == 3 and r["latency_ms_p50"] <= r["latency_ms_p95"], name
@@ -109,7 +100,7 @@ def test_decode_engine_rows_name_their_settings_and_hold_the_engines_translation
     assert isinstance(targets_record["ct2_int8_target_met"], bool)
 
 
-def test_ctranslate2_export_of_the_bench_is_reused_only_for_the_same_checkpoint(trained_tiny_run, tmp_path):
+def test_ctranslate2_export_of_the_bench_is_reused_only_for_the_same_checkpoint(tiny_run_dir, tmp_path):
     """Reused for the same checkpoint bytes; exported again when the checkpoint's bytes change under the same path,
     and always for an untrained model (no checkpoint)."""
     pytest.importorskip("ctranslate2")
@@ -120,7 +111,7 @@ def test_ctranslate2_export_of_the_bench_is_reused_only_for_the_same_checkpoint(
     from nmt.ctranslate2_export import read_export_metadata
     from nmt.translator import Translator
 
-    ours = Translator.from_run_dir(trained_tiny_run)
+    ours = Translator.from_run_dir(tiny_run_dir)
     prefix = tmp_path / "ckpt" / "ckpt-1"
     prefix.parent.mkdir()
     for file in Path(ours.weights).parent.glob(Path(ours.weights).name + ".*"):

@@ -7,12 +7,7 @@ import json
 import pytest
 
 from benchmarks import search_grid
-from tests.run_fixture import shared_tiny_run_dir, tiny_corpus
-
-
-@pytest.fixture(scope="module")
-def tiny_run_dir(tmp_path_factory, request):
-    return shared_tiny_run_dir(tmp_path_factory, getattr(request.config, "cache", None))
+from tests.run_fixture import tiny_corpus
 
 
 def test_greedy_search_is_decoded_once_and_wider_beams_with_every_alpha():

@@ -42,7 +42,7 @@ from tests.faults.helpers import (
     wait_for_checkpoint,
     write_config,
 )
-from tests.run_fixture import shared_tiny_run_dir, write_corpus
+from tests.run_fixture import write_corpus
 
 
 @pytest.fixture(scope="session")
@@ -286,12 +286,3 @@ def _background_scenarios(request):
     for proc in list(Background.live):
         proc.signal(signal.SIGCONT)
         proc.kill()
-
-
-# --------------------------------------------------------------------------------------------------------------
-# A tiny trained run directory for translate/evaluate (tests/run_fixture; cached across sessions)
-
-
-@pytest.fixture(scope="session")
-def tiny_run_dir(tmp_path_factory, request) -> Path:
-    return shared_tiny_run_dir(tmp_path_factory, getattr(request.config, "cache", None))

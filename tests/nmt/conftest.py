@@ -6,12 +6,6 @@ import pytest
 
 from data.tokenizer import Tokenizer
 from nmt.translator import Translator
-from tests.run_fixture import shared_tiny_run_dir
-
-
-@pytest.fixture(scope="session")
-def tiny_run_dir(tmp_path_factory, request):
-    return shared_tiny_run_dir(tmp_path_factory, getattr(request.config, "cache", None))
 
 
 @pytest.fixture(scope="module")

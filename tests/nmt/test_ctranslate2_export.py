@@ -25,17 +25,11 @@ from tests.run_fixture import (
     assert_int8_translations,
     fixture_corpus,
     salads,
-    shared_tiny_run_dir,
     tiny_corpus,
 )
 from transformer.model import build_model
 
 ctranslate2 = pytest.importorskip("ctranslate2")
-
-
-@pytest.fixture(scope="session")
-def tiny_run_dir(tmp_path_factory, request):
-    return shared_tiny_run_dir(tmp_path_factory, getattr(request.config, "cache", None))
 
 
 @pytest.fixture(scope="module")

@@ -7,12 +7,7 @@ import pytest
 from data import folder
 from data.config import DataConfig
 from nmt.distill import LOCK, MANIFEST, DistillError, distill, hold, settings_of
-from tests.run_fixture import salads, shared_tiny_run_dir, write_corpus
-
-
-@pytest.fixture(scope="session")
-def tiny_run_dir(tmp_path_factory, request):
-    return shared_tiny_run_dir(tmp_path_factory, getattr(request.config, "cache", None))
+from tests.run_fixture import salads, write_corpus
 
 
 @pytest.fixture(scope="module")

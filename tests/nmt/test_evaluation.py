@@ -18,12 +18,7 @@ from nmt.evaluation import (
     validation_loss,
 )
 from nmt.evaluation_report import format_report
-from tests.run_fixture import MAX_SENTENCE_NLL, shared_tiny_run_dir, tiny_corpus, write_corpus
-
-
-@pytest.fixture(scope="session")
-def tiny_run_dir(tmp_path_factory, request):
-    return shared_tiny_run_dir(tmp_path_factory, getattr(request.config, "cache", None))
+from tests.run_fixture import MAX_SENTENCE_NLL, tiny_corpus, write_corpus
 
 
 def test_default_hypotheses_names_keep_partial_and_other_evaluations_apart():

@@ -13,12 +13,7 @@ import tensorflow as tf
 from nmt.batch_decoding import MAX_CHARS_GROWTH
 from nmt.export import export_run_dir, export_saved_model, load_exported
 from nmt.translator import Translator
-from tests.run_fixture import shared_tiny_run_dir, tiny_corpus
-
-
-@pytest.fixture(scope="session")
-def tiny_run_dir(tmp_path_factory, request):
-    return shared_tiny_run_dir(tmp_path_factory, getattr(request.config, "cache", None))
+from tests.run_fixture import tiny_corpus
 
 
 @pytest.fixture(scope="module")

@@ -20,12 +20,7 @@ from common.config_tree import ConfigError
 from nmt.config import config_from_dict
 from nmt.init_from import parent_run
 from nmt.run_dir import RunDir, write_atomic
-from tests.run_fixture import MAX_SENTENCE_NLL, shared_tiny_run_dir
-
-
-@pytest.fixture(scope="session")
-def tiny_run_dir(tmp_path_factory, request):
-    return shared_tiny_run_dir(tmp_path_factory, getattr(request.config, "cache", None))
+from tests.run_fixture import MAX_SENTENCE_NLL
 
 
 def child_tree(parent, **train) -> dict:

@@ -6,13 +6,8 @@ import pytest
 import tensorflow as tf
 
 from nmt.translator import Translator, output_limits
-from tests.run_fixture import salads, shared_tiny_run_dir, tiny_corpus
+from tests.run_fixture import salads, tiny_corpus
 from transformer.vocab import BOS_ID, EOS_ID, PAD_ID
-
-
-@pytest.fixture(scope="session")
-def tiny_run_dir(tmp_path_factory, request):
-    return shared_tiny_run_dir(tmp_path_factory, getattr(request.config, "cache", None))
 
 
 def sources(n):

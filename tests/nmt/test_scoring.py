@@ -19,14 +19,9 @@ import pytest
 from common.special_ids import BOS_ID, EOS_ID, PAD_ID
 from nmt.scoring import LengthMismatch, score_ids, score_lines, score_stream
 from nmt.translator import Translator
-from tests.run_fixture import MAX_SENTENCE_NLL, salads, shared_tiny_run_dir, tiny_corpus
+from tests.run_fixture import MAX_SENTENCE_NLL, salads, tiny_corpus
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="session")
-def tiny_run_dir(tmp_path_factory, request):
-    return shared_tiny_run_dir(tmp_path_factory, getattr(request.config, "cache", None))
 
 
 @pytest.fixture

@@ -76,6 +76,9 @@ class DataConfig:
     LEGACY_KEYS = {"shuffle_buffer": "batches come from a full permutation per epoch, there is no buffer"}
 
 
+# data.dataset naming a folder of line-aligned text files (data.folder) rather than a TFDS dataset
+FOLDER = "folder"
+
 # Multi30k's languages (task 1): every two of them are a pair (data.multi30k builds one TFDS config per pair).
 MULTI30K_LANGUAGES = ("en", "de", "fr")
 
@@ -95,12 +98,12 @@ def validate_data_config(cfg: DataConfig) -> None:
                     f"data.{key}: multi30k has no language {getattr(cfg, key)!r} "
                     f"(it has {', '.join(MULTI30K_LANGUAGES)})"
                 )
-    if cfg.dataset == "folder" and not cfg.folder:
+    if cfg.dataset == FOLDER and not cfg.folder:
         raise ConfigError(
             "data.dataset: folder needs data.folder, the directory of line-aligned <lang>.<split>.txt files "
             "(e.g. en.train.txt de.train.txt en.validation.txt ...)"
         )
-    if cfg.folder and cfg.dataset != "folder":  # else the folder would be ignored without a word
+    if cfg.folder and cfg.dataset != FOLDER:  # else the folder would be ignored without a word
         raise ConfigError(
             f"data.folder is set ({cfg.folder}) but data.dataset is {cfg.dataset!r}: set data.dataset: folder "
             "to use the folder, or remove data.folder"

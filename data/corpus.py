@@ -26,14 +26,13 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from data.cache import exclusive
-from data.config import DataConfig
+from data.config import FOLDER, DataConfig
 from data.errors import DataError
 from data.multi30k import Multi30k, config_name
 
 log = logging.getLogger(__name__)
 
 MULTI30K = "multi30k"
-FOLDER = "folder"
 MIRROR_ENV = "NMT_DATA_MIRROR"
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

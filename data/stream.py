@@ -20,11 +20,10 @@ import re
 from collections.abc import Iterator
 
 from data import folder
-from data.config import DataConfig
+from data.config import FOLDER, DataConfig
 from data.errors import DataError
 
 CHUNK_PAIRS = 4096
-FOLDER = "folder"
 
 
 def _bad_shards(cfg: DataConfig, split: str) -> list[str]:

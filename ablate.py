@@ -74,7 +74,7 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
     from benchmarks.ablation import AblationError, AblationOptions, run_ablation
     from benchmarks.variants import DEFAULT_VARIANTS, VARIANTS, select
-    from nmt.config import ConfigError, load_config
+    from nmt.config import ConfigError, load_config, new_run_problem
 
     if args.list:
         for variant in VARIANTS:
@@ -107,7 +107,9 @@ def main(argv=None) -> int:
     options = AblationOptions.quick(**changes) if args.quick else AblationOptions(**changes)
     try:
         select(options.variants)
-        load_config(options.config, options.overrides)
+        # its runs are new ones: what train.py refuses for a new run too
+        if problem := new_run_problem(load_config(options.config, options.overrides)):
+            raise ConfigError(problem)
     except (KeyError, ConfigError) as err:
         print(f"ablate.py: {err.args[0] if isinstance(err, KeyError) else err}", file=sys.stderr)
         return 2

@@ -24,7 +24,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import nmt.xla  # noqa: E402, F401  (TF_XLA_FLAGS before TensorFlow reads them: train.xla fusible)
 from nmt.cli import add_set_argument, exit_now, stop_on_sigterm  # noqa: E402
-from nmt.config import ConfigError, absolute_paths, load_config  # noqa: E402
+from nmt.config import ConfigError, absolute_paths, load_config, new_run_problem  # noqa: E402
 from nmt.run_dir import RunDir, RunDirError, RunLock, write_atomic  # noqa: E402
 from nmt.run_start import (  # noqa: E402
     check_resume_compatible,
@@ -77,6 +77,10 @@ def main(argv=None) -> int:
     except RunDirError as err:
         print(f"train.py: {err}", file=sys.stderr)
         return 3
+    if not resuming and (problem := new_run_problem(config)):
+        # refused for a new run only: an older run's saved config with it is resumed as it was
+        print(f"train.py: config error: {problem}", file=sys.stderr)
+        return 2
     if resuming and (gone := checkpoints_gone(run_dir)):
         # a rerun of a finished run (make train again) ends as it would with them, unless it asks for more steps
         if run_dir.finished() and not more_training(run_dir.load_config().train, config.train):

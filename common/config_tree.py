@@ -104,6 +104,9 @@ def _yaml11_reading(raw: str) -> str:
     value = yaml.safe_load(raw)
     if not isinstance(value, int | float) or isinstance(value, bool):
         return ""
+    # 07 or 00: octal, but the number it looks like
+    if ":" not in raw and int(raw.replace("_", "")) == value:
+        return ""
     kind = "base 60" if ":" in raw else "octal"
     return (
         f"YAML reads this as {value!r} ({kind}): write the number without leading zeros or colons (or quote it for "

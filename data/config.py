@@ -108,12 +108,6 @@ def validate_data_config(cfg: DataConfig) -> None:
             f"data.folder is set ({cfg.folder}) but data.dataset is {cfg.dataset!r}: set data.dataset: folder "
             "to use the folder, or remove data.folder"
         )
-    if cfg.batch_tokens < cfg.max_length:
-        # batches of the longest bucket are one pair of max_length tokens: over the budget, unsaid
-        raise ConfigError(
-            f"data.batch_tokens: {cfg.batch_tokens} is less than data.max_length={cfg.max_length}: a batch of the "
-            f"longest pairs could not keep to it (raise data.batch_tokens or lower data.max_length)"
-        )
     edges = cfg.bucket_boundaries
     for index in range(1, len(edges)):
         if edges[index] <= edges[index - 1]:
@@ -139,7 +133,21 @@ def load_data_config(
         )
     cfg = build(DataConfig, tree.get("data", {}), "data.")
     validate_data_config(cfg)
+    if problem := new_data_problem(cfg):
+        raise ConfigError(problem)
     return cfg, tree
+
+
+def new_data_problem(cfg: DataConfig) -> str:
+    """What a new run (or the data tools) refuses that an older run's saved config may hold (it stays loadable:
+    translated, evaluated, resumed), as a message; "" if nothing. Before 2026-12-07d these were accepted."""
+    if cfg.batch_tokens < cfg.max_length:
+        # batches of the longest bucket are one pair of max_length tokens: over the budget, unsaid
+        return (
+            f"data.batch_tokens: {cfg.batch_tokens} is less than data.max_length={cfg.max_length}: a batch of the "
+            f"longest pairs could not keep to it (raise data.batch_tokens or lower data.max_length)"
+        )
+    return ""
 
 
 def refuse_fine_tuning_without_tokenizer(tree: dict, tokenizer_dir: str | None, flag: str) -> None:

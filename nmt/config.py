@@ -27,7 +27,7 @@ from common.config_tree import (  # noqa: F401 - re-exported: callers import the
 )
 from common.config_tree import choices as _choices
 from common.config_tree import value_range as _range
-from data.config import DataConfig, validate_data_config
+from data.config import DataConfig, new_data_problem, validate_data_config
 
 __all__ = [
     "CONFIG_DIR",
@@ -260,6 +260,24 @@ PER_WORKER_KEYS = LOCATION_KEYS | {("train", "cluster_wait_minutes")}
 # Loading
 
 
+def new_run_problem(config: Config) -> str:
+    """What train.py refuses for a new run (exit 2) but loads in a saved run's config.yaml, as a message ("" if
+    nothing): settings accepted before 2026-12-07d, whose runs stay translatable, evaluable and resumable."""
+    # Beyond every position a chunk or band only pads: memory for nothing, to an out-of-memory error
+    model = config.model
+    if model.attention == "chunked" and model.chunk_size > model.max_length:
+        return (
+            f"model.chunk_size: {model.chunk_size} exceeds model.max_length={model.max_length}, the longest "
+            "sequence: a chunk longer only pads"
+        )
+    if model.attention == "local" and model.window >= model.max_length:
+        return (
+            f"model.window: {model.window} reaches past model.max_length={model.max_length}: every position "
+            "sees every other, which is model.attention: full (without the band's padding)"
+        )
+    return new_data_problem(config.data)
+
+
 def _validate(config: Config) -> None:
     if config.train.xla not in (True, False, "auto", "fusible"):
         raise ConfigError(f"train.xla: expected true, false, fusible or auto, got {config.train.xla!r}")
@@ -268,18 +286,6 @@ def _validate(config: Config) -> None:
     if config.model.d_model % config.model.num_heads:
         raise ConfigError(
             f"model.d_model: {config.model.d_model} is not divisible by model.num_heads={config.model.num_heads}"
-        )
-    # Beyond every position a chunk or band only pads: memory for nothing, to an out-of-memory error
-    model = config.model
-    if model.attention == "chunked" and model.chunk_size > model.max_length:
-        raise ConfigError(
-            f"model.chunk_size: {model.chunk_size} exceeds model.max_length={model.max_length}, the longest "
-            "sequence: a chunk longer only pads"
-        )
-    if model.attention == "local" and model.window >= model.max_length:
-        raise ConfigError(
-            f"model.window: {model.window} reaches past model.max_length={model.max_length}: every position "
-            "sees every other, which is model.attention: full (without the band's padding)"
         )
     if config.model.share_embeddings and not config.data.joint_vocab:
         raise ConfigError("model.share_embeddings: true needs data.joint_vocab: true")

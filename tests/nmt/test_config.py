@@ -101,11 +101,13 @@ def test_a_file_refuses_numbers_yaml_11_reads_otherwise(tmp_path, text, line, wh
 
 
 def test_a_file_keeps_numbers_and_texts_that_only_look_alike(tmp_path):
+    # 07 and 00 are octal to YAML 1.1, but the numbers they look like: kept (before 2026-12-07d refused as if not)
     plain = (
-        "values: [0, 0.5, 1e-3, 10, -1, 4096, 1_000, 0x1F, 1.5, '0400', \"1:30\", 08, 0:30, a:1]\nnan: .nan\n"
+        "values: [0, 0.5, 1e-3, 10, -1, 4096, 1_000, 0x1F, 1.5, '0400', \"1:30\", 08, 0:30, a:1, 07, 00]\n"
+        "nan: .nan\n"
     )
     tree = load_tree(write(tmp_path / "plain.yaml", plain))
-    expected = [0, 0.5, "1e-3", 10, -1, 4096, 1000, 31, 1.5, "0400", "1:30", "08", "0:30", "a:1"]
+    expected = [0, 0.5, "1e-3", 10, -1, 4096, 1000, 31, 1.5, "0400", "1:30", "08", "0:30", "a:1", 7, 0]
     # 1e-3 (no dot) a string, as YAML 1.1 reads it: float fields take it
     assert tree["values"] == expected
     assert math.isnan(tree["nan"])
@@ -322,6 +324,8 @@ def test_the_published_recipes_train_at_their_own_dropout(name):
             ["--config", "{octal}"],
             "{octal}, line 3: train.warmup_steps: 0400: YAML reads this as 256 (octal)",
         ),
+        # a new run only (a saved run's config.yaml with it still loads: test_config_values)
+        (["--set", "data.batch_tokens=16"], "data.batch_tokens: 16 is less than data.max_length=40"),
         (
             ["--set", "train.max_steps=99999999999999999999"],
             "train.max_steps: must be in [0, 4611686018427387904], got 99999999999999999999",

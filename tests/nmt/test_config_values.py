@@ -8,7 +8,7 @@ import typing
 import pytest
 import yaml
 
-from nmt.config import Config, ConfigError, load_config
+from nmt.config import Config, ConfigError, load_config, new_run_problem
 from tests.nmt.test_config import write
 
 
@@ -79,6 +79,18 @@ def test_out_of_range_values_are_refused_naming_the_key(override, message):
         load_config(None, [override])
 
 
+def test_a_saved_run_config_with_settings_refused_since_loads(tmp_path):
+    """A run trained before 2026-12-07d with data.batch_tokens below data.max_length (or a chunk/band past every
+    position): its config.yaml still loads (translate, evaluate, resume); only a new run is refused."""
+    saved = load_config(None, ["data.batch_tokens=16", "model.attention=local", "model.window=600"])
+    path = write(tmp_path / "config.yaml", saved.to_yaml())
+    assert load_config(path) == saved
+    assert new_run_problem(saved).startswith("model.window: 600 reaches past model.max_length=512")
+    assert new_run_problem(load_config(path, ["model.window=16"])).startswith(
+        "data.batch_tokens: 16 is less than data.max_length=128"
+    )
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
@@ -92,14 +104,17 @@ def test_out_of_range_values_are_refused_naming_the_key(override, message):
         ),
     ],
 )
-def test_chunks_and_bands_past_every_position_are_refused(overrides, message):
-    """Before 2026-12-07d accepted: a chunk or band of 2^31 positions padded every batch to it, out of memory."""
-    with pytest.raises(ConfigError, match=message):
-        load_config(None, overrides)
+def test_chunks_and_bands_past_every_position_are_refused_for_a_new_run(overrides, message):
+    """Before 2026-12-07d accepted: a chunk or band of 2^31 positions padded every batch to it, out of memory. A
+    saved run's config with one still loads (translated, evaluated, resumed as it was)."""
+    assert re.match(message, new_run_problem(load_config(None, overrides)))
     # the largest that still cut, and the same sizes for the other kinds of attention (unused there)
-    load_config(None, ["model.attention=chunked", "model.chunk_size=512"])
-    load_config(None, ["model.attention=local", "model.window=511"])
-    load_config(None, ["model.attention=full", "model.window=2147483647", "model.chunk_size=2147483647"])
+    for ok in (
+        ["model.attention=chunked", "model.chunk_size=512"],
+        ["model.attention=local", "model.window=511"],
+        ["model.attention=full", "model.window=2147483647", "model.chunk_size=2147483647"],
+    ):
+        assert new_run_problem(load_config(None, ok)) == ""
 
 
 @pytest.mark.parametrize(

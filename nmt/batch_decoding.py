@@ -98,9 +98,10 @@ def start_pieces(
     last space within them: SentencePiece's pieces never cross a space, so the pieces of the words before it are
     the whole line's, where a word the cut split would be segmented otherwise (before 2026-12-07d its pieces were
     counted, and a kept piece could differ from the whole line's and the SavedModel's). While that start gives no
-    more than `keep` pieces (a `<unk>` run crossed the cut), or has no space, twice as many characters are
-    considered, up to `MAX_CHARS_GROWTH` times `max_chars`, where the line's start is tokenized as it is (the
-    SavedModel's start, `nmt.export`). The pieces (untruncated) are the whole line's when the characters
+    more than `keep` pieces (a `<unk>` run crossed the cut), or has no space (CJK, a tab-separated line: however
+    many pieces it gives, up to 7 calls of `encode`), twice as many characters are considered, up to
+    `MAX_CHARS_GROWTH` times `max_chars`, where the line's start is tokenized as it is (the SavedModel's start,
+    `nmt.export`). The pieces (untruncated) are the whole line's when the characters
     considered are `len(line)`; otherwise their first `keep` are (up to the growth bound).
     """
     if not lines:

@@ -70,8 +70,10 @@ class TranslationModule(tf.Module):
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="inputs")], autograph=False)
     def serve(self, inputs):
         """inputs: tf.string (B,) -> {"outputs": tf.string (B,)}."""
-        # bytes first (a cheap bound: a character is at most 4), then characters (invalid UTF-8: a byte each)
-        start = tf.strings.substr(inputs, 0, 4 * self.max_chars, unit="BYTE")
+        # Bytes first (a cheap bound: a character is at most 4, one cut in two at the end is past max_chars),
+        # invalid UTF-8 replaced as translate.py reads files (Python's errors="replace": U+FFFD), then characters.
+        start = tf.strings.substr(inputs, 0, 4 * self.max_chars + 4, unit="BYTE")
+        start = tf.strings.unicode_transcode(start, "UTF-8", "UTF-8", errors="replace")
         start = tf.strings.substr(start, 0, self.max_chars, unit="UTF8_CHAR")
         pieces = self.tokenizer.tokenize_source(start)[:, : self.max_source_length - 1]  # (B, None)
         lengths = tf.cast(pieces.row_lengths(), tf.int32)  # (B,)

@@ -103,6 +103,25 @@ def test_the_savedmodel_strips_its_outputs_as_python_does():
     assert [t.decode() for t in strip_blanks(tf.constant(texts)).numpy()] == [t.strip() for t in texts]
 
 
+def test_the_savedmodel_reads_invalid_utf8_as_translate_py_does(shared_export, tiny_run_dir):
+    """Invalid UTF-8 is U+FFFD to both (translate.py decodes files with errors="replace"), before and beyond the
+    bound on the characters tokenized (before 2026-12-07d the SavedModel counted a stray continuation byte as no
+    character: 49,152 of them and a sentence were all tokenized, where translate.py kept only <unk>)."""
+    _, module = shared_export
+    sentence = tiny_corpus()["test"][0][0].encode()
+    lines = [
+        sentence[:5] + b"\xff" + sentence[5:],
+        b"\xc3" + sentence,
+        b"\x80" * module.max_chars + b" " + sentence,
+        b"\xe2\x82" * module.max_chars + b" " + sentence,
+    ]
+    got = [t.decode() for t in module.serve(tf.constant(lines))["outputs"].numpy()]
+    expected = Translator.from_run_dir(tiny_run_dir).translate(
+        [line.decode("utf-8", "replace") for line in lines], beam_size=2
+    )
+    assert got == [t.strip() for t in expected]
+
+
 def test_export_refuses_to_overwrite_something_else(shared_export, tmp_path):
     (tmp_path / "taken").mkdir()
     (tmp_path / "taken" / "notes.txt").write_text("mine")

@@ -44,14 +44,18 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _roundtrip(strings: list[str], tokenize, detokenize) -> int:
-    """How many strings have detokenize(tokenize(s)) == s."""
+def _roundtrip(strings: list[str], tokenize, detokenize, lowercase: bool = False) -> int:
+    """How many strings have detokenize(tokenize(s)) == s (with `lowercase`: s lowercased as the tokenizer does,
+    lossless up to case; before 2026-12-07d compared with s, and a lowercasing tokenizer reported 0)."""
     if not strings:
         return 0
     import tensorflow as tf
 
+    from data.tokenizer_training import lowercase_table
+
     back = detokenize(tokenize(tf.constant(strings))).numpy()
-    return sum(b.decode("utf-8") == s for b, s in zip(back, strings))
+    expected = [s.translate(lowercase_table()) for s in strings] if lowercase else strings
+    return sum(b.decode("utf-8") == s for b, s in zip(back, expected))
 
 
 def _fraction(count: int, total: int) -> float | None:
@@ -126,8 +130,8 @@ def compute_stats(cfg, seed: int, tokenizer_dir: Path | None) -> dict:
             shutil.rmtree(staging, ignore_errors=True)
         tokenizer = Tokenizer.load(tokenizer_dir)
     sources, targets = load_text_pairs(cfg, cfg.validation_split)
-    exact_source = _roundtrip(sources, tokenizer.tokenize_source, tokenizer.detokenize_source)
-    exact_target = _roundtrip(targets, tokenizer.tokenize_target, tokenizer.detokenize_target)
+    exact_source = _roundtrip(sources, tokenizer.tokenize_source, tokenizer.detokenize_source, cfg.lowercase)
+    exact_target = _roundtrip(targets, tokenizer.tokenize_target, tokenizer.detokenize_target, cfg.lowercase)
 
     train = open_split(cfg, tokenizer, cfg.train_split)
     max_pieces = cfg.max_length - 1

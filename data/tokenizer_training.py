@@ -75,17 +75,24 @@ def _sample_sentences(cfg: DataConfig, seed: int) -> tuple[list[str], list[str],
 
 
 @functools.cache  # 1.1M code points scanned: once per process
-def lowercase_rules() -> str:
-    """SentencePiece normalization rules (TSV of hex code points) that lowercase: every character whose
-    `str.lower()` is one other character, the rest unchanged. `str.lower`, not case folding: German ß stays ß,
-    as sacreBLEU's lowercased scoring keeps it (SentencePiece's `nmt_nfkc_cf` would write "ss")."""
-    rows = []
+def lowercase_table() -> dict[int, int]:
+    """{code point: its lowercase} for every character whose `str.lower()` is one other character: what the
+    lowercasing tokenizer does to a text, character by character (`text.translate(lowercase_table())`). Not
+    `str.lower()` of a whole text: that writes Greek final sigma ("ΜΑΣ" -> "μας", here "μασ") and "İ" as two
+    characters (here kept)."""
+    table = {}
     for code in range(0x110000):
-        char = chr(code)
-        lower = char.lower()
-        if lower != char and len(lower) == 1:
-            rows.append(f"{code:X}\t{ord(lower):X}")
-    return "\n".join(rows) + "\n"
+        lower = chr(code).lower()
+        if lower != chr(code) and len(lower) == 1:
+            table[code] = ord(lower)
+    return table
+
+
+def lowercase_rules() -> str:
+    """SentencePiece normalization rules (TSV of hex code points) that lowercase: `lowercase_table`, the rest
+    unchanged. `str.lower`, not case folding: German ß stays ß, as sacreBLEU's lowercased scoring keeps it
+    (SentencePiece's `nmt_nfkc_cf` would write "ss")."""
+    return "".join(f"{code:X}\t{lower:X}\n" for code, lower in lowercase_table().items())
 
 
 def _normalization(cfg: DataConfig, scratch: Path) -> dict:

@@ -46,12 +46,25 @@ def score_corpus(
     """sacreBLEU BLEU (cased, detokenized, sacreBLEU's tokenizer for the target language: `bleu_tokenizer`), chrF
     and the lowercased tokenized BLEU, with signatures.
 
-    `lowercase`: the hypotheses come from a model trained on lowercased text; BLEU and chrF ignore case."""
+    `lowercase`: the hypotheses come from a model trained on lowercased text; BLEU and chrF ignore case. Both
+    sides are first lowercased as the tokenizer lowercases (character by character,
+    `data.tokenizer_training.lowercase_table`), then by sacreBLEU: its `str.lower()` of a line writes a final
+    sigma where the model, trained on the tokenizer's lowercasing, writes σ (before 2026-12-07d a model reproducing
+    "ΜΑΣ" as "μασ" lost that word)."""
     from sacrebleu.metrics import BLEU, CHRF
 
     if len(hypotheses) != len(references):
         raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references")
-    hypotheses, references = list(hypotheses), [list(references)]
+    hypotheses, references = list(hypotheses), list(references)
+    if lowercase:
+        from data.tokenizer_training import lowercase_table
+
+        table = lowercase_table()
+        hypotheses, references = (
+            [h.translate(table) for h in hypotheses],
+            [r.translate(table) for r in references],
+        )
+    references = [references]
     tokenize = bleu_tokenizer(target_language)
     bleu_metric, chrf_metric = BLEU(tokenize=tokenize, lowercase=lowercase), CHRF(lowercase=lowercase)
     lc_metric = BLEU(lowercase=True, tokenize=tokenize)

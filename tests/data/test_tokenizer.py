@@ -11,7 +11,7 @@ import tensorflow as tf
 
 from data.errors import DataError
 from data.tokenizer import JOINT_MODEL, SOURCE_MODEL, TARGET_MODEL, Tokenizer
-from data.tokenizer_training import lowercase_rules, train_tokenizer
+from data.tokenizer_training import lowercase_rules, lowercase_table, train_tokenizer
 from tests.data.conftest import mirror_lines
 from transformer.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
@@ -164,6 +164,7 @@ def test_lowercase_rules_lower_without_case_folding():
     assert "DF" not in rules and "1E9E" in rules  # ß kept (case folding writes "ss"); capital ẞ lowered to ß
     assert "130" not in rules  # İ lowers to two characters: left as it is
     assert all(chr(int(source, 16)).lower() == chr(int(target, 16)) for source, target in rules.items())
+    assert rules == {f"{code:X}": f"{lower:X}" for code, lower in lowercase_table().items()}  # one table
 
 
 def test_lowercase_tokenizer_lowers_in_every_reader(data_cfg, tmp_path):
@@ -176,6 +177,11 @@ def test_lowercase_tokenizer_lowers_in_every_reader(data_cfg, tmp_path):
     ids = lowered.tokenize_target(tf.constant(text))
     assert ids.to_list() == lowered.tokenize_target(tf.constant(expected)).to_list()
     assert texts(lowered.detokenize_target(ids)) == expected  # TF Text, in graph
+    # data.stats' round trip of a lowercasing tokenizer: lossless up to case (before 2026-12-07d: 0 exact)
+    from data.stats import _roundtrip
+
+    assert _roundtrip(text, lowered.tokenize_target, lowered.detokenize_target, lowercase=True) == 2
+    assert _roundtrip(text, lowered.tokenize_target, lowered.detokenize_target) == 0
     processor = spm.SentencePieceProcessor(model_file=str(tmp_path / "lower" / JOINT_MODEL))
     assert processor.encode(text) == ids.to_list()  # the sentencepiece package agrees with TF Text
     assert processor.decode(processor.encode(text)) == expected

@@ -56,3 +56,16 @@ def test_lowercase_scores_ignore_case_and_say_so():
     assert scores["bleu"] == scores["bleu_lc_tok"] > score_corpus(hyps, refs, "en")["bleu"]
     assert "case:lc" in scores["signature"] and "lc" in scores["chrf_signature"] and scores["lowercase"]
     assert "lowercase" not in score_corpus(hyps, refs, "en")
+
+
+def test_lowercase_scores_lower_both_sides_as_the_tokenizer_does():
+    """The lowercasing tokenizer writes every Σ as σ (character by character); sacreBLEU's `str.lower()` of a line
+    writes a final ς. A model reproducing its references exactly scores 100 (before 2026-12-07d: "μασ" against
+    "μας", a word lost)."""
+    from data.tokenizer_training import lowercase_table
+
+    refs = ["ΤΟ ΣΠΊΤΙ ΤΟΥ ΦΊΛΟΥ ΜΑΣ.", "Ο ΣΚΎΛΟΣ ΤΡΈΧΕΙ ΣΤΟ ΠΆΡΚΟ ΜΑΣ ΣΉΜΕΡΑ."]
+    hyps = [ref.translate(lowercase_table()) for ref in refs]
+    assert "μασ." in hyps[0] and "μας." in refs[0].lower()  # the two lowercasings differ here
+    scores = score_corpus(hyps, refs, "el", lowercase=True)
+    assert scores["bleu"] == pytest.approx(100.0) and scores["chrf"] == pytest.approx(100.0), scores

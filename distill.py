@@ -212,6 +212,21 @@ def main(argv: list[str] | None = None) -> int:
         return _distill(args, data)
 
 
+def student_overrides(data, output, references) -> list[str]:
+    """The `--set` of the printed student command: the folder `output` (splits train and `references`), in the
+    teacher's languages, lowercased as the teacher when it was (its translations are lowercase: a cased student
+    would learn lowercase targets and be scored cased; before 2026-12-07d the command left that out)."""
+    from pathlib import Path
+
+    student = ["data.dataset=folder", f"data.folder={Path(output).resolve()}", f"data.source={data.source}",
+               f"data.target={data.target}"]  # fmt: skip
+    for name in ("train", *references):  # whatever the student's config names its splits
+        student.append(f"data.{name}_split={name}")
+    if data.lowercase:
+        student.append("data.lowercase=true")
+    return student
+
+
 def _distill(args: argparse.Namespace, data) -> int:
     cli.quiet_tensorflow()
     cli.decoding_kernels()
@@ -260,10 +275,7 @@ def _distill(args: argparse.Namespace, data) -> int:
         summary.output, summary.lines, summary.translated, summary.resumed_from,
         ", ".join(f"{split} {count}" for split, count in summary.references.items()) or "none",
     )  # fmt: skip
-    student = ["data.dataset=folder", f"data.folder={summary.output.resolve()}", f"data.source={data.source}",
-               f"data.target={data.target}"]  # fmt: skip
-    for name in ("train", *summary.references):  # whatever the student's config names its splits
-        student.append(f"data.{name}_split={name}")
+    student = student_overrides(data, summary.output, summary.references)
     log.info(
         "train a student: python train.py --config CONFIG --model-dir DIR --set %s",
         " ".join(shlex.quote(text) for text in student),

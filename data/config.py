@@ -133,14 +133,13 @@ def load_data_config(
         )
     cfg = build(DataConfig, tree.get("data", {}), "data.")
     validate_data_config(cfg)
-    if problem := new_data_problem(cfg):
-        raise ConfigError(problem)
     return cfg, tree
 
 
 def new_data_problem(cfg: DataConfig) -> str:
-    """What a new run (or the data tools) refuses that an older run's saved config may hold (it stays loadable:
-    translated, evaluated, resumed), as a message; "" if nothing. Before 2026-12-07d these were accepted."""
+    """What a new run refuses (train.py, ablate.py: `nmt.config.new_run_problem`) that an older run's saved config
+    may hold (it stays loadable: translated, evaluated, resumed, distilled, prepared), as a message; "" if nothing.
+    Before 2026-12-07d these were accepted."""
     if cfg.batch_tokens < cfg.max_length:
         # batches of the longest bucket are one pair of max_length tokens: over the budget, unsaid
         return (

@@ -56,6 +56,19 @@ def test_distill_writes_the_teachers_translations_and_prints_the_student_command
     assert (output / "de.train.txt").stat().st_mtime_ns == stamp
 
 
+def test_the_student_of_a_lowercased_teacher_is_lowercased(tmp_path):
+    from data.config import DataConfig
+    from distill import student_overrides
+
+    cased = student_overrides(DataConfig(source="en", target="de"), tmp_path / "kd", {"validation": 5})
+    assert cased == [
+        "data.dataset=folder", f"data.folder={(tmp_path / 'kd').resolve()}", "data.source=en", "data.target=de",
+        "data.train_split=train", "data.validation_split=validation",
+    ]  # fmt: skip
+    lowered = student_overrides(DataConfig(source="en", target="de", lowercase=True), tmp_path / "kd", {})
+    assert lowered[-1] == "data.lowercase=true" and "data.lowercase=true" not in cased
+
+
 def _run_the_printed_student_command(stderr: str, output, tmp_path) -> None:
     """The student command distill.py printed, run as printed (CONFIG and DIR filled in, a tiny config): it
     trains on the folder, whose training targets are the teacher's, and validates on the real pairs."""

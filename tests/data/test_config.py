@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from common.config_tree import ConfigError
-from data.config import DataConfig, load_data_config, validate_data_config
+from data.config import DataConfig, load_data_config, new_data_problem, validate_data_config
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -62,11 +62,6 @@ def test_nmt_config_still_exports_data_config():
         # the length index saturates at 65535: a longer pair would pass the filter (before 2026-12-07d accepted)
         ("data.max_length=65536", r"data\.max_length: must be in \[2, 65535\], got 65536"),
         ("data.max_length=99999999999999999999", r"data\.max_length: must be in \[2, 65535\]"),
-        # batches of the longest bucket would be over the budget (before 2026-12-07d accepted, silently)
-        (
-            "data.batch_tokens=39",
-            r"data\.batch_tokens: 39 is less than data\.max_length=40: a batch of the longest pairs could not",
-        ),
         ("data.batch_tokens=-1", r"data\.batch_tokens: must be in \[1, 2147483647\], got -1"),
         ("data.eval_batch_tokens=0", r"data\.eval_batch_tokens: must be in \[1, 2147483647\], got 0"),
         (
@@ -97,6 +92,17 @@ def test_data_ranges_are_checked_at_config_time(override, message):
     """Before any data is read: `data.prepare` and `data.stats` exit 2 on these, as train.py does."""
     with pytest.raises(ConfigError, match=message):
         load_data_config("tiny.yaml", [override])
+
+
+def test_a_batch_budget_below_the_longest_pairs_is_a_new_run_problem():
+    """Batches of the longest bucket would be over data.batch_tokens (before 2026-12-07d accepted, silently): a new
+    run refuses it (train.py, exit 2: tests/nmt/test_config.py); the data tools and a saved run's config load it."""
+    cfg, _ = load_data_config("tiny.yaml", ["data.batch_tokens=39"])
+    assert new_data_problem(cfg) == (
+        "data.batch_tokens: 39 is less than data.max_length=40: a batch of the longest pairs could not keep to it "
+        "(raise data.batch_tokens or lower data.max_length)"
+    )
+    assert new_data_problem(load_data_config("tiny.yaml", ["data.batch_tokens=40"])[0]) == ""
 
 
 def test_data_range_boundaries_are_accepted():

@@ -131,11 +131,23 @@ def exclusive(final: Path, *, required: bool = True, cfg: DataConfig | None = No
 def fresh_staging(final: Path) -> Path:
     """An empty `<final>.partial` (removing what a killed preparation left)."""
     partial = staging(final)
-    if partial.exists():
+    if partial.exists() or partial.is_symlink():
         log.info("removing %s, left by an interrupted preparation", partial)
-        shutil.rmtree(partial)
+        remove(partial)
     partial.mkdir(parents=True)
     return partial
+
+
+def remove(path: Path) -> None:
+    """Removes an item of the cache, or its staging: a directory tree, or a file or a link in its place.
+
+    Only this module makes these names (a key is a hash): a file there is a leftover (an item copied or cut by
+    hand), not someone's data, and is removed as a damaged item is, not reported as a NotADirectoryError.
+    """
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def publish(partial: Path, final: Path) -> None:

@@ -12,8 +12,9 @@
 - anything else: a TFDS catalog name such as "ted_hrlr_translate/pt_to_en" or "wmt14_translate/de-en", whose
   features are per-language texts; `cfg.source` and `cfg.target` pick two of them.
 
-Problems are `DataError`s that say what to change: unknown dataset, language or split, a malformed folder, or a
-dataset that needs the network on a machine without it.
+Problems are `DataError`s that say what to change: unknown dataset, language or split, a malformed folder, a
+dataset that needs the network on a machine without it, or a prepared TFDS directory that lost a file or holds a
+damaged dataset_info.json (the directory to delete is named).
 """
 
 from __future__ import annotations
@@ -92,6 +93,66 @@ def _prepare(builder: tfds.core.DatasetBuilder, cfg: DataConfig) -> None:
             "data.data_dir, or put its raw files in a mirror (data.manual_dir or "
             f"${MIRROR_ENV}; looked at {mirror})."
         ) from err
+    _check_complete(builder, cfg)
+
+
+def _check_complete(builder: tfds.core.DatasetBuilder, cfg: DataConfig) -> None:
+    """The prepared version directory has what TFDS reads: its dataset_info.json, some splits, their files.
+
+    TFDS reuses any existing version directory without looking in it: one that lost a file (a partial copy, an
+    interrupted deletion) would fail later, as a traceback ("splits is empty", a FileNotFoundError for a shard).
+    """
+    directory = builder.data_path
+    # nothing written: only tfds.testing.mock_data's preparation does nothing (its examples are generated)
+    if not directory.exists():
+        return
+    if not builder.is_prepared():
+        missing = "no dataset_info.json"
+    elif not builder.info.splits:
+        missing = "its dataset_info.json lists no splits"
+    else:
+        absent = []
+        for name, split in builder.info.splits.items():
+            try:
+                absent += [path.name for path in split.filepaths if not path.is_file()]
+            except ValueError:
+                # TFDS knows no file names for the split
+                absent.append(f"the files of split {name!r}")
+        missing = "missing: " + ", ".join(absent[:3]) + (" ..." if len(absent) > 3 else "") if absent else ""
+    if missing:
+        raise DataError(
+            f"the prepared TFDS dataset {cfg.dataset!r} in {directory} is incomplete ({missing}): delete "
+            f"{directory} and prepare again"
+        )
+
+
+def _construct(make, cfg: DataConfig) -> tfds.core.DatasetBuilder:
+    """make(), the builder, which reads the dataset_info.json of a prepared version: one that cannot be read (cut,
+    emptied) is a DataError naming it, not a protobuf ParseError."""
+    from google.protobuf.json_format import ParseError
+
+    try:
+        return make()
+    # AssertionError: TFDS's check that the file is of the builder's version
+    except (ParseError, OSError, UnicodeDecodeError, AssertionError) as err:
+        reason = f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0].rstrip('.')}"
+        root = Path(cfg.data_dir or tfds.core.constants.get_default_data_dir()).expanduser()
+        base = root / cfg.dataset.split("/")[0].split(":")[0]
+        bad = [path for path in sorted(base.glob("*/*/dataset_info.json")) if not _readable_info(path)]
+        where = ", ".join(map(str, bad)) or f"a dataset_info.json under {base}"
+        delete = ", ".join(str(path.parent) for path in bad) or str(base)
+        raise DataError(
+            f"the prepared TFDS dataset {cfg.dataset!r} is damaged: {where} cannot be read ({reason}): delete "
+            f"{delete} and prepare again"
+        ) from err
+
+
+def _readable_info(path: Path) -> bool:
+    """Whether TFDS reads the dataset_info.json at `path` as the one of its version directory."""
+    try:
+        return tfds.core.dataset_info.read_from_json(path).version == path.parent.name
+    except Exception:  # noqa: BLE001 - any reason: it is named
+        return False
 
 
 def tfds_builder(cfg: DataConfig) -> tfds.core.DatasetBuilder:
@@ -102,7 +163,9 @@ def tfds_builder(cfg: DataConfig) -> tfds.core.DatasetBuilder:
     sizes are known (a malformed or out-of-range slice is named before a tokenizer is trained or a split read).
     """
     if cfg.dataset == MULTI30K:
-        builder = Multi30k(config=config_name(cfg.source, cfg.target), data_dir=cfg.data_dir)
+        builder = _construct(
+            lambda: Multi30k(config=config_name(cfg.source, cfg.target), data_dir=cfg.data_dir), cfg
+        )
         _check_languages(builder, cfg)
         # a download failure names the mirror locations (MIRROR_HINT)
         _prepare(builder, cfg)
@@ -111,7 +174,7 @@ def tfds_builder(cfg: DataConfig) -> tfds.core.DatasetBuilder:
     if cfg.dataset == FOLDER:
         raise ValueError("a folder corpus has no TFDS builder: read it with data.folder")
     try:
-        builder = tfds.builder(cfg.dataset, data_dir=cfg.data_dir)
+        builder = _construct(lambda: tfds.builder(cfg.dataset, data_dir=cfg.data_dir), cfg)
     except tfds.core.registered.DatasetNotFoundError as err:
         first_line = str(err).splitlines()[0]
         raise DataError(

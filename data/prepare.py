@@ -162,9 +162,10 @@ def prepare_split(
         return final
     with cache.exclusive(final, cfg=cfg):
         if read_manifest(final) is None:
-            if final.exists():  # published, then its manifest went (by hand): not complete, made again
+            # published, then its manifest went (by hand): not complete, made again; so is a file in its place
+            if final.exists() or final.is_symlink():
                 log.warning("removing %s: it has no %s (incomplete or damaged)", final, MANIFEST)
-                shutil.rmtree(final)
+                cache.remove(final)
             partial = cache.fresh_staging(final)
             try:
                 _tokenize_into(cfg, tokenizer, split, partial, {"split": split, "key": inputs}, progress)

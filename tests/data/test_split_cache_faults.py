@@ -3,6 +3,7 @@ disk gets its space back), and a manifest of the wrong shape is a data error nam
 
 import errno
 import json
+import shutil
 
 import pytest
 
@@ -56,3 +57,20 @@ def test_a_manifest_of_the_wrong_shape_is_a_data_error_naming_it(tmp_path, manif
     # train.py and data.prepare alike (before: a traceback)
     with pytest.raises(DataError, match="is damaged"):
         prepare(cfg, progress=False)
+
+
+@pytest.mark.parametrize("where", ["split", "split.partial", "tokenizer.partial"])
+def test_a_file_where_a_cache_directory_goes_is_removed_and_the_item_made_again(tmp_path, where):
+    """A stray file in the cache's own namespace (an entry or its staging) is a leftover, removed as a damaged entry
+    is (before: a NotADirectoryError traceback from shutil.rmtree)."""
+    cfg = folder_cfg(tmp_path)
+    _, splits = prepare(cfg, progress=False)
+    (tokenizer,) = (tmp_path / "cache").glob("tokenizer-*[0-9a-f]")
+    item = tokenizer if where.startswith("tokenizer") else splits["train"]
+    pristine = {path.name: path.read_bytes() for path in item.iterdir() if path.name != MANIFEST}
+    shutil.rmtree(item)
+    stray = item.with_name(item.name + ".partial") if where.endswith(".partial") else item
+    stray.write_text("junk\n")
+    _, again = prepare(cfg, progress=False)
+    assert again["train"] == splits["train"] and not stray.with_name(item.name + ".partial").exists()
+    assert {path.name: path.read_bytes() for path in item.iterdir() if path.name != MANIFEST} == pristine

@@ -2,7 +2,8 @@
 
     <cache_dir>/tokenizer-<key>/               spm.model (or spm.source/target.model), trained once
     <cache_dir>/<dataset>.<src>-<tgt>.<split>-<key>/   one prepared split (see data.store)
-    <cache_dir>/file-digests/                  digests of TFDS's built files, per path, size and mtime (data.stream)
+    <cache_dir>/file-digests/                  digests of corpus files (TFDS's built files, a folder's split
+                                               files), per path, size, mtime, ctime and inode (data.stream)
 
 The keys are hashes of what changes the tokens, never of what is applied when reading (max_length, batch sizes,
 buckets) nor of where things are stored (data_dir, manual_dir, cache_dir):

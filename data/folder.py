@@ -11,7 +11,6 @@ MAX_LINE_BYTES is read cut (cleaning drops it), so a file without newlines stays
 from __future__ import annotations
 
 import logging
-import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -180,12 +179,3 @@ def sizes(cfg: DataConfig) -> dict[str, int]:
     if not result:
         split_files(cfg, cfg.train_split)  # raises, naming the missing language or file
     return result
-
-
-def identity(cfg: DataConfig, split: str) -> dict:
-    """The split's files (absolute paths, sizes, modification times): changes when their text may have changed."""
-    files = []
-    for path in split_files(cfg, split):
-        stat = path.stat()
-        files.append({"path": os.fspath(path), "bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns})
-    return {"files": files}

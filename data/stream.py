@@ -5,10 +5,11 @@
     split_identity(cfg, "train")   # JSON-able: what the split's text is (for cache keys), not where it is cached
     count_pairs(cfg, "train")      # pairs in the split (TFDS metadata, or a fast newline count of a folder file)
 
-A `folder` corpus is read by `data.folder`, line by line; its identity is the absolute path, size and modification
-time of the split's two files.
-TFDS corpora (Multi30k, catalog names) are read through `data.corpus`; their identity is name, config, version and
-the split's size. A file that cannot be read (truncated, corrupt, not aligned) is a `DataError` naming it.
+A `folder` corpus is read by `data.folder`, line by line; its identity is a digest of what the split's two files
+hold (not where they are nor when they were written).
+TFDS corpora (Multi30k, catalog names) are read through `data.corpus`; their identity is name, config, version, the
+split's size and a digest of the examples its files hold. Digests are memoised per file: see `file_digest`.
+A file that cannot be read (truncated, corrupt, not aligned) is a `DataError` naming it.
 """
 
 from __future__ import annotations
@@ -47,6 +48,17 @@ def _bad_shards(cfg: DataConfig, split: str) -> list[str]:
     return bad
 
 
+def _damaged(cfg: DataConfig, split: str, err: Exception) -> DataError:
+    """The error for a TFDS split whose files cannot be read to the end, naming the damaged ones."""
+    bad = _bad_shards(cfg, split)
+    message = getattr(err, "message", str(err)).strip()
+    where = f"corrupt or truncated file(s): {'; '.join(bad)}" if bad else message
+    return DataError(
+        f"cannot read split {split!r} of {cfg.dataset!r} ({type(err).__name__}), {where}. "
+        "The prepared TFDS files are damaged: delete them (see data.data_dir) and prepare again."
+    )
+
+
 def _stream_tfds(cfg: DataConfig, split: str, chunk: int) -> Iterator[tuple[list[bytes], list[bytes]]]:
     import tensorflow as tf
 
@@ -55,13 +67,9 @@ def _stream_tfds(cfg: DataConfig, split: str, chunk: int) -> Iterator[tuple[list
     try:
         for batch in load_batches(cfg, split, batch_size=chunk).as_numpy_iterator():
             yield list(batch["source"]), list(batch["target"])
-    except tf.errors.OpError as err:  # e.g. DataLossError: a truncated or corrupt TFRecord shard
-        bad = _bad_shards(cfg, split)
-        where = f"corrupt or truncated file(s): {'; '.join(bad)}" if bad else err.message.strip()
-        raise DataError(
-            f"cannot read split {split!r} of {cfg.dataset!r} ({type(err).__name__}), {where}. "
-            "The prepared TFDS files are damaged: delete them (see data.data_dir) and prepare again."
-        ) from err
+    # e.g. DataLossError: a truncated or corrupt TFRecord shard
+    except tf.errors.OpError as err:
+        raise _damaged(cfg, split, err) from err
 
 
 def stream_pairs(
@@ -89,13 +97,31 @@ def split_identity(cfg: DataConfig, split: str) -> dict:
     """What the text of a split is, as a JSON-able dict: it changes when the text may have changed."""
     identity = {"dataset": cfg.dataset, "split": split, "source": cfg.source, "target": cfg.target}
     if cfg.dataset == FOLDER:
-        return {**identity, **folder.identity(cfg, split)}
+        # What the two files hold, not where or when they were written: an edit that keeps their sizes and
+        # modification times (sed, then touch -r; rsync -a, cp -p or tar x of another version) changes it
+        files = [
+            {"bytes": os.stat(path).st_size, "contents": file_digest(cfg, path, BYTES)}
+            for path in folder.split_files(cfg, split)
+        ]
+        return {**identity, "files": files}
+    import tensorflow as tf
+    from google.protobuf.message import DecodeError
+
     from data.corpus import tfds_builder
 
     builder = tfds_builder(cfg)
     config = builder.builder_config.name if builder.builder_config else None
     base = split.split("[")[0]  # a sliced split ("train[:10%]") is read from its split's files
     info = builder.info.splits[base] if base in builder.info.splits else None
+    file_format = builder.info.file_format
+    kind = EXAMPLES if file_format is None or file_format.value == "tfrecord" else BYTES
+    try:
+        # What TFDS's files hold, not where or when they were written: a rebuild of edited text (a mirror edited,
+        # then <data_dir>/<name> deleted) changes it even when the text keeps its size; a rebuild of the same text
+        # keeps it (TFDS writes the same examples in other bytes from one process to the next)
+        contents = files_digest(cfg, info.filepaths, kind) if info is not None else None
+    except (tf.errors.OpError, DecodeError) as err:
+        raise _damaged(cfg, base, err) from err
     return {
         **identity,
         "builder": builder.name,
@@ -103,40 +129,75 @@ def split_identity(cfg: DataConfig, split: str) -> dict:
         "version": str(builder.version),
         "examples": int(info.num_examples) if info is not None else None,
         "bytes": int(info.num_bytes) if info is not None else None,
-        # What TFDS's files hold, not where or when they were written: a rebuild of edited text (a mirror edited,
-        # then <data_dir>/<name> deleted) changes it even when the text keeps its size
-        "contents": files_digest(cfg, info.filepaths) if info is not None else None,
+        "contents": contents,
     }
 
 
-def files_digest(cfg: DataConfig, paths) -> str:
-    """A digest of the files' names and contents, memoised per file (path, size, modification time) under
-    `<cache_dir>/file-digests/`: a WMT-sized build is read through once, not at every start."""
+# What a file digest reads: its bytes, or (a TFRecord file of tf.train.Example) its examples
+BYTES, EXAMPLES = "bytes", "examples"
+
+
+def _blocks(path: str) -> Iterator[bytes]:
+    """The file's bytes, a MiB at a time; `DataError` naming it if it cannot be read."""
+    try:
+        with open(path, "rb") as handle:
+            while block := handle.read(1 << 20):
+                yield block
+    except OSError as err:
+        raise DataError(f"cannot read {path}: {err}") from err
+
+
+def _examples(path: str) -> Iterator[bytes]:
+    """The examples of a TFRecord file, each length-prefixed in its canonical form (feature map in key order):
+    TFDS serializes an example's features in an order that changes from one process to the next, so two builds of
+    the same text have files of other bytes but the same examples."""
+    import tensorflow as tf
+
+    for records in tf.data.TFRecordDataset(path).batch(CHUNK_PAIRS).as_numpy_iterator():
+        parts = []
+        for record in records:
+            example = tf.train.Example.FromString(record).SerializeToString(deterministic=True)
+            parts += (len(example).to_bytes(8, "little"), example)
+        yield b"".join(parts)
+
+
+_READERS = {BYTES: _blocks, EXAMPLES: _examples}
+
+
+def files_digest(cfg: DataConfig, paths, kind: str) -> str:
+    """A digest of the files' names and contents (`kind`: BYTES or EXAMPLES), each memoised: see `file_digest`."""
     combined = hashlib.blake2b(digest_size=16)
     for path in sorted(map(os.fspath, paths)):
-        combined.update(f"{os.path.basename(path)}\0{_file_digest(cfg, path)}\0".encode())
+        combined.update(f"{os.path.basename(path)}\0{file_digest(cfg, path, kind)}\0".encode())
     return combined.hexdigest()
 
 
-def _file_digest(cfg: DataConfig, path: str) -> str:
+def file_digest(cfg: DataConfig, path, kind: str) -> str:
+    """A digest of a file's contents (`kind`: BYTES or EXAMPLES), memoised under `<cache_dir>/file-digests/` by
+    path, size, modification and status-change times and inode: a WMT-sized corpus is read through once, not at
+    every start, and read again after any write to it (touch can set a file's mtime back, never its ctime)."""
     from data.cache import cache_root, digest
 
-    stat = os.stat(path)
-    memo = (
-        cache_root(cfg)
-        / "file-digests"
-        / digest({"path": path, "bytes": stat.st_size, "ns": stat.st_mtime_ns})
-    )
+    path = os.fspath(path)
+    try:
+        stat = os.stat(path)
+    except OSError as err:
+        raise DataError(f"cannot read {path}: {err}") from err
+    stamp = {
+        "path": path, "kind": kind, "bytes": stat.st_size, "ns": stat.st_mtime_ns, "ctime_ns": stat.st_ctime_ns,
+        "inode": stat.st_ino,
+    }  # fmt: skip
+    memo = cache_root(cfg) / "file-digests" / digest(stamp)
     with contextlib.suppress(OSError, UnicodeDecodeError):
         known = memo.read_text(encoding="ascii").strip()
         if re.fullmatch(r"[0-9a-f]{32}", known):
             return known
     contents = hashlib.blake2b(digest_size=16)
-    with open(path, "rb") as handle:
-        while chunk := handle.read(1 << 20):
-            contents.update(chunk)
+    for block in _READERS[kind](path):
+        contents.update(block)
     value = contents.hexdigest()
-    with contextlib.suppress(OSError):  # no memo (a read-only cache): read again next time
+    # no memo (a read-only cache): read again next time
+    with contextlib.suppress(OSError):
         memo.parent.mkdir(parents=True, exist_ok=True)
         partial = memo.with_name(f"{memo.name}.{os.getpid()}.partial")
         partial.write_text(value + "\n", encoding="ascii")

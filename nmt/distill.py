@@ -288,7 +288,7 @@ def _open(output: Path, settings: dict, chunk_size: int) -> dict:
 def _difference(key: str, there, now) -> str:
     if key == "corpus" and isinstance(there, dict) and isinstance(now, dict):
         splits = sorted(s for s in set(there) | set(now) if there.get(s) != now.get(s))
-        return f"corpus: split(s) {', '.join(splits)} changed since (their files, sizes or versions)"
+        return f"corpus: split(s) {', '.join(splits)} changed since (their text or versions)"
     return f"{key}: {there!r} there, {now!r} now"
 
 

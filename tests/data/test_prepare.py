@@ -257,7 +257,8 @@ def test_non_chief_reads_what_the_chief_prepared_and_never_prepares(tmp_path):
     empty = tmp_path / "empty"
     with pytest.raises(DataError, match=rf"split 'train' is not at {re.escape(str(empty))}/.*data.cache_dir"):
         prepare_split(dataclasses.replace(cfg, cache_dir=str(empty)), tokenizer, "train", chief=False)
-    assert not any(empty.glob("*"))
+    # nothing prepared there (the corpus files' digests, memoised, are no prepared data)
+    assert [p.name for p in empty.iterdir()] in ([], ["file-digests"])
 
 
 def test_resume_mid_epoch_on_a_split_read_from_file_equals_the_uninterrupted_iterator(tmp_path):
@@ -426,4 +427,6 @@ def test_a_full_disk_while_the_tokenizer_is_written_is_an_error_not_a_traceback(
     assert re.search(
         r"error: cannot write the tokenizer into .*tokenizer-\w+\.partial: .*File too large", done.stderr
     )
-    assert not [p.name for p in Path(cfg.cache_dir).iterdir() if not p.name.endswith(".lock")]
+    # the corpus files' digests (memoised: complete or absent) may stay
+    left = [p.name for p in Path(cfg.cache_dir).iterdir() if not p.name.endswith(".lock")]
+    assert left in ([], ["file-digests"]), left

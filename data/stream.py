@@ -133,6 +133,33 @@ def split_identity(cfg: DataConfig, split: str) -> dict:
     }
 
 
+def legacy_identity_matches(cfg: DataConfig, split: str, recorded) -> bool:
+    """Whether `recorded`, a `split_identity` in the format written before 2026-12-07d, names the split's text as
+    it is now: a folder's two files at the same paths, sizes and modification times; a TFDS split with the same
+    fields and the same digest of its files' bytes (then `contents`). A record saved by an older version (e.g. a
+    distilled folder's settings) is so carried over instead of read as a changed corpus."""
+    if not isinstance(recorded, dict):
+        return False
+    base = {"dataset": cfg.dataset, "split": split, "source": cfg.source, "target": cfg.target}
+    if cfg.dataset == FOLDER:
+        try:
+            stats = [(path, os.stat(path)) for path in folder.split_files(cfg, split)]
+        except (OSError, DataError):
+            return False
+        files = [{"path": os.fspath(p), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns} for p, st in stats]
+        return recorded == {**base, "files": files}
+    from data.corpus import tfds_builder
+
+    now = split_identity(cfg, split)
+    if {k: v for k, v in recorded.items() if k != "contents"} != {
+        k: v for k, v in now.items() if k != "contents"
+    }:
+        return False
+    info = tfds_builder(cfg).info.splits[split.split("[")[0]]
+    # the old digest: each file's bytes (the BYTES kind's combination is the same)
+    return recorded.get("contents") == files_digest(cfg, info.filepaths, BYTES)
+
+
 # What a file digest reads: its bytes, or (a TFRecord file of tf.train.Example) its examples
 BYTES, EXAMPLES = "bytes", "examples"
 

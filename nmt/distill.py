@@ -39,7 +39,7 @@ from pathlib import Path
 from data.cleaning import DropCounts
 from data.config import DataConfig
 from data.folder import FILE_NAME
-from data.stream import split_exists, split_identity, stream_pairs
+from data.stream import legacy_identity_matches, split_exists, split_identity, stream_pairs
 from nmt.run_dir import write_atomic
 from nmt.text_io import chunked, decode_line, one_line, read_lines
 
@@ -129,7 +129,7 @@ def distill(
     output = Path(output)
     finished = finished_manifest(output)
     if finished is not None:  # read without the lock: a finished folder may sit on a read-only mount
-        _refuse_other_settings(output, finished["settings"], settings)
+        _refuse_other_settings(output, _carried_over(finished["settings"], settings, data), settings)
         log.info("%s is complete already (%d pairs): nothing to do", output, finished["lines"])
         return Summary(output, finished["lines"], 0, finished["lines"], finished["references"])
     with hold(output):
@@ -158,6 +158,23 @@ def finished_manifest(output: Path) -> dict | None:
     return manifest if complete and isinstance(manifest.get("settings"), dict) else None
 
 
+def _carried_over(recorded: dict, settings: dict, data: DataConfig) -> dict:
+    """`recorded` settings with each corpus split recorded by a version before 2026-12-07d (another identity
+    format) replaced by today's identity when it names the same text (before: such folders were refused, "changed
+    since", and could be neither resumed nor found complete)."""
+    there, now = recorded.get("corpus"), settings.get("corpus")
+    if not isinstance(there, dict) or not isinstance(now, dict) or there == now:
+        return recorded
+    splits = _corpus_splits(data, warn=False)
+    corpus = {
+        name: now[name]
+        if name in now and name in splits and legacy_identity_matches(data, splits[name], entry)
+        else entry
+        for name, entry in there.items()
+    }
+    return {**recorded, "corpus": corpus}
+
+
 def _refuse_other_settings(output: Path, recorded: dict, settings: dict) -> None:
     changed = [k for k in sorted(set(recorded) | set(settings)) if recorded.get(k) != settings.get(k)]
     if changed:
@@ -169,7 +186,7 @@ def _refuse_other_settings(output: Path, recorded: dict, settings: dict) -> None
 
 
 def _distill(translator, data, output, settings, beam_size, chunk_size, progress, on_chunk, on_truncated):
-    manifest = _open(output, settings, chunk_size)
+    manifest = _open(output, settings, chunk_size, data)
     if manifest.get("complete"):
         log.info("%s is complete already (%d pairs): nothing to do", output, manifest["lines"])
         return Summary(output, manifest["lines"], 0, manifest["lines"], manifest["references"])
@@ -262,7 +279,7 @@ def check_output(output: Path) -> None:
         )
 
 
-def _open(output: Path, settings: dict, chunk_size: int) -> dict:
+def _open(output: Path, settings: dict, chunk_size: int, data: DataConfig) -> dict:
     """The folder's manifest; a new one while nothing is recorded but the settings (they may still change: e.g. a
     corpus fixed after its copy failed); `DistillError` for a folder of other settings or a damaged manifest."""
     path = output / MANIFEST
@@ -272,6 +289,9 @@ def _open(output: Path, settings: dict, chunk_size: int) -> dict:
             recorded = manifest["settings"]
         except (OSError, ValueError, KeyError, TypeError) as err:
             raise DistillError(f"{path} cannot be read ({err}): delete the folder and distil again") from err
+        if "lines" in manifest and (carried := _carried_over(recorded, settings, data)) != recorded:
+            manifest["settings"] = recorded = carried
+            _save(output, manifest)
         if "lines" in manifest:
             _refuse_other_settings(output, recorded, settings)
         if recorded == settings:

@@ -3,6 +3,7 @@ TensorFlow, other settings refused. The usage errors run in processes that must 
 test a real process; the other runs call `main` in this process through `nmt.cli.run` (`in_process`)."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -47,9 +48,27 @@ def test_distill_writes_the_teachers_translations_and_prints_the_student_command
     _run_the_printed_student_command(done.err, output, tmp_path)
 
     stamp = (output / "de.train.txt").stat().st_mtime_ns
+    settings_before = json.loads((output / ".distill.json").read_text())["settings"]
     code, again = in_process(*args, capsys=capsys)  # finished: nothing to do, nothing rewritten
     assert code == 0 and "complete already" in again.err
     assert (output / "de.train.txt").stat().st_mtime_ns == stamp
+    # A folder distilled before 2026-12-07d recorded its corpus as paths, sizes and mtimes: still complete (it was
+    # refused as "changed since"), and refused once a file is touched
+    manifest = json.loads((output / ".distill.json").read_text())
+    manifest["settings"]["corpus"] = {
+        split: {"dataset": "folder", "split": split, "source": "en", "target": "de", "files": [
+            {"path": str(path), "bytes": path.stat().st_size, "mtime_ns": path.stat().st_mtime_ns}
+            for path in (corpus / f"en.{split}.txt", corpus / f"de.{split}.txt")
+        ]}
+        for split in manifest["settings"]["corpus"]
+    }  # fmt: skip
+    (output / ".distill.json").write_text(json.dumps(manifest))
+    code, old = in_process(*args, capsys=capsys)
+    assert code == 0 and "complete already" in old.err, old.err[-2000:]
+    os.utime(corpus / "de.test.txt")
+    code, touched = in_process(*args, capsys=capsys)
+    assert code == 1 and "corpus: split(s) test changed since" in touched.err, touched.err[-2000:]
+    (output / ".distill.json").write_text(json.dumps({**manifest, "settings": settings_before}))
     code, other = in_process(*args, "--beam", 2, capsys=capsys)  # the last --beam counts
     assert code == 1
     assert "distilled with other settings (beam_size: 3 there, 2 now)" in other.err

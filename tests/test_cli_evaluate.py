@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import sacrebleu
 
 from common.cpu import int8_saturates
 from nmt.cli import decoding_onednn
-from tests.run_fixture import MAX_SENTENCE_NLL, assert_int8_translations, tiny_corpus
+from tests.run_fixture import MAX_SENTENCE_NLL, assert_int8_translations, salads, tiny_corpus
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -71,6 +72,48 @@ def test_evaluate_json_bleu_equals_sacrebleu_on_its_hypotheses(tiny_run_dir):
     assert 0 < record["loss"] < MAX_SENTENCE_NLL
     assert record["perplexity"] == pytest.approx(math.exp(record["loss"]), rel=1e-6)
     assert "nrefs:1|case:mixed|eff:no|tok:13a" in record["signature"]
+
+
+def test_evaluate_searches_with_its_beam_and_alpha_and_scores_as_sacrebleu(
+    tiny_run_dir, tmp_path, capsys, restore_logging
+):
+    """--beam 4 --alpha 3 on unseen word salads translates as the Translator API with beam 4 and eval.alpha = 3 (in
+    this process), which differs from the run's own eval.beam_size (2) and eval.alpha (0.6): a --beam or --alpha that
+    did not reach the search would fail. The references are those translations lowercased without punctuation: the
+    BLEU, chrF and lowercased BLEU are sacreBLEU's on imperfect hypotheses (on perfect ones any metric gives 100)."""
+    import dataclasses
+
+    from nmt.translator import Translator
+    from tests.test_cli_translate import in_process
+
+    lines = salads(40, seed=5)
+    translator = Translator.from_run_dir(tiny_run_dir, xla=False)
+    configured = translator.translate(lines)
+    beam_only = translator.translate(lines, beam_size=4)
+    translator.eval_config = dataclasses.replace(translator.eval_config, alpha=3.0)
+    alpha_only = translator.translate(lines)
+    expected = translator.translate(lines, beam_size=4)
+    assert expected not in (configured, beam_only, alpha_only)
+    # cased and punctuated German on one side only: BLEU, chrF and the lowercased BLEU all fall short of 100
+    references = [re.sub(r"[^\w\s]", "", h).lower() for h in expected]
+    source, reference, output = tmp_path / "salads.en", tmp_path / "salads.de", tmp_path / "hyp.txt"
+    source.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    reference.write_text("\n".join(references) + "\n", encoding="utf-8")
+    code, captured = in_process(
+        "evaluate.py", "--model-dir", tiny_run_dir, "--source", source, "--reference", reference, "--output", output,
+        "--beam", 4, "--alpha", 3.0, "--xla", "off", "--json", capsys=capsys,
+    )  # fmt: skip
+    assert code == 0, captured.err[-3000:]
+    record = json.loads(captured.out.strip().splitlines()[-1])
+    hypotheses = output.read_text(encoding="utf-8").splitlines()
+    assert hypotheses == expected and record["beam"] == 4 and record["num_sentences"] == len(lines)
+    bleu = sacrebleu.corpus_bleu(hypotheses, [references], tokenize="13a").score
+    chrf = sacrebleu.corpus_chrf(hypotheses, [references]).score
+    bleu_lc = sacrebleu.corpus_bleu(hypotheses, [references], tokenize="13a", lowercase=True).score
+    assert 0 < bleu < bleu_lc < 100 and 0 < chrf < 100
+    assert record["bleu"] == pytest.approx(bleu, abs=1e-9)
+    assert record["chrf"] == pytest.approx(chrf, abs=1e-9)
+    assert record["bleu_lc_tok"] == pytest.approx(bleu_lc, abs=1e-9)
 
 
 def test_evaluate_refuses_a_batch_size_below_one(tiny_run_dir):
@@ -170,7 +213,7 @@ def test_evaluate_reads_a_pipe_once(source, tiny_run_dir, tmp_path):
     assert done.returncode == 0, done.stderr.decode()[-3000:]
     record = json.loads(done.stdout.decode().strip().splitlines()[-1])
     assert output.read_text(encoding="utf-8").splitlines() == [t for _, t in pairs]
-    assert record["num_sentences"] == 4 and record["bleu"] == pytest.approx(100.0)
+    assert record["num_sentences"] == 4 and record["bleu"] == pytest.approx(100.0) and record["beam"] == 1
 
 
 def test_evaluate_refuses_empty_files_with_a_usage_error(tiny_run_dir, tmp_path):

@@ -183,7 +183,14 @@ def test_evaluate_json_matches_sacrebleu_and_the_training_metrics(trained, evalu
     record, lines = evaluated
     references = [target for _, target in tiny_corpus()["validation"]]
     assert len(lines) == len(references) == record["num_sentences"]
-    assert record["bleu"] == pytest.approx(sacrebleu.corpus_bleu(lines, [references]).score, abs=1e-9)
+    # sacreBLEU's own scores of the tiny model's imperfect hypotheses (the training's metrics below are no reference
+    # for chrF: they come from the same nmt.scores)
+    assert record["bleu"] == pytest.approx(
+        sacrebleu.corpus_bleu(lines, [references], tokenize="13a").score, abs=1e-9
+    )
+    assert record["chrf"] == pytest.approx(sacrebleu.corpus_chrf(lines, [references]).score, abs=1e-9)
+    bleu_lc = sacrebleu.corpus_bleu(lines, [references], tokenize="13a", lowercase=True).score
+    assert record["bleu_lc_tok"] == pytest.approx(bleu_lc, abs=1e-9)
     assert record["weights"] == str(model_dir / "final" / f"ckpt-{STEPS}")
 
     # The same weights (final/), the same split, the same greedy search as the training's final evaluation: the

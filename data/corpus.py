@@ -138,7 +138,9 @@ def _construct(make, cfg: DataConfig) -> tfds.core.DatasetBuilder:
         reason = f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0].rstrip('.')}"
         root = Path(cfg.data_dir or tfds.core.constants.get_default_data_dir()).expanduser()
         base = root / cfg.dataset.split("/")[0].split(":")[0]
-        bad = [path for path in sorted(base.glob("*/*/dataset_info.json")) if not _readable_info(path)]
+        # <name>/<config>/<version>/, or <name>/<version>/ for a dataset without configs
+        infos = sorted({*base.glob("*/*/dataset_info.json"), *base.glob("*/dataset_info.json")})
+        bad = [path for path in infos if not _readable_info(path)]
         where = ", ".join(map(str, bad)) or f"a dataset_info.json under {base}"
         delete = ", ".join(str(path.parent) for path in bad) or str(base)
         raise DataError(

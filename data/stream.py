@@ -199,6 +199,10 @@ def files_digest(cfg: DataConfig, paths, kind: str) -> str:
     return combined.hexdigest()
 
 
+# file_digest's memo in this process: {memo name (the file's stamp): digest}
+_DIGESTS: dict[str, str] = {}
+
+
 def file_digest(cfg: DataConfig, path, kind: str) -> str:
     """A digest of a file's contents (`kind`: BYTES or EXAMPLES), memoised under `<cache_dir>/file-digests/` by
     path, size, modification and status-change times and inode: a WMT-sized corpus is read through once, not at
@@ -215,6 +219,9 @@ def file_digest(cfg: DataConfig, path, kind: str) -> str:
         "inode": stat.st_ino,
     }  # fmt: skip
     memo = cache_root(cfg) / "file-digests" / digest(stamp)
+    # this process's own memo first: a cache whose memos cannot be written (read-only) reads each file once
+    if (known := _DIGESTS.get(memo.name)) is not None:
+        return known
     with contextlib.suppress(OSError, UnicodeDecodeError):
         known = memo.read_text(encoding="ascii").strip()
         if re.fullmatch(r"[0-9a-f]{32}", known):
@@ -222,8 +229,8 @@ def file_digest(cfg: DataConfig, path, kind: str) -> str:
     contents = hashlib.blake2b(digest_size=16)
     for block in _READERS[kind](path):
         contents.update(block)
-    value = contents.hexdigest()
-    # no memo (a read-only cache): read again next time
+    value = _DIGESTS[memo.name] = contents.hexdigest()
+    # no memo on disk (a read-only cache): read again by the next process
     with contextlib.suppress(OSError):
         memo.parent.mkdir(parents=True, exist_ok=True)
         partial = memo.with_name(f"{memo.name}.{os.getpid()}.partial")

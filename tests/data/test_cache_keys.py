@@ -113,3 +113,25 @@ def test_a_folder_edit_that_keeps_size_and_modification_time_changes_the_identit
     assert split_identity(dataclasses.replace(cfg, folder=str(tmp_path / "copy")), "train") == after
     os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
     assert split_identity(cfg, "train") == after
+
+
+def test_a_cache_without_room_for_memos_reads_each_file_once_per_process(tmp_path, monkeypatch):
+    """A cache whose file-digests/ cannot be written (read-only, a file in its place): the train files were read
+    twice per start before 2026-12-07d (once for the tokenizer's key, once for the split's)."""
+    from data import stream
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for lang in ("en", "fr"):
+        (corpus / f"{lang}.train.txt").write_text("\n".join(sentences(lang, 20, 0)) + "\n")
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "file-digests").write_text("in the way")
+    cfg = DataConfig(
+        dataset="folder", folder=str(corpus), source="en", target="fr", cache_dir=str(tmp_path / "c")
+    )
+    reads, read = [], stream._READERS[stream.BYTES]
+    monkeypatch.setitem(
+        stream._READERS, stream.BYTES, lambda path: reads.append(Path(path).name) or read(path)
+    )
+    first = split_identity(cfg, "train")
+    assert split_identity(cfg, "train") == first and sorted(reads) == ["en.train.txt", "fr.train.txt"]

@@ -8,6 +8,7 @@ import pytest
 import tensorflow as tf
 
 from tests.transformer.model_configs import tiny_config
+from tests.transformer.test_layers import sublayers_reference
 from transformer.model import Transformer, build_model
 from transformer.residual import normalize
 from transformer.vocab import BOS_ID, PAD_ID
@@ -168,18 +169,6 @@ def test_mixed_precision_is_finite_with_all_padding_rows(pre_ln_model, policy, t
     allowed = np.ones(VOCAB, bool)
     allowed[[PAD_ID, BOS_ID]] = False
     np.testing.assert_array_equal(biased[:, allowed], step_logits.numpy()[:, allowed])
-
-
-def sublayers_reference(x, sublayers, norm, residual):
-    """``[(fn, norm_layer), ...]`` composed by hand with the given norm placement and residual flag."""
-    for fn, norm_layer in sublayers:
-        if norm == "pre":
-            y = fn(normalize(norm_layer, x))
-            x = x + y if residual else y
-        else:
-            y = fn(x)
-            x = normalize(norm_layer, x + y if residual else y)
-    return x
 
 
 def encoder_layer_reference(layer, x, mask, norm, residual):

@@ -81,10 +81,15 @@ def bleu(
     return round(score_corpus(hypotheses, references, target_language, lowercase)["bleu"], 2)
 
 
-def row_name(engine: str, compute_type: str, beam: int, *, xla: bool = False, patience=None) -> str:
-    """A row's short name, e.g. "tensorflow float32 beam 4 xla", "ctranslate2 int8_float32 beam 4 patience 2"."""
+def row_name(
+    engine: str, compute_type: str, beam: int, *, xla: bool = False, patience=None, cache: bool = True
+) -> str:
+    """A row's short name, e.g. "tensorflow float32 beam 4 xla", "ctranslate2 int8_float32 beam 4 patience 2",
+    "tensorflow float32 beam 2 no cache" (rows are looked up by name: before 2026-12-07d the uncached row had the
+    cached one's)."""
     parts = [engine, compute_type, "greedy" if beam == 1 else f"beam {beam}"]
     parts += ["xla"] if xla else []
+    parts += [] if cache else ["no cache"]
     parts += [f"patience {patience:g}"] if patience is not None else []
     return " ".join(parts)
 
@@ -174,7 +179,7 @@ def measure_tensorflow(
     xla = translator.uses_xla(len(lines), beam)
     record = {
         "bench": "decode",
-        "row": row_name("tensorflow", compute_type, beam, xla=xla),
+        "row": row_name("tensorflow", compute_type, beam, xla=xla, cache=use_cache),
         "engine": "tensorflow",
         "compute_type": compute_type,
         "search": "greedy" if beam == 1 else "beam",

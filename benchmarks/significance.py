@@ -36,8 +36,18 @@ def paired_bootstrap(
     from sacrebleu.metrics import BLEU
     from sacrebleu.significance import PairedTest
 
+    from nmt.scores import bleu_tokenizer
+
     logging.getLogger("sacrebleu").setLevel(logging.WARNING)  # one INFO line per step of the test otherwise
-    tokenize = "zh" if target_language.lower().startswith("zh") else None
+    # score_corpus' tokenizer (MeCab for ja/ko too) and, with `lowercase`, its lowercasing: the tokenizer's own
+    # rule on both sides first (before 2026-12-07d a final sigma scored otherwise than the row's own BLEU)
+    tokenize = bleu_tokenizer(target_language)
+    if lowercase:
+        from data.tokenizer_training import lowercase_table
+
+        table = lowercase_table()
+        baseline, system = [t.translate(table) for t in baseline], [t.translate(table) for t in system]
+        references = [t.translate(table) for t in references]
     test = PairedTest(
         [("baseline", list(baseline)), ("system", list(system))],
         {"BLEU": BLEU(tokenize=tokenize, lowercase=lowercase)},

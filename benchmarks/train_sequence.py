@@ -56,11 +56,6 @@ def measure(config, tokenizer, *, precision: str, xla: str, steps: int) -> dict:
         ends.append(time.perf_counter() - start)
     ends = np.array(ends)
 
-    def rate(first: int) -> float | None:  # target tokens/s over steps first+1 .. steps
-        if first >= steps - 1:
-            return None
-        return round(float((cumulative[-1] - cumulative[first]) / (ends[-1] - ends[first])), 1)
-
     shapes = {(tuple(b["source"].shape), tuple(b["target_in"].shape)) for b in batches}
     return {
         "bench": "train_sequence",
@@ -72,10 +67,22 @@ def measure(config, tokenizer, *, precision: str, xla: str, steps: int) -> dict:
         "seconds": round(float(ends[-1]), 2),
         "tokens_per_sec": round(float(cumulative[-1] / ends[-1]), 1),
         "tokens_per_sec_after": {
-            str(first): rate(first) for first in (steps // 4, steps // 2, 3 * steps // 4)
+            str(first): rate_after(cumulative, ends, first)
+            for first in (steps // 4, steps // 2, 3 * steps // 4)
         },
         "slow_steps": slow_steps(ends),
     }
+
+
+def rate_after(cumulative, ends, first: int) -> float | None:
+    """Target tokens/s over steps first+1 .. N (from 1), from the tokens through each step (`cumulative`) and the
+    steps' end times (`ends`); None for fewer than two steps. Before 2026-12-07d over steps first+2 .. N."""
+    if first >= len(ends) - 1:
+        return None
+    tokens, seconds = cumulative[-1], ends[-1]
+    if first > 0:
+        tokens, seconds = tokens - cumulative[first - 1], seconds - ends[first - 1]
+    return round(float(tokens / seconds), 1)
 
 
 def slow_steps(ends, threshold: float = SLOW_STEP_SECONDS) -> list[list]:
@@ -94,7 +101,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     parser.add_argument("--config", default="base.yaml")
     add_set_argument(parser)
-    parser.add_argument("--precision", default=None, help="a Keras policy (default: the config's, resolved)")
+    parser.add_argument(
+        "--precision",
+        default=None,
+        choices=("float32", "mixed_float16", "mixed_bfloat16"),
+        help="a Keras policy (default: the config's, resolved)",
+    )
     parser.add_argument("--steps", type=positive_int, default=400)
     parser.add_argument("--xla", default="off,fusible", help="comma-separated: off, fusible")
     parser.add_argument("--tokenizer-dir", default="runs/base/tokenizer", help="used if it holds a tokenizer")

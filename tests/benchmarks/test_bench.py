@@ -263,6 +263,20 @@ def _check_header(header, config, options):
     assert "load_average" not in machine and isinstance(machine["load_average_at_start"], NUMBER)
 
 
+def test_decode_row_names_tell_every_setting_apart():
+    """Rows are looked up by name (baselines, the bootstrap's `against`): the uncached row had the cached one's."""
+    from benchmarks.decode_speed import row_name
+
+    names = {
+        row_name("tensorflow", "float32", 2),
+        row_name("tensorflow", "float32", 2, cache=False),
+        row_name("tensorflow", "float32", 2, xla=True),
+        row_name("tensorflow", "float32", 1),
+        row_name("ctranslate2", "float32", 2, patience=2),
+    }
+    assert len(names) == 5 and "tensorflow float32 beam 2 no cache" in names
+
+
 def test_matmul_peak_shapes_and_the_peak_of_a_row():
     from benchmarks.flops import matmul_peaks, peak_shapes, row_peak
 

@@ -49,6 +49,23 @@ def test_lowercase_bootstrap_ignores_case():
     assert tied["bleu"] == round(sacrebleu.corpus_bleu(lowered, [references], lowercase=True).score, 2) == 100
 
 
+def test_the_bootstrap_scores_bleu_as_score_corpus_does():
+    """A lowercased run's BLEU, in the row and in its bootstrap alike: the tokenizer's lowercasing (Σ -> σ) on both
+    sides first (before 2026-12-07d the bootstrap's str.lower() wrote a final ς: 31.6 where the row said 100)."""
+    from benchmarks.significance import paired_bootstrap
+    from data.tokenizer_training import lowercase_table
+    from nmt.scores import score_corpus
+
+    references = ["ΑΥΤΟΣ ΕΙΝΑΙ Ο ΔΡΟΜΟΣ ΜΑΣ ΣΗΜΕΡΑ ΕΔΩ", "Ο ΑΝΘΡΩΠΟΣ ΠΕΡΠΑΤΑΕΙ ΣΤΟΝ ΔΡΟΜΟ ΤΩΡΑ"] * 10
+    system = [line.translate(lowercase_table()) for line in references]
+    baseline = ["ο ανθρωποσ"] * len(references)
+    result = paired_bootstrap(baseline, system, references, "el", samples=100, lowercase=True)
+    assert result["bleu"] == round(score_corpus(system, references, "el", lowercase=True)["bleu"], 2) == 100
+    assert result["baseline_bleu"] == round(
+        score_corpus(baseline, references, "el", lowercase=True)["bleu"], 2
+    )
+
+
 def test_different_translations_of_equal_bleu_are_neither_a_gain_nor_a_loss(capsys):
     """Each system right on the half the other gets wrong, with the same counts: BLEU equal to the last digit (a
     delta of 0 was called a "significant loss" whenever the bootstrap's p-value fell under 0.05)."""

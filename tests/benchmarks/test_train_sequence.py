@@ -45,8 +45,23 @@ def test_slow_steps_are_the_steps_over_the_threshold_from_their_end_times():
 def test_cli_refuses_unknown_settings():
     from benchmarks.train_sequence import parse_args
 
-    for argv in (["--xla", "on"], ["--xla", ""], ["--steps", "1"]):
+    for argv in (["--xla", "on"], ["--xla", ""], ["--steps", "1"], ["--precision", "bogus"]):
         with pytest.raises(SystemExit) as exit_info:
             parse_args(argv)
         assert exit_info.value.code == 2
     assert parse_args([]).xla == ["off", "fusible"]
+
+
+def test_rate_after_covers_the_steps_after_the_first_n():
+    """Steps of 10, 20, 30, 40 tokens ending at 1, 2, 4, 8 s: after the first 2, steps 3-4 (70 tokens in 6 s);
+    before 2026-12-07d the rate after 2 covered step 4 alone (40 tokens in 4 s)."""
+    import numpy as np
+
+    from benchmarks.train_sequence import rate_after
+
+    cumulative, ends = np.cumsum([10, 20, 30, 40]), np.array([1.0, 2.0, 4.0, 8.0])
+    assert rate_after(cumulative, ends, 2) == round(70 / 6, 1)
+    assert rate_after(cumulative, ends, 0) == round(100 / 8, 1) and rate_after(cumulative, ends, 1) == round(
+        90 / 7, 1
+    )
+    assert rate_after(cumulative, ends, 3) is None

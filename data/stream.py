@@ -206,7 +206,9 @@ _DIGESTS: dict[str, str] = {}
 def file_digest(cfg: DataConfig, path, kind: str) -> str:
     """A digest of a file's contents (`kind`: BYTES or EXAMPLES), memoised under `<cache_dir>/file-digests/` by
     path, size, modification and status-change times and inode: a WMT-sized corpus is read through once, not at
-    every start, and read again after any write to it (touch can set a file's mtime back, never its ctime)."""
+    every start, and read again after any write to it (touch can set a file's mtime back, never its ctime; on a
+    kernel that stamps times per clock tick, two same-size writes within one tick, digested between them, share a
+    stamp: an edit that fast after a digest keeps the old one)."""
     from data.cache import cache_root, digest
 
     path = os.fspath(path)

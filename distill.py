@@ -196,7 +196,7 @@ def _held(output: str):
         finally:
             with contextlib.suppress(OSError):  # never in place of the error that ends the run
                 # this run holds the lock it made and wrote nothing: no trace (a process waiting for the lock
-                # finds its file gone and opens the folder's again: nmt.distill._Lock)
+                # finds its file gone and opens the folder's again: nmt.distill_folder._Lock)
                 if lock_made and [p.name for p in folder.iterdir()] == [LOCK]:
                     (folder / LOCK).unlink(missing_ok=True)
                     for path in made:

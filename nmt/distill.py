@@ -30,7 +30,6 @@ import itertools
 import json
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -40,18 +39,20 @@ from data.cleaning import DropCounts
 from data.config import DataConfig
 from data.folder import FILE_NAME
 from data.stream import legacy_identity_matches, split_exists, split_identity, stream_pairs
-from nmt.run_dir import write_atomic
+from nmt.distill_folder import (  # noqa: F401 - re-exported: the CLI imports them from here
+    LOCK,
+    MANIFEST,
+    DistillError,
+    check_output,
+    finished_manifest,
+    hold,
+    save_manifest,
+)
 from nmt.text_io import chunked, decode_line, one_line, read_lines
 
 log = logging.getLogger(__name__)
 
-MANIFEST = ".distill.json"
-LOCK = ".distill.lock"
 FORMAT = 2  # 2: the chunk size out of the settings, no alpha for greedy search
-
-
-class DistillError(RuntimeError):
-    """The output folder cannot be used: another distillation's, not a distillation's, or damaged."""
 
 
 @dataclass(frozen=True)
@@ -138,26 +139,6 @@ def distill(
         )
 
 
-def hold(output: str | os.PathLike):
-    """The folder's lock, as a context manager: `check_output`, then the folder made and an exclusive lock that one
-    process holds at a time (`DistillError` for a second; `OSError` if the folder cannot be written). Re-entrant
-    within a thread: the CLI takes it before loading TensorFlow, and `distill` inside it finds it held."""
-    output = Path(output)
-    check_output(output)
-    return _Lock(output)
-
-
-def finished_manifest(output: Path) -> dict | None:
-    """The manifest of a complete folder, else None. Safe without the lock: the manifest is replaced atomically,
-    and a complete folder is never written again."""
-    try:
-        manifest = json.loads((output / MANIFEST).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    complete = isinstance(manifest, dict) and manifest.get("complete") is True
-    return manifest if complete and isinstance(manifest.get("settings"), dict) else None
-
-
 def _carried_over(recorded: dict, settings: dict, data: DataConfig) -> dict:
     """`recorded` settings with each corpus split recorded by a version before 2026-12-07d (another identity
     format) replaced by today's identity when it names the same text (before: such folders were refused, "changed
@@ -194,7 +175,7 @@ def _distill(translator, data, output, settings, beam_size, chunk_size, progress
         splits = _corpus_splits(data, warn=False)
         counts = {name: _copy_split(data, split, output, name) for name, split in splits.items()}
         manifest.update(lines=counts.pop("train"), references=counts, translated=0, bytes=0)
-        _save(output, manifest)  # from here on, the settings are the folder's
+        save_manifest(output, manifest)  # from here on, the settings are the folder's
     if manifest["chunk_size"] != chunk_size:
         log.info("%s: chunks of %d lines, as recorded (not %d)", output, manifest["chunk_size"], chunk_size)
     target = data.target
@@ -212,7 +193,7 @@ def _distill(translator, data, output, settings, beam_size, chunk_size, progress
     ):
         # stopped between the rename and the manifest's save
         manifest.update(complete=True)
-        _save(output, manifest)
+        save_manifest(output, manifest)
         return Summary(output, done, 0, done, manifest["references"])
     size = partial.stat().st_size if partial.exists() else 0
     if size < offset:
@@ -245,7 +226,7 @@ def _distill(translator, data, output, settings, beam_size, chunk_size, progress
                         bytes=handle.tell(),
                         seconds=round(seconds + time.monotonic() - started, 1),
                     )
-                    _save(output, manifest)
+                    save_manifest(output, manifest)
                     bar.update(len(chunk))
                     if on_chunk is not None:
                         on_chunk(done)
@@ -256,27 +237,8 @@ def _distill(translator, data, output, settings, beam_size, chunk_size, progress
         )
     os.replace(partial, final)
     manifest.update(complete=True)
-    _save(output, manifest)
+    save_manifest(output, manifest)
     return Summary(output, done, done - resumed, resumed, manifest["references"])
-
-
-def check_output(output: Path) -> None:
-    """`DistillError` unless `output` can be a distillation's folder: new, empty, or one with a manifest (no
-    TensorFlow needed: the CLI checks it first)."""
-    if output.exists() and not output.is_dir():
-        raise DistillError(f"{output} is a file, not a folder")
-    # the lock, and a manifest's temporary file left by a crash during its first write (`write_atomic` names it
-    # ".<name>.XXXX": "..distill.json.XXXX")
-    ours = (LOCK, f".{MANIFEST}.")
-    if (
-        output.is_dir()
-        and not (output / MANIFEST).exists()
-        and any(not p.name.startswith(ours) for p in output.iterdir())
-    ):
-        raise DistillError(
-            f"{output} is not empty and holds no {MANIFEST}: not a distillation's folder, left as it is "
-            "(give a new or empty folder)"
-        )
 
 
 def _open(output: Path, settings: dict, chunk_size: int, data: DataConfig) -> dict:
@@ -291,7 +253,7 @@ def _open(output: Path, settings: dict, chunk_size: int, data: DataConfig) -> di
             raise DistillError(f"{path} cannot be read ({err}): delete the folder and distil again") from err
         if "lines" in manifest and (carried := _carried_over(recorded, settings, data)) != recorded:
             manifest["settings"] = recorded = carried
-            _save(output, manifest)
+            save_manifest(output, manifest)
         if "lines" in manifest:
             _refuse_other_settings(output, recorded, settings)
         if recorded == settings:
@@ -301,7 +263,7 @@ def _open(output: Path, settings: dict, chunk_size: int, data: DataConfig) -> di
             if FILE_NAME.match(stale.name) or stale.name.endswith((".tmp", ".partial")):
                 stale.unlink()
     manifest = {"settings": settings, "chunk_size": chunk_size}
-    _save(output, manifest)
+    save_manifest(output, manifest)
     return manifest
 
 
@@ -310,62 +272,6 @@ def _difference(key: str, there, now) -> str:
         splits = sorted(s for s in set(there) | set(now) if there.get(s) != now.get(s))
         return f"corpus: split(s) {', '.join(splits)} changed since (their text or versions)"
     return f"{key}: {there!r} there, {now!r} now"
-
-
-_HELD: set[tuple[int, Path]] = set()  # (thread, folder): the locks this process holds
-
-
-class _Lock:
-    """An exclusive, non-blocking lock on the folder (released when the process ends, even by SIGKILL); entering
-    it again in the same thread is a no-op (flock would refuse a second open file of the same process). The folder
-    is made first; a lock file removed or replaced while this process waited for it is opened again, so that two
-    processes never hold locks on two files of one folder (the CLI removes a folder it made for nothing)."""
-
-    def __init__(self, output: Path):
-        self.output = output
-        self.path = output / LOCK
-        self.key = (threading.get_ident(), output.resolve())
-        self.handle = None
-
-    def __enter__(self):
-        import fcntl
-
-        if self.key in _HELD:
-            return self
-        for _ in range(100):  # another process only removes its lock file once, when it gives the folder up
-            self.output.mkdir(parents=True, exist_ok=True)
-            try:
-                handle = open(self.path, "a")  # noqa: SIM115 - closed at exit
-            except FileNotFoundError:  # the folder was removed since the mkdir: make it again
-                continue
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError as err:
-                handle.close()
-                raise DistillError(
-                    f"another distill.py is writing {self.output}: wait for it or stop it"
-                ) from err
-            try:
-                current = os.stat(self.path)
-            except FileNotFoundError:
-                current = None
-            held = os.fstat(handle.fileno())
-            if current is not None and (current.st_dev, current.st_ino) == (held.st_dev, held.st_ino):
-                self.handle = handle
-                _HELD.add(self.key)
-                return self
-            handle.close()  # locked a file that is no longer the folder's: open the folder's again
-        raise DistillError(f"the lock file {self.path} keeps being replaced: is another program removing it?")
-
-    def __exit__(self, *exc) -> None:
-        if self.handle is not None:
-            _HELD.discard(self.key)
-            self.handle.close()  # closing releases the lock
-            self.handle = None
-
-
-def _save(output: Path, manifest: dict) -> None:
-    write_atomic(output / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True) + "\n")
 
 
 def _copy_split(data: DataConfig, split: str, output: Path, name: str) -> int:

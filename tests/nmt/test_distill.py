@@ -146,7 +146,7 @@ def test_the_lock_is_reentrant_and_a_finished_folder_is_read_without_it(
 ):
     import threading
 
-    import nmt.distill
+    import nmt.distill_folder
 
     output = tmp_path / "kd"
     with hold(output):  # as distill.py holds it before loading TensorFlow
@@ -165,13 +165,13 @@ def test_the_lock_is_reentrant_and_a_finished_folder_is_read_without_it(
         thread.start()
         thread.join()
         assert len(refused) == 1
-    assert not nmt.distill._HELD
+    assert not nmt.distill_folder._HELD
     _flock(output).close()  # released
 
     def unwritable(self):  # a read-only mount: the lock file cannot be opened
         raise PermissionError(30, "Read-only file system", str(self.path))
 
-    monkeypatch.setattr(nmt.distill._Lock, "__enter__", unwritable)
+    monkeypatch.setattr(nmt.distill_folder._Lock, "__enter__", unwritable)
     again = run(translator, corpus, output, chunk_size=10)  # finished: nothing to write, no lock needed
     assert (again.lines, again.translated, again.resumed_from) == (25, 0, 25)
     with pytest.raises(

@@ -67,12 +67,15 @@ def preparation_lock(builder: tfds.core.DatasetBuilder) -> Path:
 
 
 def _prepare(builder: tfds.core.DatasetBuilder, cfg: DataConfig) -> None:
-    """download_and_prepare, reusing prepared data; errors that need a person become `DataError`s."""
-    mirror = find_mirror(cfg)
+    """download_and_prepare, reusing prepared data; errors that need a person become `DataError`s.
+
+    The mirror is looked for only when the dataset is not prepared: prepared data never reads it again, so a mirror
+    moved since (a run's config.yaml keeps its data.manual_dir) does not stop an evaluation or a resume (before
+    2026-12-07d: "data.manual_dir=...: no such directory")."""
+    mirror = None if builder.is_prepared() else find_mirror(cfg)
     config = tfds.download.DownloadConfig(manual_dir=mirror, try_download_gcs=False)
-    if (
-        mirror is not None and not builder.is_prepared()
-    ):  # TFDS's own line says "Downloading" for local files too
+    # TFDS's own line says "Downloading" for local files too
+    if mirror is not None:
         log.info(
             "preparing %s from the local files in %s (into %s)", builder.name, mirror, builder.data_dir_root
         )

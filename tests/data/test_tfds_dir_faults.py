@@ -84,3 +84,17 @@ def test_deleting_the_named_directory_prepares_it_again(tmp_path, mirror, prepar
     shutil.rmtree(named)
     _, splits = prepare(cfg, progress=False)
     assert sorted(splits) == ["test", "train", "validation"] and (version / TEST_SHARD).is_file()
+
+
+def test_prepared_data_is_read_after_its_mirror_moved(tmp_path, mirror, prepared_dir):
+    """A run's config.yaml keeps data.manual_dir; prepared data never reads the mirror again, so a mirror moved
+    since does not stop evaluate.py or a resume (before 2026-12-07d: "data.manual_dir=...: no such directory").
+    A dataset still to prepare needs it, and says so."""
+    from data.corpus import load_text_pairs
+
+    cfg, _ = damaged_copy(tmp_path, mirror, prepared_dir, lambda version: None)
+    moved = dataclasses.replace(cfg, manual_dir=str(tmp_path / "moved"))
+    assert load_text_pairs(moved, "validation") == load_text_pairs(cfg, "validation")
+    unprepared = dataclasses.replace(moved, data_dir=str(tmp_path / "empty"))
+    with pytest.raises(DataError, match=r"data\.manual_dir=.*moved: no such directory"):
+        tfds_builder(unprepared)

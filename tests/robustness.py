@@ -36,6 +36,7 @@ FILES = [
     "tests/nmt/test_evaluation.py",
     "tests/test_cli_translate.py",
     "tests/test_cli_evaluate.py",
+    "tests/test_cli_evaluate_engines.py",
 ]
 NOT_FIXTURE = (
     "not test_help and not test_missing_model_dir and not test_scores_are and not test_limit_lengths"

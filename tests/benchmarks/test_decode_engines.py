@@ -8,7 +8,7 @@ import pytest
 NUMBER = (int, float)
 
 
-@pytest.mark.slow  # ~15 s; the CTranslate2 CLI path stays in make test (tests/test_cli_evaluate.py)
+@pytest.mark.slow  # ~15 s; the CTranslate2 CLI path stays in make test (tests/test_cli_evaluate_engines.py)
 def test_decode_engine_rows_name_their_settings_and_hold_the_engines_translations(tiny_run_dir, tmp_path):
     """The decode rows of `make bench` (cached TensorFlow float32, then CTranslate2 and TensorFlow int8) on the tiny
     trained run: every row names engine, compute type, beam, alpha and patience; the CTranslate2 rows' translations

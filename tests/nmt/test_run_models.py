@@ -88,7 +88,7 @@ def test_an_ensemble_needs_one_tokenizer(tiny_run_dir, tmp_path):
     model_file.write_bytes(proto.SerializeToString())
     with pytest.raises(RunDirError, match=f"{other} has another tokenizer than {tiny_run_dir}"):
         Translator.from_run_dir(tiny_run_dir, ensemble=[other])
-    from tests.test_cli_evaluate import reversed_run
+    from tests.test_cli_evaluate_engines import reversed_run
 
     reverse = reversed_run(tiny_run_dir, tmp_path / "reverse")
     with pytest.raises(RunDirError, match=f"{reverse} translates de into en, {tiny_run_dir} en into de"):

@@ -155,6 +155,22 @@ def worker_of_replica(strategy, replica: int) -> str:
     return f"worker {worker}"
 
 
+# The policies a worker can train in (`nmt.precision.resolve_precision`), by index in check_same_config's collective.
+PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
+
+
+def raise_unless_same_precision(workers: list[str], indices: list[int]) -> None:
+    """Raises WorkersDisagree naming each worker's policy (`PRECISIONS[index]`) unless they are all one."""
+    if len(set(indices)) > 1:
+        shown = ", ".join(
+            dict.fromkeys(f"{w}: {PRECISIONS[i]}" for w, i in zip(workers, indices, strict=True))
+        )
+        raise WorkersDisagree(
+            f"the workers would train in different precisions ({shown}): train.precision auto picks per machine "
+            "(bfloat16 where the CPU has AVX512-BF16 or AMX); set train.precision to one policy for every worker"
+        )
+
+
 class WorkersDisagree(RuntimeError):
     """The workers of a multi-worker run cannot go on together: other configs, other checkpoints to resume from, or
     the data the chief prepares failed on one of them (`StopControl.chief_first`)."""
@@ -264,8 +280,12 @@ class StopControl:
             return signal.Signals(self.received).name
         return f"{signal.Signals(self.agreed).name} (sent to another worker)"
 
-    def check_same_config(self, fingerprint: int, wait_minutes: float = 0.0) -> None:
-        """Multi-worker (a collective): raises WorkersDisagree unless every worker's config has `fingerprint`.
+    def check_same_config(
+        self, fingerprint: int, wait_minutes: float = 0.0, precision: str = "float32"
+    ) -> None:
+        """Multi-worker (a collective): raises WorkersDisagree unless every worker's config has `fingerprint` and
+        every worker trains in `precision` (the policy `train.precision` resolved to on its machine: `auto` picks
+        per CPU, so a cluster of AMX and AVX2 hosts would train bfloat16 on some workers and float32 on others).
 
         Workers started with different settings (another seed: silently other training; another model: a
         TensorFlow error deep in a collective) are refused at the start instead. The run's first collective: a
@@ -276,8 +296,9 @@ class StopControl:
             return
         import tensorflow as tf
 
+        values = [float(fingerprint), float(PRECISIONS.index(precision))]
         try:
-            rows = gather_from_workers(self.strategy, [float(fingerprint)], timeout=wait_minutes * 60)
+            rows = gather_from_workers(self.strategy, values, timeout=wait_minutes * 60)
         except tf.errors.DeadlineExceededError:
             raise ClusterError(
                 f"not every worker reached the start of training within {wait_minutes:g} min "
@@ -294,6 +315,9 @@ class StopControl:
                 "with the same --config and --set values (only where the data is stored and train.cluster_wait_minutes "
                 "may differ; train.max_minutes must match)"
             )
+        raise_unless_same_precision(
+            [worker_of_replica(self.strategy, i) for i in range(len(rows))], [int(row[1]) for row in rows]
+        )
 
     def chief_first(self, chief: bool, work, what: str):
         """`work()`'s result: on a single process at once; on a multi-worker run first on the chief, then on the

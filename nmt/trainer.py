@@ -88,12 +88,12 @@ class Trainer(TrainerEvaluation):
         # train.py writes DIR/config.yaml before training: if it goes, DIR was removed under the running process
         self.watch_config = self.chief and self.run_dir.exists()
         self.stop = StopControl(self.strategy)  # signals and time budget (decided by all workers together)
-        try:  # workers started with other settings are refused before anything is prepared or trained
-            self.stop.check_same_config(cfg.fingerprint(), cfg.train.cluster_wait_minutes)
-        except WorkersDisagree as err:
-            raise TrainingError(str(err)) from None
         device = device_kind(self.strategy)
         self.precision = resolve_precision(cfg.train.precision, device)
+        try:  # workers started with other settings (or resolving precision: auto otherwise) are refused first
+            self.stop.check_same_config(cfg.fingerprint(), cfg.train.cluster_wait_minutes, self.precision)
+        except WorkersDisagree as err:
+            raise TrainingError(str(err)) from None
         local = 1 if cfg.train.distribute == "none" else len(self.strategy.extended.worker_devices)
         self.xla = resolve_xla(cfg.train.xla, device, local)
         self.autocluster = resolve_autocluster(cfg.train.xla)

@@ -331,3 +331,28 @@ def test_replicas_are_named_by_the_tf_config_task_that_runs_them(monkeypatch, ch
         first = multi_worker_util.id_in_cluster(cluster, kind, index) * devices
         for replica in range(first, first + devices):
             assert worker_of_replica(strategy, replica) == f"{kind} {index}"
+
+
+def test_workers_whose_machines_resolve_precision_auto_differently_are_refused_by_name():
+    """`train.precision: auto` on an AMX host and on an AVX2 host (resolve_precision given each CPU's flags): the
+    same config, two policies. The collective's rows (one per replica, two replicas per worker) name each worker's
+    policy once; the same policy everywhere passes."""
+    from nmt.config import TrainConfig
+    from nmt.distribute import PRECISIONS, WorkersDisagree, raise_unless_same_precision
+    from nmt.precision import resolve_precision
+
+    choices = TrainConfig.__dataclass_fields__["precision"].metadata["choices"]
+    assert set(PRECISIONS) == set(choices) - {"auto"}
+    amx = resolve_precision("auto", "cpu", flags={"avx512f", "avx512_bf16", "amx_bf16", "amx_tile"})
+    avx2 = resolve_precision("auto", "cpu", flags={"avx2", "fma"})
+    assert (amx, avx2) == ("mixed_bfloat16", "float32")
+    workers = ["worker 0", "worker 0", "worker 1", "worker 1"]
+    same = [PRECISIONS.index(avx2)] * 4
+    raise_unless_same_precision(workers, same)
+    mixed = [PRECISIONS.index(amx)] * 2 + same[2:]
+    with pytest.raises(WorkersDisagree) as raised:
+        raise_unless_same_precision(workers, mixed)
+    assert str(raised.value).startswith(
+        "the workers would train in different precisions (worker 0: mixed_bfloat16, worker 1: float32): "
+    )
+    assert "set train.precision to one policy for every worker" in str(raised.value)

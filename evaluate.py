@@ -55,7 +55,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--batch-size", type=int, default=None, help="sentences per decoding batch; default: eval.batch_size"
     )
-    cli.add_xla_argument(parser)
+    cli.add_xla_argument(parser, chunks=False)
     cli.add_streams_argument(parser)
     cli.add_engine_arguments(parser)
     cli.add_ensemble_argument(parser)
@@ -64,9 +64,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def _print(text: str, stream) -> None:
+    """`print` that cannot fail after the whole decode on what the stream's encoding cannot say (a file name's
+    undecodable byte, a lone surrogate in Python, on a strict UTF-8 stdout): shown as a backslash escape instead."""
+    encoding = getattr(stream, "encoding", None) or "utf-8"
+    print(text.encode(encoding, "backslashreplace").decode(encoding), file=stream, flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     cli.setup_logging(args.verbose)
+    cli_files.check_paths_given(
+        {"--source": args.source, "--reference": args.reference, "--output": args.output}
+    )
     if (args.source is None) != (args.reference is None):
         raise cli.CliError("--source and --reference go together", exit_code=2)
     if args.split is not None and args.source is not None:
@@ -144,11 +154,11 @@ def main(argv: list[str] | None = None) -> int:
     warnings.summary()
     record["onednn"] = cli.onednn_enabled()
     if args.json:
-        print(format_report(record), file=sys.stderr)
+        _print(format_report(record), sys.stderr)
         clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
         print(json.dumps(clean, sort_keys=True), flush=True)
     else:
-        print(format_report(record), flush=True)
+        _print(format_report(record), sys.stdout)
     if record.get("hypotheses_error"):  # the scores are printed above; the run still failed
         raise cli.CliError(f"the hypotheses were not written: {record['hypotheses_error']}")
     return 0

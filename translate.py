@@ -14,7 +14,8 @@ line on stderr. Empty lines give empty lines without reaching the model; lines l
 table are translated truncated, with a warning. The input is streamed in chunks of --chunk-size lines (bounded
 memory for any file size; a pipe or FIFO is read once); a UTF-8 byte order mark at its start is dropped. `-` as
 --input or --output is stdin or stdout. --output is written through a temporary file renamed at the end; SIGINT
-and SIGTERM stop cleanly (exit 130, the temporary file removed).
+and SIGTERM stop cleanly (exit 130, the temporary file removed). A path that is not a regular file (`/dev/stdout`,
+`/dev/fd/3`, a FIFO, a device) is written as the lines come, after what its descriptor has already written.
 With --nbest N, each output line holds N tab-separated `text<TAB>score` fields, best first (score: the
 length-normalised log-probability of the beam search; an empty translation is an empty text field), so the line
 count still matches the input; a blank input line gives a blank output line (no fields).
@@ -152,6 +153,14 @@ def _sampling(args: argparse.Namespace):
 
 
 def _check(args: argparse.Namespace) -> None:
+    cli_files.check_paths_given(
+        {
+            "--input": args.input,
+            "--output": args.output,
+            "--score": args.score,
+            "--plot-attention": args.plot_attention,
+        }
+    )
     cli.check_search(args.beam, args.alpha)
     if args.batch_size is not None and args.batch_size < 1:
         raise cli.CliError(f"--batch-size must be at least 1, got {args.batch_size}", exit_code=2)

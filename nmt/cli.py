@@ -155,8 +155,12 @@ def stop_on_sigterm():
     return signal.signal(signal.SIGTERM, interrupt)
 
 
-def add_xla_argument(parser) -> None:
-    """`--xla [auto|on|off]` for decoding (bare `--xla` = on); `xla_setting(args.xla)` gives Translator's value."""
+def add_xla_argument(parser, chunks: bool = True) -> None:
+    """`--xla [auto|on|off]` for decoding (bare `--xla` = on); `xla_setting(args.xla)` gives Translator's value.
+    `chunks`: the command reads a pipe in --chunk-size chunks (its help says auto counts each chunk's lines)."""
+    counted = (
+        "lines of an input file, or of each --chunk-size chunk of a pipe" if chunks else "sentences in all"
+    )
     parser.add_argument(
         "--xla",
         nargs="?",
@@ -164,8 +168,7 @@ def add_xla_argument(parser) -> None:
         default="auto",
         choices=["auto", "on", "off"],
         help="decode with XLA: auto (default: on for GPUs; on CPUs for greedy search of many lines, where it "
-        "was measured to pay: 16,000 lines of an input file, or of each --chunk-size chunk of a pipe), on or off; "
-        "the translations are the same",
+        f"was measured to pay: 16,000 {counted}), on or off; the translations are the same",
     )
 
 

@@ -1,6 +1,6 @@
 """The entry points' checks of the files and folders they are given, made before any work (and before TensorFlow is
-imported): a missing or unreadable input, an output that could not be written or would overwrite an input, a closed
-standard stream. Each raises a usage `CliError` (exit code 2) naming the option and the path."""
+imported): an empty path, a missing or unreadable input, an output that could not be written or would overwrite an
+input, a closed standard stream. Each raises a usage `CliError` (exit code 2) naming the option and the path."""
 
 from __future__ import annotations
 
@@ -22,13 +22,29 @@ def check_input_file(path: str | None) -> None:
         raise CliError(f"input file is not readable: {path}", exit_code=2)
 
 
+def check_paths_given(paths: dict[str, str | None]) -> None:
+    """Refuses a file option given as "" (an unset shell variable in `--output "$OUT"`), which would otherwise be
+    the current folder, or be ignored. Option name -> path (None: not given)."""
+    for option, path in paths.items():
+        if path == "":
+            raise CliError(f"{option} is empty: give a file path", exit_code=2)
+
+
 def check_output_file(path: str | None, option: str = "output") -> None:
-    """Raises a usage CliError if an output file could not be created (missing folder, a directory); `option`
-    names it in the message."""
+    """Raises a usage CliError if an output file could not be created (an empty path, a missing folder, a
+    directory); `option` names it in the message. A path written in place (`/dev/stdout`, a FIFO) needs no
+    folder to write in, only to be open."""
+    from nmt.text_io import written_in_place
+
     if path is None or path == "-":
         return
+    check_paths_given({option: path})
     if os.path.isdir(path):
         raise CliError(f"{option} is a directory, not a file: {path}", exit_code=2)
+    if written_in_place(path):
+        if not os.path.exists(path):
+            raise CliError(f"{option} {path} names a file descriptor that is not open", exit_code=2)
+        return
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise CliError(f"{option} folder does not exist: {folder}", exit_code=2)

@@ -107,39 +107,74 @@ def open_input(path: str | os.PathLike | None) -> BinaryIO:
     return open(path, "rb")  # noqa: SIM115
 
 
+# A descriptor's own link, whatever the descriptor is open on (a regular file too): /proc/<pid|self>/fd/N (also a
+# thread's, under task/<tid>), /dev/fd/N, /dev/stdin, /dev/stdout, /dev/stderr; the folders' links resolved first.
+_DESCRIPTOR_LINK = re.compile(
+    r"/proc/(\d+|self|thread-self)(/task/\d+)?/fd/[^/]+|/dev/fd/[^/]+|/dev/std(in|out|err)"
+)
+
+
 def written_in_place(path: str) -> bool:
-    """Whether `path` must be opened and written as it is, not replaced: it exists and is not a regular file (a
-    FIFO, a terminal), or it is or links through /dev or /proc (`/dev/stdout`, `/dev/fd/1`, `/proc/self/fd/1`:
-    links to whatever a descriptor is open on, a regular file too, which a rename would replace, not write)."""
+    """Whether `path` must be opened and written as it is, not replaced through a temporary file: it is, or links
+    through, a descriptor's link (`/dev/stdout`, `/dev/fd/3`, `/proc/self/fd/1`: a rename would replace the link, not
+    write the file the descriptor is open on), or it exists and is not a regular file (a FIFO, a terminal,
+    /dev/null). A regular file anywhere, /dev/shm too, is replaced whole."""
     link = os.path.abspath(path)
-    for _ in range(40):  # the kernel's own limit on a chain of links
-        if link.startswith(("/dev/", "/proc/")):
+    # the kernel's own limit on a chain of links
+    for _ in range(40):
+        # the folder as the kernel sees it: /dev/fd/1 is /proc/<pid>/fd/1
+        link = os.path.join(os.path.realpath(os.path.dirname(link)), os.path.basename(link))
+        if _DESCRIPTOR_LINK.fullmatch(link):
             return True
         if not os.path.islink(link):
             break
-        link = os.path.normpath(os.path.join(os.path.dirname(link), os.readlink(link)))
+        link = os.path.join(os.path.dirname(link), os.readlink(link))
     return os.path.exists(path) and not os.path.isfile(path)
+
+
+def standard_stream(path: str):
+    """sys.stdout or sys.stderr if `path` is the file that stream's descriptor is open on (`/dev/stdout`, or a
+    terminal both are on), else None. Written through the stream itself, at its position and with its mode (a file
+    `>>` appends to), not through a second opening of the file that would truncate it or be overwritten by it."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if os.path.samestat(info, os.fstat(stream.fileno())):
+                return stream
+        # closed (None), or not on a descriptor (a test's capture)
+        except (AttributeError, OSError, ValueError):
+            continue
+    return None
 
 
 class LineWriter:
     """Writes one line per item to a path (through a temporary file renamed at `close`) or to stdout.
 
-    A file is only replaced once everything has been written: an interrupted run leaves no half-written output
-    under the final name. A symbolic link to a file stays a link: the file it names is replaced. Paths that are
-    not files, or through /dev or /proc (`/dev/stdout`, a FIFO), are written directly (`written_in_place`).
+    A file is only replaced once everything has been written: an interrupted run, or a failed rename, leaves no
+    half-written output under the final name and no temporary file. A symbolic link to a file stays a link: the file
+    it names is replaced. Paths written in place (`written_in_place`: `/dev/stdout`, a FIFO, a device) are appended
+    to, and the file of stdout or stderr (`standard_stream`) is written through that stream, never closed.
     """
 
     def __init__(self, path: str | os.PathLike | None = None):
         self.path = None if path is None or str(path) == "-" else os.fspath(path)
         self._tmp: str | None = None
+        # a standard stream's buffer: flushed at close, left open
+        self._borrowed = False
         if self.path is None:
-            self._handle = sys.stdout.buffer
+            self._borrow(sys.stdout)
         elif written_in_place(self.path):
-            self._handle = open(self.path, "wb")  # noqa: SIM115
+            stream = standard_stream(self.path)
+            if stream is not None:
+                self._borrow(stream)
+            else:
+                self._handle = open(self.path, "ab")  # noqa: SIM115
         else:
-            self.path = os.path.realpath(
-                self.path
-            )  # the file a link names (a dangling link: the name it gives)
+            # the file a link names (a dangling link: the name it gives)
+            self.path = os.path.realpath(self.path)
             directory = os.path.dirname(self.path)
             # the name cut: a legal 255-byte output name must not make an illegal temporary one
             name = (
@@ -150,6 +185,12 @@ class LineWriter:
             # a file replaced keeps its permissions (e.g. 600); best effort (a new file, a filesystem without modes)
             with contextlib.suppress(OSError):
                 os.chmod(self._tmp, stat.S_IMODE(os.stat(self.path).st_mode))
+
+    def _borrow(self, stream) -> None:
+        # what the stream's text layer holds goes first
+        stream.flush()
+        self._handle = stream.buffer
+        self._borrowed = True
 
     def write(self, line: str) -> None:
         self._handle.write(one_line(line).encode("utf-8") + b"\n")
@@ -163,16 +204,20 @@ class LineWriter:
         self._handle.flush()
 
     def close(self, success: bool = True) -> None:
-        if self._handle is sys.stdout.buffer:
+        if self._borrowed:
             self._handle.flush()
             return
-        self._handle.close()
-        if self._tmp is not None:
-            if success:
-                os.replace(self._tmp, self.path)
-            else:
-                os.unlink(self._tmp)
-            self._tmp = None
+        tmp, self._tmp = self._tmp, None
+        try:
+            self._handle.close()
+            if success and tmp is not None:
+                os.replace(tmp, self.path)
+                tmp = None
+        finally:
+            # not renamed (a failure, a full disk at the last write, a rename refused): removed, the error kept
+            if tmp is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
 
     def __enter__(self) -> LineWriter:
         return self

@@ -3,8 +3,16 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
 
 from nmt.text_io import LineWriter, written_in_place
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def write(path, lines, success=True) -> None:
@@ -66,3 +74,70 @@ def test_a_replaced_file_keeps_its_permissions_and_a_long_name_works(tmp_path):
     assert long.read_text() == "x\n" and sorted(p.name for p in tmp_path.iterdir()) == sorted(
         [long.name, "private.txt"]
     )
+
+
+def test_a_failed_rename_leaves_no_temporary_file(tmp_path):
+    """The output name taken by a directory while the lines were written: the rename fails, and its error is
+    raised, but the temporary file goes (before 2026-12-07 a `.out.PID.tmp` stayed)."""
+    out = tmp_path / "out"
+    writer = LineWriter(out)
+    writer.write("x")
+    out.mkdir()
+    with pytest.raises(OSError):
+        writer.close()
+    assert os.listdir(tmp_path) == ["out"] and out.is_dir()
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="no /dev/shm")
+def test_a_regular_file_under_dev_is_replaced_whole_and_devices_and_fifos_are_written_in_place(tmp_path):
+    """/dev/shm is a tmpfs: a file there is a file like any other (before 2026-12-07 every path under /dev was
+    written in place: the old file emptied at once, a stopped run's partial output left under its name)."""
+    handle, path = tempfile.mkstemp(dir="/dev/shm", prefix="test_text_io.")
+    try:
+        os.write(handle, b"old\n")
+        os.close(handle)
+        writer = LineWriter(path)
+        writer.write("new")
+        writer.flush()
+        assert Path(path).read_text() == "old\n"
+        writer.close(success=False)
+        assert Path(path).read_text() == "old\n"
+        write(path, ["new"])
+        assert Path(path).read_text() == "new\n"
+        assert not [name for name in os.listdir("/dev/shm") if name.startswith(f".{os.path.basename(path)}.")]
+    finally:
+        os.unlink(path)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    assert written_in_place(str(fifo)) and written_in_place("/dev/null") and written_in_place("/dev/fd/1")
+    write("/dev/null", ["nothing"])
+
+
+# `print` before and after the lines: what evaluate.py does with its report
+WRITE_TO = """
+import sys
+from nmt.text_io import LineWriter
+print("before", file=sys.{stream})
+with LineWriter(sys.argv[1]) as writer:
+    writer.write("one")
+    writer.write("two")
+print("after", file=sys.{stream})
+"""
+
+
+@pytest.mark.parametrize("path, stream", [("/dev/stdout", "stdout"), ("/dev/stderr", "stderr")])
+@pytest.mark.parametrize("mode", ["ab", "wb"])
+def test_dev_stdout_is_written_through_stdout(tmp_path, path, stream, mode):
+    """`translate.py --output /dev/stdout >> acc.de`: the lines go after acc.de's, where stdout writes; after `>`,
+    what is printed afterwards follows them. Before 2026-12-07 /dev/stdout was opened anew ("wb"): acc.de lost its
+    lines, and evaluate.py's report, printed on stdout after the hypotheses, overwrote them."""
+    out = tmp_path / "out.txt"
+    out.write_bytes(b"earlier\n")
+    with open(out, mode) as handle:
+        done = subprocess.run(
+            [sys.executable, "-c", WRITE_TO.format(stream=stream), path],
+            **{stream: handle}, cwd=ROOT, timeout=60,
+        )  # fmt: skip
+    assert done.returncode == 0
+    expected = "before\none\ntwo\nafter\n"
+    assert out.read_text() == ("earlier\n" if mode == "ab" else "") + expected

@@ -224,7 +224,10 @@ def beam_search(
         scores better, so before the limit the unfinished are scored at ``t + 1`` steps, as `bound_penalty` did
         when it stopped the search (at ``t`` an unfinished hypothesis could beat the finished ones it lost to)."""
         steps = tf.where(t < limit, t + 1, t) if alpha < 0 else t
-        alive_score = s["alive_log_prob"] / length_penalty(steps, alpha)
+        # A slot that never held a real hypothesis stays empty: a large penalty (alpha 3 over a long loop) would
+        # lift its -t * 1e9 above NEG_INF / 2, where callers tell empty slots apart (as can_improve does).
+        alive_real = s["alive_log_prob"] > 0.5 * NEG_INF
+        alive_score = tf.where(alive_real, s["alive_log_prob"] / length_penalty(steps, alpha), NEG_INF)
         scores, best = tf.math.top_k(tf.concat([s["finished_score"], alive_score], axis=1), k=k)  # (M, beam)
         ids = tf.gather(tf.concat([s["finished_seq"], s["alive_seq"]], axis=1), best, batch_dims=1)
         return {"seq": ids, "scores": scores}

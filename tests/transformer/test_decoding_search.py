@@ -7,7 +7,8 @@ import tensorflow as tf
 
 from nmt.batch_decoding import limit_lengths
 from tests.transformer.test_decoding import random_table, rows_cache, table_step
-from transformer.decoding import _best_candidates, beam_search
+from transformer.decoding import NEG_INF, _best_candidates, beam_search
+from transformer.vocab import EOS_ID
 
 
 def numpy_best(scores, n):
@@ -92,3 +93,27 @@ def test_length_bound_saves_work_with_the_same_results():
                     tight = limited_search(table, alpha, tf.constant(LIMITS), compact, [])
                     changed += not (np.array_equal(tight[0], plain[0]) and np.array_equal(tight[1], plain[1]))
     assert less[False] > 0 and less[True] > 0 and changed > 0
+
+
+@pytest.mark.parametrize("static_shapes", [True, False])
+@pytest.mark.parametrize("alpha", [1.4, 3.0, 5.0])
+def test_a_sentence_with_one_hypothesis_keeps_its_other_slots_empty_at_any_length_penalty(
+    alpha, static_shapes
+):
+    """Sentence 0 may emit nothing (EOS forced at its first step): its only hypothesis is the empty one, the other
+    beams are fillers (log-probability about -t * 1e9) that the forced EOS never finishes while sentence 1 keeps
+    the loop running. Their score must stay an empty slot's (<= NEG_INF / 2, what the n-best filter drops) at every
+    length penalty: before 2026-12-07e the penalty of a long loop (alpha 3, 13 steps) lifted -1.3e10 above -5e8 and
+    translate.py --nbest printed PAD/UNK fillers scored -1.8e8. Sentence 1's beams are all real."""
+    limits = [0, 12]
+    table = random_table(3, rows=2, max_length=MAX_LENGTH, eos_at=[], eos_logit=1.0)
+    options = {} if static_shapes else {"compact": 0.0, "static_shapes": False}
+    ids, scores = beam_search(
+        limit_lengths(table_step(table)),
+        {"inner": rows_cache(2), "limit": tf.constant(limits)},
+        batch_size=2, beam_size=BEAM, max_length=MAX_LENGTH, alpha=alpha, **options,
+    )  # fmt: skip
+    scores = scores.numpy()
+    assert scores[0, 0] == 0.0 and ids.numpy()[0, 0, 0] == EOS_ID
+    assert (scores[0, 1:] <= NEG_INF / 2).all(), scores[0]
+    assert (scores[1] > NEG_INF / 2).all(), scores[1]

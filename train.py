@@ -83,7 +83,7 @@ def main(argv=None) -> int:
         return 2
     if resuming and (gone := checkpoints_gone(run_dir)):
         # a rerun of a finished run (make train again) ends as it would with them, unless it asks for more steps
-        if run_dir.finished() and not more_training(run_dir.load_config().train, config.train):
+        if finished_rerun(run_dir, run_dir.load_config(), config):
             print(f"train.py: already finished; {gone}", file=sys.stderr)
             return 0
         print(f"train.py: {gone}", file=sys.stderr)
@@ -148,7 +148,8 @@ def main(argv=None) -> int:
     try:
         with lock:
             try:
-                from nmt.trainer import Trainer
+                from nmt.budget import BatchChanged
+                from nmt.trainer import Trainer, TrainingError
                 from nmt.trainer_data import keep_train_split_record
 
                 log.info("run directory %s (%s)", run_dir.path, "resuming" if resuming else "new run")
@@ -161,7 +162,16 @@ def main(argv=None) -> int:
                     write_atomic(run_dir.config_path, config.to_yaml())
                     written = True
                 trainer = Trainer(config, run_dir)
-                trainer.setup()
+                try:
+                    trainer.setup()
+                except TrainingError as err:
+                    # another global batch: refused for training on, not for the rerun of a finished run (it trains
+                    # nothing; the checkpoint's batch is compared before the trainer can say "already finished")
+                    batch_changed = resuming and isinstance(err.__cause__, BatchChanged)
+                    if not (batch_changed and (message := finished_rerun(run_dir, saved, config))):
+                        raise
+                    print(f"train.py: {message}", file=sys.stderr)
+                    return 0
                 started = True
             finally:
                 if fresh and not started:
@@ -221,6 +231,14 @@ def main(argv=None) -> int:
     if result.status in ("done", "early_stopped") and chief:
         print(_outputs(run_dir, _split_to_evaluate(config)), file=sys.stderr)
     return 0
+
+
+def finished_rerun(run_dir: RunDir, saved, config) -> str:
+    """What the rerun of a finished run with `config` says when it asks for no more steps or time than its `saved`
+    config had (it then ends there, whatever else differs); "" otherwise."""
+    if more_training(saved.train, config.train):
+        return ""
+    return run_dir.finished_message()
 
 
 def _split_to_evaluate(config) -> str:

@@ -18,7 +18,9 @@ from __future__ import annotations
 import errno
 import fcntl
 import json
+import logging
 import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -32,6 +34,10 @@ from nmt.config import Config, ConfigError, load_config
 CANDIDATES = ("average", "ema")
 RUN_SECTIONS = ("data", "model", "train")  # what every config.yaml train.py writes holds (and eval)
 WEIGHTS = ("auto", "final", "best", "latest", *CANDIDATES)
+
+log = logging.getLogger(__name__)
+# The final/ prefixes already said to be older than the run's training (evaluate.py reads the weights twice)
+_TOLD_OLDER: set[str] = set()
 
 
 class RunDirError(RuntimeError):
@@ -153,6 +159,8 @@ class RunDir:
                 continue
             prefix = latest_checkpoint(dirs[name])
             if prefix:
+                if name == "final":
+                    self._tell_if_final_is_older(prefix)
                 return prefix
             # Saved, and now unreadable: damage to report, not a reason to read other weights than `which` says
             raise RunDirError(
@@ -195,14 +203,40 @@ class RunDir:
         return records
 
     def finished(self) -> bool:
-        """Whether the run reached its end: final weights, and the final evaluation as its last record (a run
-        resumed past an earlier end and stopped again has final/ from before, and records after it)."""
+        """Whether the run reached its end: final weights, the final evaluation of their step as its last record, and
+        no training checkpoint of another step. A finished run resumed past its end (a larger budget) and stopped again
+        has final/ from before, and records after it or a newer checkpoint; one whose new final evaluation was
+        interrupted has the new final/ and the old final record. Read without TensorFlow (`python -m nmt.run_dir`)."""
+        final = saved_step(self.final_dir)
         records = self.read_metrics()
-        return (
-            self.final_dir.joinpath("checkpoint").is_file()
-            and bool(records)
-            and records[-1].get("tag") == "final"
-        )
+        if (
+            final is None
+            or not records
+            or records[-1].get("tag") != "final"
+            or records[-1].get("step") != final
+        ):
+            return False
+        trained = saved_step(self.checkpoint_dir)
+        # no training checkpoint: deleted to save space (final/ stands for the run, `nmt.run_start.checkpoints_gone`)
+        return trained is None or trained == final
+
+    def finished_message(self) -> str:
+        """What the rerun of a finished run says (as `Trainer.already_finished` does), from its final record; ""
+        for a run that is not finished."""
+        return finished_line(self.read_metrics()[-1], self.final_dir) if self.finished() else ""
+
+    def _tell_if_final_is_older(self, prefix: str) -> None:
+        """Warns when final/ (at `prefix`) is older than the run's latest training checkpoint: the run was resumed
+        past its end and stopped before its new end (its final/ is then the earlier end's)."""
+        final, trained = saved_step(self.final_dir), saved_step(self.checkpoint_dir)
+        if final is None or trained is None or trained <= final or prefix in _TOLD_OLDER:
+            return
+        _TOLD_OLDER.add(prefix)
+        log.warning(
+            "%s holds the weights of step %d, where the run first ended; it has trained on to step %d since and is "
+            "not finished (rerun train.py to end it, or use --weights latest for the weights of step %d)",
+            prefix, final, trained, trained,
+        )  # fmt: skip
 
     def drop_metrics_after(self, step: int, *, validation_at: int | None = None) -> int:
         """Removes the records of steps after `step` (and lines cut by a crash); returns how many went.
@@ -231,6 +265,36 @@ class RunDir:
         if dropped:
             write_atomic(self.metrics_path, "".join(kept))
         return dropped
+
+
+def finished_line(record: dict, final_dir: Path) -> str:
+    """ "already finished at step N: validation loss L, BLEU B; final weights in DIR (nothing to do)" from a run's
+    final record (what the rerun of a finished run says)."""
+    message = f"already finished at step {record['step']}"
+    if isinstance(record.get("loss"), int | float):
+        message += f": validation loss {record['loss']:.4f}"
+    if isinstance(record.get("bleu"), int | float):
+        message += f", BLEU {record['bleu']:.2f}"
+    return f"{message}; final weights in {final_dir} (nothing to do)"
+
+
+def saved_step(directory: Path) -> int | None:
+    """The step of the latest checkpoint (ckpt-STEP) in `directory`, read without TensorFlow: the one its state file
+    names when it is there, else the newest on disk (as `nmt.checkpoints.repair_checkpoint_state` names it), else
+    the one the state file names; None without any."""
+    try:
+        state = (directory / "checkpoint").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        state = ""
+    named = re.search(r'^model_checkpoint_path:\s*"(?:.*/)?ckpt-(\d+)"', state, re.MULTILINE)
+    if named and (directory / f"ckpt-{named[1]}.index").is_file():
+        return int(named[1])
+    on_disk = [
+        int(found[1])
+        for index in directory.glob("ckpt-*.index")
+        if (found := re.fullmatch(r"ckpt-(\d+)\.index", index.name))
+    ]
+    return max(on_disk) if on_disk else int(named[1]) if named else None
 
 
 def latest_checkpoint(directory: str | Path) -> str | None:

@@ -232,7 +232,7 @@ class Trainer(TrainerEvaluation):
             if change := self.step_fn.reconcile_loss_scaling():
                 log.warning("%s", change)
         except BatchChanged as err:
-            raise TrainingError(str(err)) from None
+            raise TrainingError(str(err)) from err
         except restore_errors() as err:
             raise TrainingError(
                 f"cannot resume from checkpoint {latest}: {first_line(err)}. The checkpoint is corrupt or was written by a "

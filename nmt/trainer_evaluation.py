@@ -20,7 +20,7 @@ from nmt.checkpoints import save_model_weights
 from nmt.collectives import gather_from_workers
 from nmt.distribute import EvaluationInterrupted
 from nmt.final_weights import average_if_better
-from nmt.run_dir import latest_checkpoint
+from nmt.run_dir import finished_line, latest_checkpoint
 from nmt.summaries import write_validation_summaries
 
 log = logging.getLogger("nmt.train")
@@ -110,11 +110,7 @@ class TrainerEvaluation:
         ]
         if not records:  # the final evaluation was interrupted: the rerun evaluates
             return ""
-        record = records[-1]
-        message = f"already finished at step {self.step}: validation loss {record['loss']:.4f}"
-        if "bleu" in record:
-            message += f", BLEU {record['bleu']:.2f}"
-        return f"{message}; final weights in {self.run_dir.final_dir} (nothing to do)"
+        return finished_line(records[-1], self.run_dir.final_dir)
 
     def evaluate(self, *, with_bleu: bool, tag: str = "validation") -> dict:
         from nmt.translator import validation_loss

@@ -120,6 +120,37 @@ def test_a_finished_run_rerun_with_other_settings_keeps_its_config(
     assert snapshot_run(reference_copy) == before  # config.yaml too: the run did not use those settings
 
 
+def test_a_finished_run_rerun_with_another_global_batch_is_already_finished(
+    fault_config, reference_copy, capsys
+):
+    """train.accumulate_steps (or train.distribute, the device count) changed: the checkpoint's global batch was
+    refused before the trainer could say "already finished" (exit 1, and make train evaluated nothing; found by a
+    review of 2026-12-07). Asked to train on (a larger max_steps), the new batch is still refused; DIR untouched."""
+    before = snapshot_run(reference_copy)
+    argv = [
+        "--config",
+        str(fault_config),
+        "--model-dir",
+        str(reference_copy),
+        "--set",
+        "train.accumulate_steps=2",
+    ]
+    code = train_cli.main(argv)
+    stderr = capsys.readouterr().err
+    assert code == 0, stderr[-3000:]
+    assert f"train.py: already finished at step {MAX_STEPS}: validation loss " in stderr
+    assert snapshot_run(reference_copy) == before
+    code = train_cli.main([*argv, f"train.max_steps={MAX_STEPS + CHECKPOINT_EVERY}"])
+    stderr = capsys.readouterr().err
+    assert code == 1, stderr[-3000:]
+    assert (
+        f"ckpt-{MAX_STEPS} was trained with a global batch of 256 tokens on 1 replica(s); this run has 512"
+        in stderr
+    )
+    assert "train.allow_batch_change=true" in stderr and "already finished" not in stderr
+    assert snapshot_run(reference_copy) == before
+
+
 @pytest.mark.parametrize("existed", [False, True])
 def test_a_new_run_whose_start_fails_is_undone(
     fault_config, tmp_path, tmp_path_factory, monkeypatch, capsys, existed

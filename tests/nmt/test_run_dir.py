@@ -63,6 +63,61 @@ def test_a_run_is_finished_when_its_last_record_is_the_final_evaluation(tmp_path
     assert not run.finished() and finished_cli() == 1
 
 
+def _save_files(directory: Path, *steps: int) -> None:
+    """What a CheckpointManager leaves of checkpoints `steps` in `directory` (the last the latest); empty files."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for step in steps:
+        for suffix in ("index", "data-00000-of-00001"):
+            (directory / f"ckpt-{step}.{suffix}").write_bytes(b"")
+    names = "".join(f'all_model_checkpoint_paths: "ckpt-{step}"\n' for step in steps)
+    (directory / "checkpoint").write_text(
+        f'model_checkpoint_path: "ckpt-{steps[-1]}"\n{names}', encoding="utf-8"
+    )
+
+
+def test_a_run_resumed_past_its_end_is_not_finished_until_it_ends_again(tmp_path, caplog):
+    """A finished run (final@60) rerun with a larger budget and stopped at step 71 before its next evaluation (no new
+    record), or whose new final evaluation (final/ of step 71) was interrupted: not finished, so make train does not
+    evaluate the old final/ (before: finished, as the last record was still the old "final"). --weights auto and
+    final still read final/, and say it is older than the training; once the run ends again at 71, it is finished."""
+    import logging
+    import subprocess
+    import sys
+
+    run = RunDir(tmp_path)
+
+    def finished_cli() -> int:
+        command = [sys.executable, "-m", "nmt.run_dir", "--finished", str(tmp_path)]
+        return subprocess.run(command, cwd=Path(__file__).resolve().parents[2], timeout=120).returncode
+
+    _save_files(run.final_dir, 60)
+    _save_files(run.checkpoint_dir, 50, 55, 60)
+    run.append_metrics({"step": 60, "tag": "validation", "loss": 1.0})
+    run.append_metrics({"step": 60, "tag": "final", "loss": 1.0, "bleu": 3.0})
+    assert run.finished()
+    _save_files(run.checkpoint_dir, 55, 60, 65, 70, 71)  # resumed past the end, stopped by a signal at 71
+    assert not run.finished() and finished_cli() == 1
+    with caplog.at_level(logging.WARNING, logger="nmt.run_dir"):
+        for which in ("auto", "final", "auto"):
+            assert run.weights_prefix(which) == str(run.final_dir / "ckpt-60")
+    told = [r.getMessage() for r in caplog.records if r.name == "nmt.run_dir"]
+    assert told == [
+        f"{run.final_dir / 'ckpt-60'} holds the weights of step 60, where the run first ended; it has trained on to "
+        "step 71 since and is not finished (rerun train.py to end it, or use --weights latest for the weights of "
+        "step 71)"
+    ]  # once per process: evaluate.py reads the weights twice
+    _save_files(run.final_dir, 71)  # ended again; its final evaluation interrupted (no record of it yet)
+    assert not run.finished() and finished_cli() == 1
+    assert run.finished_message() == ""
+    run.append_metrics({"step": 71, "tag": "final", "loss": 0.9, "bleu": 3.5})
+    assert run.finished() and finished_cli() == 0
+    # what train.py says when it reruns it before the trainer can (another global batch, checkpoints deleted)
+    assert run.finished_message() == (
+        f"already finished at step 71: validation loss 0.9000, BLEU 3.50; final weights in {run.final_dir} "
+        "(nothing to do)"
+    )
+
+
 def test_a_config_yaml_that_is_not_a_file_is_named_and_left_alone(tmp_path, capsys):
     """config.yaml replaced by a directory or a broken link: train.py exits 3 naming it, before writing anything (before
     2026-12-07c: read as a new run, then an IsADirectoryError traceback from the atomic write), and the readers

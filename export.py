@@ -110,14 +110,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _export_ctranslate2(args: argparse.Namespace) -> int:
-    from nmt.ctranslate2_export import ExportError, export_run_dir_ctranslate2
+    from nmt.ctranslate2_export import ExportError, UnsupportedModelError, export_run_dir_ctranslate2
 
     try:
         output = export_run_dir_ctranslate2(
             args.model_dir, args.output, quantization=args.quantization or "float32", weights=args.weights
         )
     except ExportError as err:
-        raise cli.CliError(str(err), exit_code=2) from err
+        # a model CTranslate2 cannot run is the run directory's problem (1); an --output refused, a usage error (2)
+        raise cli.CliError(str(err), exit_code=1 if isinstance(err, UnsupportedModelError) else 2) from err
     translator = cli.load_ctranslate2(args.model_dir, output)  # check that it loads and runs on its own
     sample = translator.translate(["", "Hello."], beam_size=1)
     log.info(

@@ -47,12 +47,14 @@ import numpy as np
 from common.cpu import int8_saturates
 from common.special_ids import EOS_ID, PAD_ID
 from nmt.batch_decoding import output_limits, source_ids
+from nmt.checkpoints import checkpoint_digest
 from nmt.ctranslate2_export import (
     COMPUTE_TYPES,
     METADATA,
     ExportError,
     import_ctranslate2,
     read_export_metadata,
+    stored_checkpoints,
 )
 
 log = logging.getLogger(__name__)
@@ -386,16 +388,14 @@ def _check_weights_of(run_dir, engine_dir) -> None:
     another seed) pass. Exports without a digest (made before it was recorded, or from weights computed at export:
     an average, the EMA), and run directories without weights (config and tokenizer kept to serve an export), are
     not checked."""
-    from nmt.checkpoints import checkpoint_digest
-
     metadata = read_export_metadata(Path(engine_dir))
-    digest, weights = metadata.get("weights_digest"), str(metadata.get("weights"))
-    if not digest:
-        return
-    stored = {checkpoint_digest(index.with_suffix("")) for index in run_dir.path.rglob("ckpt-*.index")}
+    digest, weights = metadata.get("weights_digest"), Path(str(metadata.get("weights")))
+    stored = stored_checkpoints(run_dir.path) if digest else {}
     if not stored or digest in stored:  # no weights at all: a run directory kept for its config and tokenizer
         return
-    if Path(weights).parent.parent.resolve() == run_dir.path.resolve():
+    # this run's, trained on since: recorded inside it (or relative: older exports) and no longer there
+    inside = not weights.is_absolute() or weights.parent.parent.resolve() == run_dir.path.resolve()
+    if inside and checkpoint_digest(str(weights)) != digest:
         raise ExportError(
             f"the CTranslate2 export {engine_dir} was made from {weights}, which {run_dir.path} no longer holds "
             "(trained on since, or the checkpoint rotated away): export it again"

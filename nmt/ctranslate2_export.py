@@ -46,6 +46,7 @@ __all__ = [
     "METADATA",
     "QUANTIZATIONS",
     "ExportError",
+    "UnsupportedModelError",
     "build_spec",
     "export_ctranslate2",
     "export_run_dir_ctranslate2",
@@ -68,7 +69,11 @@ REQUIRED_METADATA = ("tokenizer", "position_table", "max_source_length", "comput
 
 
 class ExportError(ValueError):
-    """The model cannot be expressed in CTranslate2, or a path is not (or cannot become) an export."""
+    """A path is not (or cannot become) an export, or the model cannot be expressed in CTranslate2."""
+
+
+class UnsupportedModelError(ExportError):
+    """The model has a feature CTranslate2 cannot run (a model problem, not a usage error: export.py exits 1)."""
 
 
 def import_ctranslate2():
@@ -149,7 +154,7 @@ def _check_supported(model) -> None:
     if activation != "relu":
         problems.append(f"activation={activation!r}")
     if problems:
-        raise ExportError(f"CTranslate2 has no equivalent of this model's {', '.join(problems)}")
+        raise UnsupportedModelError(f"CTranslate2 has no equivalent of this model's {', '.join(problems)}")
 
 
 def _vocabulary(model_proto: bytes, size: int) -> list[str]:
@@ -272,6 +277,7 @@ def _metadata(
     import ctranslate2
 
     source_model, target_model = tokenizer.models
+    digest = checkpoint_digest(weights) if weights else None
     record = {
         "format": FORMAT,
         "version": FORMAT_VERSION,
@@ -287,9 +293,10 @@ def _metadata(
         "vocab": {"source": int(model.source_vocab_size), "target": int(model.target_vocab_size)},
         "special_ids": {"pad": PAD_ID, "unk": UNK_ID, "bos": BOS_ID, "eos": EOS_ID},
         "forbidden_ids": [PAD_ID, BOS_ID],
-        "weights": weights,
+        # a stored checkpoint's absolute prefix (a relative one would be read from the current directory)
+        "weights": os.path.abspath(weights) if digest else weights,
         # the weights' identity, whatever the run directory is called now (nmt.ctranslate2_engine checks it)
-        "weights_digest": checkpoint_digest(weights) if weights else None,
+        "weights_digest": digest,
     }
     if eval_config is not None:
         record["eval"] = {
@@ -299,6 +306,13 @@ def _metadata(
     if data_config is not None:
         record["source_language"], record["target_language"] = data_config.source, data_config.target
     return record
+
+
+def stored_checkpoints(run_path: str | Path) -> dict[str, Path]:
+    """The checkpoints under `run_path` (final, best, the training ones, the averaging snapshots) by their
+    `checkpoint_digest` (an unreadable index has none): where a run holds the weights an export records."""
+    prefixes = [index.with_suffix("") for index in sorted(Path(run_path).rglob("ckpt-*.index"))]
+    return {digest: prefix for prefix in prefixes if (digest := checkpoint_digest(prefix))}
 
 
 def _names_our_format(directory: Path) -> bool:
@@ -338,7 +352,7 @@ def export_ctranslate2(
       quantization: "float32", or "int8" (int8 weights, float32 activations between the int8 matrix products).
       eval_config, data_config: the run's `EvalConfig` and `DataConfig`, recorded in `METADATA` (eval settings,
         languages) so the export can be used without the run directory.
-      weights: the checkpoint the weights came from, recorded in `METADATA`.
+      weights: the checkpoint the weights came from, recorded in `METADATA` (a stored one: absolute, and its digest).
 
     Returns:
       `output_dir`, made absolute. It is written through a staging directory and put in place at the end

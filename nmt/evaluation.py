@@ -346,21 +346,23 @@ def default_hypotheses_name(
 def _loss_model(model_dir, translator, weights: str) -> tuple:
     """The run directory's TensorFlow model for the loss next to a CTranslate2 engine: (model or None, record fields).
 
-    With `weights` "auto", the checkpoint the export was made from if it is in `model_dir`; else the
-    `weights` of the run directory. No weights at all: (None, a `loss_note`), and the record's loss is null.
+    With `weights` "auto", the checkpoint the export was made from if `model_dir` holds it (found by its digest,
+    wherever the run is now and whatever the export recorded as its path); else the `weights` of the run directory.
+    No weights at all: (None, a `loss_note`), and the record's loss is null.
     """
     from nmt.checkpoints import restore_model_weights
+    from nmt.ctranslate2_export import stored_checkpoints
     from nmt.final_weights import load_run_weights
     from nmt.run_dir import RunDir, RunDirError
     from transformer.model import build_model
 
-    exported = translator.weights
+    digest = translator.metadata.get("weights_digest")
+    exported = stored_checkpoints(model_dir).get(digest) if digest and weights == "auto" else None
     try:
-        inside = exported and Path(exported).resolve().is_relative_to(Path(model_dir).resolve())
         tokenizer = translator.tokenizer
         model = build_model(translator.config.model, tokenizer.source_vocab_size, tokenizer.target_vocab_size)
-        if weights == "auto" and inside and Path(f"{exported}.index").is_file():
-            prefix = exported
+        if exported:
+            prefix = str(exported)
             restore_model_weights(model, prefix)
         else:
             prefix = load_run_weights(model, RunDir(model_dir), weights, translator.config.train)

@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -152,6 +153,28 @@ def test_export_py_refuses_a_taken_output_before_loading_the_model(
     assert code == 2, captured.err[-2000:]
     assert f"{tmp_path / 'taken'} exists and is not a" in captured.err
     assert [p.name for p in (tmp_path / "taken").iterdir()] == ["notes.txt"]
+
+
+def test_export_py_refuses_a_model_ctranslate2_cannot_run_with_exit_1(
+    tiny_run_dir, tmp_path, capsys, restore_logging
+):
+    """A run with model.attention: local (a banded encoder mask CTranslate2 has not): a run-directory problem, exit
+    1 (not 2, a usage error), one line naming the feature, nothing written."""
+    pytest.importorskip("ctranslate2")
+    import yaml
+
+    from tests.test_cli_translate import in_process
+
+    run = shutil.copytree(tiny_run_dir, tmp_path / "local")
+    tree = yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8"))
+    tree["model"].update(attention="local", window=2)
+    (run / "config.yaml").write_text(yaml.safe_dump(tree, sort_keys=False), encoding="utf-8")
+    argv = ["--model-dir", run, "--output", tmp_path / "ct2", "--format", "ctranslate2"]
+    code, captured = in_process("export.py", *argv, capsys=capsys)
+    assert code == 1, captured.err[-2000:]
+    last = captured.err.strip().splitlines()[-1]
+    assert last.startswith("error: CTranslate2 has no equivalent of this model's attention='local'"), last
+    assert "Traceback" not in captured.err and sorted(p.name for p in tmp_path.iterdir()) == ["local"]
 
 
 def test_export_to_the_current_directory(shared_export, tmp_path, monkeypatch):

@@ -7,9 +7,10 @@
 Each variant trains in runs/ablate/<variant> (a normal run directory, overwritten on the next run unless --reuse),
 from the same seed, with `--set train.max_minutes=BUDGET train.max_steps=0` (or --max-steps N). The report
 (ablations.md) puts the measured tables next to the claimed ones. Variants: benchmarks/variants.py (--list).
-Exit codes: 0 ok, 1 a variant has no result (no weights, or its evaluation failed; the report is still written) or
-its directory is in use, 2 bad arguments or config (checked before any training), 130 interrupted (the variant in
-training keeps a checkpoint: --reuse resumes it).
+Exit codes: 0 ok, 1 a variant has no result (no weights, or its evaluation failed; the report is still written),
+its directory is in use, or ROOT/tokenizer is not one ablate.py made, 2 bad arguments or config (checked before any
+training; e.g. a --root that is a run directory), 130 interrupted (the variant in training keeps a checkpoint:
+--reuse resumes it).
 """
 
 from __future__ import annotations
@@ -164,6 +165,9 @@ def check_options(options) -> str | None:
     root = Path(options.root).resolve()
     if blocked := next((p for p in (root, *root.parents) if p.exists() and not p.is_dir()), None):
         return f"--root {options.root}: {blocked} is a file, not a directory"
+    if (root / "config.yaml").is_file():
+        # its tokenizer would be replaced by the shared one (its weights no longer load with it)
+        return f"--root {options.root} is a run directory (it holds config.yaml): give another --root"
     return None
 
 

@@ -6,20 +6,23 @@
     make bench BENCH_ARGS="--only input_scale --input-scale-pairs 500000"
     python bench.py --only train --precisions mixed_bfloat16 --xla off --train-batch-tokens 1024,2048,4096
 
-Records: first {"bench": "run"} (the command line, git commit, config and overrides, model settings, options, versions
-and the machine: CPU model and ISA flags, cores, memory, `load_average_at_start`), then {"bench": "train"} per
-precision x XLA (and per --train-batch-tokens x --train-bucket-steps value: the batch-shape sweep) (our TrainStep vs
-a stock-Keras reference of the same size, tokens/s, ratio, MFU, the matmul-only lower bound and overhead ratio;
-model settings the reference does not model are refused), {"bench": "train_ema"} (the cost of `train.ema_decay` per
-step: our step with and without the EMA, the main job's precision), {"bench": "decode"} per search x cache x XLA,
-{"bench": "decode_ensemble"} per search (the cost of `--ensemble`: the model twice over against it alone),
-{"bench": "decode_sampling"} (top-k 10 against greedy search), then {"bench": "decode"} per search in CTranslate2
-(float32, int8, patiences) and TensorFlow int8, with BLEU, speed-ups and paired bootstraps, and
-{"bench": "decode_targets"} (benchmarks/decode_engines.py), {"bench": "attention"} per variant x length (each in
-a process of its own: peak memory of the first run), {"bench": "input"}, {"bench": "input_scale"} per synthetic corpus size (preparation pairs/s, cache size, first
-batch cold/warm, peak RSS), {"bench": "refusal"} (train.py refusing a run directory in use), and last
-{"bench": "timing"} (each benchmark's wall seconds; "complete": false when stopped early). Logs go to stderr. Exit
-codes: 0 ok, 2 bad arguments or config.
+Records: first {"bench": "run"} (the command line, git commit, config and overrides, model settings, the vocabulary
+(`tokenizer`: the sizes of the --tokenizer-dir or RUN_DIR tokenizer used; `data.vocab_size` is then its, not the
+config's), options, versions and the machine: CPU model and ISA flags, cores, memory, `load_average_at_start`), then
+{"bench": "train"} per precision x XLA (and per --train-batch-tokens x --train-bucket-steps value: the batch-shape
+sweep) (our TrainStep vs a stock-Keras reference of the same size, tokens/s, ratio, MFU, the matmul-only lower bound
+and overhead ratio; model settings the reference does not model are refused), {"bench": "train_ema"} (the cost of
+`train.ema_decay` per step: our step with and without the EMA, the main job's precision), {"bench": "decode"} per
+search x cache x XLA, {"bench": "decode_ensemble"} per search (the cost of `--ensemble`: the model twice over
+against it alone), {"bench": "decode_sampling"} (top-k 10 against greedy search), then {"bench": "decode"} per
+search in CTranslate2 (float32, int8, patiences) and TensorFlow int8, with BLEU, speed-ups and paired bootstraps,
+and {"bench": "decode_targets"} (benchmarks/decode_engines.py), {"bench": "attention"} per variant x length (each in
+a process of its own: peak memory of the first run), {"bench": "input"}, {"bench": "input_scale"} per synthetic
+corpus size (preparation pairs/s, cache size, first batch cold/warm, peak RSS), {"bench": "refusal"} (train.py
+refusing a run directory in use), and last {"bench": "timing"} (each benchmark's wall seconds; "complete": false
+when stopped early). Logs go to stderr. Exit codes: 0 ok, 1 a benchmark failed (e.g. refusal: train.py exited
+otherwise than refusing; one line on stderr), 2 bad arguments or config, 130 interrupted (Ctrl-C or SIGTERM: the
+timing record says how far it got).
 """
 
 from __future__ import annotations
@@ -165,18 +168,37 @@ def main(argv=None) -> int:
     # oneDNN.
     if not {"train", "train_ema"} & set(options.only):
         decoding_kernels()
-    import tensorflow as tf
+    from benchmarks.common import JsonLines
 
-    tf.get_logger().setLevel("ERROR")  # per-length retracing warnings of the attention benchmark are expected
+    emit = JsonLines(sys.stdout)
+    try:
+        import tensorflow as tf
 
-    from benchmarks.runner import run_benchmarks
+        # per-length retracing warnings of the attention benchmark are expected
+        tf.get_logger().setLevel("ERROR")
 
-    run_benchmarks(options, config=config, argv=["bench.py", *(sys.argv[1:] if argv is None else argv)])
+        from benchmarks.runner import run_benchmarks
+
+        run_benchmarks(
+            options, emit=emit, config=config, argv=["bench.py", *(sys.argv[1:] if argv is None else argv)]
+        )
+    except KeyboardInterrupt:
+        said = (
+            "the timing record says how far it got"
+            if emit.records and emit.records[-1].get("bench") == "timing"
+            else "before the first record"
+        )
+        print(f"bench.py: interrupted; {said}", file=sys.stderr)
+        return 130
     return 0
 
 
 if __name__ == "__main__":
-    from nmt.cli import stop_on_sigterm
+    from nmt.cli import exit_now, stop_on_sigterm
 
     stop_on_sigterm()  # SIGTERM like Ctrl-C: temporary files removed, the closing record says "complete": false
-    sys.exit(main())
+    code = main()
+    if code == 130:
+        # as the other CLIs: not after TensorFlow's threads (a decode benchmark's still running)
+        exit_now(130)
+    sys.exit(code)

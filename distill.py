@@ -136,10 +136,18 @@ def _corpus(args: argparse.Namespace):
     from data.stream import FOLDER, split_exists
     from nmt.distill import missing_validation
 
-    # A split the command names must exist; the teacher's test split may not (the folder gets none), but a student
-    # cannot train without a validation split. Checked here, before the folder's lock and TensorFlow, for a folder
-    # corpus or a split the command names (a TFDS corpus is opened by TensorFlow; its own validation split missing
-    # is the library's DistillError, exit 1).
+    # A split the command names must exist; the teacher's test split may not (the folder gets none), but there is
+    # nothing to translate without a train split, and a student cannot train without a validation split. Checked
+    # here, before the folder's lock and TensorFlow, for a folder corpus or a split the command names (a TFDS corpus
+    # is opened by TensorFlow; its own train or validation split missing is the library's DistillError, exit 1).
+    if (data.dataset == FOLDER or data.train_split != teacher.train_split) and (
+        not data.train_split or not split_exists(data, data.train_split)
+    ):
+        raise cli.CliError(
+            f"data.train_split={data.train_split or '(none)'}: the corpus has no such split, so there is nothing to "
+            "translate; name one with --set data.train_split=NAME",
+            exit_code=2,
+        )
     named = data.validation_split != teacher.validation_split
     if (data.dataset == FOLDER or named) and (
         not data.validation_split or not split_exists(data, data.validation_split)

@@ -110,7 +110,10 @@ _TOKENIZER_STAMP = "data_config.yaml"
 
 
 def shared_tokenizer(config, root: Path) -> Path:
-    """ROOT/tokenizer, trained on the train split unless it was trained for the same data config."""
+    """ROOT/tokenizer, trained on the train split unless it was trained for the same data config.
+
+    Only a tokenizer ablate.py made (its stamp ROOT/data_config.yaml next to it) is replaced: another one (e.g.
+    --root at a trained run directory, whose weights need its tokenizer) is an AblationError."""
     from data.tokenizer_training import train_tokenizer
 
     directory = root / "tokenizer"
@@ -119,8 +122,18 @@ def shared_tokenizer(config, root: Path) -> Path:
     if directory.is_dir() and stamp.is_file() and stamp.read_text(encoding="utf-8") == wanted:
         log.info("reusing the tokenizer in %s", directory)
         return directory
-    shutil.rmtree(directory, ignore_errors=True)
+    if (directory.exists() or directory.is_symlink()) and not stamp.is_file():
+        raise AblationError(
+            f"{directory} was not made by ablate.py (no {stamp.name} next to it) and is not replaced: "
+            "give another --root"
+        )
+    if directory.is_dir() and not directory.is_symlink():
+        shutil.rmtree(directory)
+    else:
+        directory.unlink(missing_ok=True)
     root.mkdir(parents=True, exist_ok=True)
+    # the stamp first (no data config matches it): a training stopped midway leaves a tokenizer/ known to be ours
+    stamp.write_text("", encoding="utf-8")
     log.info("training the shared tokenizer into %s", directory)
     train_tokenizer(config.data, directory, seed=config.train.seed)
     stamp.write_text(wanted, encoding="utf-8")
@@ -128,7 +141,8 @@ def shared_tokenizer(config, root: Path) -> Path:
 
 
 class AblationError(RuntimeError):
-    """A variant's run directory cannot be used (not a run directory, or a training is running in it)."""
+    """A variant's run directory cannot be used (not a run directory, or a training is running in it), or ROOT holds
+    a tokenizer ablate.py did not make."""
 
 
 def fresh_run_dir(path: Path, tokenizer_dir: Path) -> None:

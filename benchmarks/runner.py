@@ -3,8 +3,8 @@
 Settings live in `BenchOptions`; `BenchOptions.quick()` is the ~1-minute smoke (configs/tiny.yaml, float32 without
 XLA, a few batches and sentences, short attention lengths). `check_options` and `check_config` refuse what cannot be
 measured (bench.py: exit 2). The records open with `{"bench": "run"}` (`run_header`: command line, commit, config,
-model, options, versions, machine facts with the load average before the first benchmark) and close with
-`{"bench": "timing"}` (wall seconds per benchmark, the same machine facts).
+model, the tokenizer's sizes, options, versions, machine facts with the load average before the first benchmark) and
+close with `{"bench": "timing"}` (wall seconds per benchmark, the same machine facts; written also when stopped).
 """
 
 from __future__ import annotations
@@ -206,8 +206,27 @@ def git_commit(root: Path = ROOT) -> tuple[str | None, bool | None]:
     return commit, (None if status is None else bool(status))
 
 
-def run_header(options: BenchOptions, config, argv, machine: dict) -> dict:
-    """The first record of a run: what ran, on what code, model and machine (`machine`: sampled at its start)."""
+def tokenizer_facts(context: BenchContext) -> dict:
+    """The vocabulary the benchmarks run on: the sizes of the tokenizer in `context.tokenizer_dir` (loaded now,
+    whatever the config's data.vocab_size), or {"dir": None}: one is trained from the config (data.vocab_size)."""
+    import sentencepiece as spm
+
+    if context.tokenizer_dir is None or not any(Path(context.tokenizer_dir).glob("*.model")):
+        return {"dir": None}
+    tokenizer = context.tokenizer
+    source, target = tokenizer.models
+    pieces = [
+        spm.SentencePieceProcessor(model_proto=model).GetPieceSize() for model in (source, target or source)
+    ]
+    # vocab sizes: the embedding rows of the models built on it (pieces padded to a multiple of 8)
+    return {"dir": str(context.tokenizer_dir), "joint": tokenizer.joint, "source_pieces": pieces[0],
+            "target_pieces": pieces[1], "source_vocab_size": tokenizer.source_vocab_size,
+            "target_vocab_size": tokenizer.target_vocab_size}  # fmt: skip
+
+
+def run_header(options: BenchOptions, config, argv, machine: dict, tokenizer: dict) -> dict:
+    """The first record of a run: what ran, on what code, model, vocabulary and machine (`machine`: sampled at its
+    start; `tokenizer`: `tokenizer_facts`, whose pieces are then the record's data.vocab_size)."""
     import platform
 
     import keras
@@ -215,6 +234,12 @@ def run_header(options: BenchOptions, config, argv, machine: dict) -> dict:
 
     commit, dirty = git_commit()
     model = config.model
+    data = {
+        name: getattr(config.data, name) for name in ("dataset", "vocab_size", "max_length", "batch_tokens")
+    }
+    # the benchmarks run on the tokenizer's vocabulary (--tokenizer-dir's may differ from the config's)
+    if tokenizer["dir"] is not None:
+        data["vocab_size"] = tokenizer["source_pieces"]
     return {
         "bench": "run",
         "argv": list(argv),
@@ -224,10 +249,8 @@ def run_header(options: BenchOptions, config, argv, machine: dict) -> dict:
         "overrides": list(options.overrides),
         "model": {name: getattr(model, name) for name in ("d_model", "num_heads", "d_ff", "num_layers")},
         "model_config": dataclasses.asdict(model),
-        "data": {
-            name: getattr(config.data, name)
-            for name in ("dataset", "vocab_size", "max_length", "batch_tokens")
-        },
+        "data": data,
+        "tokenizer": tokenizer,
         "options": {
             name: list(v) if isinstance(v, tuple) else v for name, v in dataclasses.asdict(options).items()
         },
@@ -254,9 +277,8 @@ def run_benchmarks(options: BenchOptions, emit=None, config=None, argv=None) -> 
     # Sampled once, before any benchmark: the load average then is the machine's, not this run's own.
     machine = machine_facts()
     machine["load_average_at_start"] = machine.pop("load_average")
-    records = [emit(run_header(options, config, sys.argv if argv is None else argv, machine))]
-    tokenizer_dir = options.tokenizer_dir or compatible_tokenizer_dir(config, options.run_dir)
-    context = BenchContext(config, Path(tokenizer_dir) if tokenizer_dir else None)
+    records: list[dict] = []
+    context = None
     seconds: dict[str, float] = {}  # wall time per benchmark, for the closing "timing" record
     started = time.perf_counter()
     complete = False
@@ -269,7 +291,14 @@ def run_benchmarks(options: BenchOptions, emit=None, config=None, argv=None) -> 
         finally:
             seconds[name] = round(seconds.get(name, 0.0) + time.perf_counter() - start, 1)
 
+    # From the first record on, a stop (Ctrl-C, SIGTERM, a failure) still ends the output with the timing record.
     try:
+        tokenizer_dir = options.tokenizer_dir or compatible_tokenizer_dir(config, options.run_dir)
+        context = BenchContext(config, Path(tokenizer_dir) if tokenizer_dir else None)
+        argv = sys.argv if argv is None else argv
+        records.append(run_header(options, config, argv, machine, tokenizer_facts(context)))
+        # listed before it is written: a stop while it is written (it may be out) still ends with the timing record
+        emit(records[0])
         with contextlib.redirect_stdout(sys.stderr):  # TFDS prints progress on stdout: keep it for JSON
             if "train" in options.only:
                 with timed("train"):
@@ -368,9 +397,11 @@ def run_benchmarks(options: BenchOptions, emit=None, config=None, argv=None) -> 
                     records.append(bench_refusal(emit, config=options.config, overrides=options.overrides))
         complete = True
     finally:
-        context.close()
-        # how long each benchmark took on this machine (make bench's wall time, README); also when stopped early
-        timing = {"bench": "timing", "complete": complete, "seconds": seconds}
-        timing["total_seconds"] = round(time.perf_counter() - started, 1)
-        records.append(emit({**timing, "machine": machine}))
+        if context is not None:
+            context.close()
+        # each benchmark's wall time on this machine (make bench's, README); also when stopped, once the header is out
+        if records:
+            timing = {"bench": "timing", "complete": complete, "seconds": seconds}
+            timing["total_seconds"] = round(time.perf_counter() - started, 1)
+            records.append(emit({**timing, "machine": machine}))
     return records

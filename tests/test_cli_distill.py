@@ -135,6 +135,14 @@ def _run_the_printed_student_command(stderr: str, output, tmp_path) -> None:
             ["--set", "data.validation_split=valid"],
             "data.validation_split=valid: the corpus has no such split, and a student",
         ),
+        (  # before 2026-12-07e: exit 1 once TensorFlow and the teachers had loaded (found by a review)
+            ["--set", "data.train_split=nope"],
+            "data.train_split=nope: the corpus has no such split, so there is nothing to translate",
+        ),
+        (  # the same for the teacher's train split missing from a folder corpus
+            ["--set", "data.folder=CORPUS_WITHOUT_TRAIN"],
+            "data.train_split=train: the corpus has no such split, so there is nothing to translate",
+        ),
         (  # before 2026-12-07: the teacher's validation split missing from the corpus was a warning, exit 0
             ["--set", "data.folder=CORPUS_WITHOUT_VALIDATION"],
             "data.validation_split=validation: the corpus has no such split, and a student",
@@ -153,6 +161,10 @@ def test_usage_errors_exit_2_before_tensorflow_and_write_nothing(args, message, 
     if "data.folder=CORPUS_WITHOUT_VALIDATION" in args:
         corpus = write_corpus(tmp_path / "corpus", corpus={"train": [("a hat.", "einen hut.")]})
         args = [f"data.folder={corpus}" if arg.endswith("WITHOUT_VALIDATION") else arg for arg in args]
+    if "data.folder=CORPUS_WITHOUT_TRAIN" in args:
+        real = [("a hat.", "einen hut.")]
+        corpus = write_corpus(tmp_path / "corpus", corpus={"validation": real, "test": real})
+        args = [f"data.folder={corpus}" if arg.endswith("WITHOUT_TRAIN") else arg for arg in args]
     teacher = tiny_run_dir
     if "GREEDY_TEACHER" in args:  # a copy of the teacher whose eval.beam_size is 1
         import shutil

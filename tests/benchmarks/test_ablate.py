@@ -144,6 +144,47 @@ def test_ablate_cli_refuses_a_root_through_a_file(tmp_path, capsys):
         )
 
 
+def test_ablate_cli_refuses_a_run_directory_as_root(tmp_path, capsys):
+    """--root at a trained run directory: exit 2 before training, its tokenizer kept (before 2026-12-07: replaced
+    by the shared one, and the run no longer loaded; found by a review)."""
+    import ablate
+
+    run = tmp_path / "run"
+    (run / "tokenizer").mkdir(parents=True)
+    (run / "config.yaml").write_text("train: {}\n")
+    (run / "tokenizer" / "spm.model").write_bytes(b"the run's model")
+    assert ablate.main(["--quick", "--root", str(run), "--output", str(tmp_path / "r.md")]) == 2
+    assert (
+        f"ablate.py: --root {run} is a run directory (it holds config.yaml): give another --root"
+        in capsys.readouterr().err
+    )
+    assert sorted(p.name for p in run.iterdir()) == ["config.yaml", "tokenizer"]
+    assert (run / "tokenizer" / "spm.model").read_bytes() == b"the run's model"
+
+
+def test_the_shared_tokenizer_replaces_only_one_ablate_made(tmp_path):
+    """ROOT/tokenizer without ablate's stamp next to it is not its own: an AblationError naming it, kept as it was;
+    one with the stamp of another data config is trained anew (and stamped with this one)."""
+    from benchmarks.ablation import AblationError, shared_tokenizer
+    from data.tokenizer import Tokenizer
+    from nmt.config import config_from_dict
+
+    config = config_from_dict(tiny_config_tree(write_corpus(tmp_path / "corpus")))
+    root = tmp_path / "root"
+    (root / "tokenizer").mkdir(parents=True)
+    (root / "tokenizer" / "spm.model").write_bytes(b"someone else's model")
+    with pytest.raises(AblationError) as refused:
+        shared_tokenizer(config, root)
+    assert str(root / "tokenizer") in str(refused.value) and "give another --root" in str(refused.value)
+    assert (root / "tokenizer" / "spm.model").read_bytes() == b"someone else's model"
+
+    # ablate's stamp, for another data config
+    (root / "data_config.yaml").write_text("vocab_size: 12345\n")
+    assert shared_tokenizer(config, root) == root / "tokenizer"
+    assert Tokenizer.load(root / "tokenizer").target_vocab_size == config.data.vocab_size == 64
+    assert yaml.safe_load((root / "data_config.yaml").read_text())["vocab_size"] == 64
+
+
 def test_a_variant_directory_in_use_is_not_removed(tmp_path):
     from benchmarks.ablation import AblationError, fresh_run_dir, resumable
     from nmt.run_dir import RunDir, RunLock

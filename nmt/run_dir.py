@@ -389,6 +389,11 @@ def ensemble_direction_error(member, member_data, main, main_data) -> str:
 if __name__ == "__main__":
     import sys
 
+    usage = "usage: python -m nmt.run_dir --finished DIR (exit 0 if the run in DIR reached its end, else 1)"
+    if sys.argv[1:] in (["--help"], ["-h"]):
+        print(usage)
+        sys.exit(0)
     if len(sys.argv) != 3 or sys.argv[1] != "--finished":
-        sys.exit("usage: python -m nmt.run_dir --finished DIR")
+        print(usage, file=sys.stderr)
+        sys.exit(2)
     sys.exit(0 if RunDir(sys.argv[2]).finished() else 1)

@@ -143,3 +143,21 @@ def test_a_config_yaml_that_is_not_a_file_is_named_and_left_alone(tmp_path, caps
         assert [p.name for p in run.path.iterdir()] == ["config.yaml"]
         with pytest.raises(RunDirError, match=f"is {what}, not the run's config"):
             run.require()
+
+
+def test_the_finished_command_has_a_help_and_a_usage_error():
+    """`python -m nmt.run_dir --help` exits 0 with its usage (before 2026-12-07e: exit 1, as for a run that is not
+    finished); a wrong command line is a usage error, exit 2, not "not finished"."""
+    import subprocess
+    import sys
+
+    def run(*args):
+        command = [sys.executable, "-m", "nmt.run_dir", *args]
+        root = Path(__file__).resolve().parents[2]
+        return subprocess.run(command, cwd=root, capture_output=True, text=True, timeout=120)
+
+    done = run("--help")
+    assert done.returncode == 0 and done.stdout.startswith("usage: python -m nmt.run_dir --finished DIR")
+    for args in ([], ["--finish", "x"], ["--finished"]):
+        done = run(*args)
+        assert done.returncode == 2 and done.stderr.startswith("usage: "), args

@@ -1,6 +1,10 @@
-"""bench.py's command line: options reach BenchOptions, bad ones exit 2 with the reason on stderr."""
+"""bench.py's command line: options reach BenchOptions, bad ones exit 2 with the reason on stderr; a stop exits 130."""
+
+import json
 
 import pytest
+
+from tests.run_fixture import tiny_config_tree, write_corpus
 
 UNMODELLED = "the train rows compare our model with a stock-Keras reference that does not model "
 
@@ -187,3 +191,41 @@ def test_a_runs_tokenizer_is_reused_whether_its_folder_was_given_relative_or_abs
     assert compatible_tokenizer_dir(relative, run.path) == run.tokenizer_dir
     other = config_from_dict(tiny_config_tree(str(tmp_path / "other")))
     assert compatible_tokenizer_dir(other, run.path) is None
+
+
+def test_bench_stopped_by_sigterm_exits_130_without_a_traceback(tmp_path):
+    """SIGTERM (as Ctrl-C) once the first record is out: one line on stderr, exit 130, and the output ends with the
+    incomplete timing record (before 2026-12-07e: a KeyboardInterrupt traceback; found by a review)."""
+    import signal
+    import subprocess
+    import sys
+    import threading
+
+    import yaml
+
+    from benchmarks.runner import ROOT
+
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump(tiny_config_tree(write_corpus(tmp_path / "corpus"))), encoding="utf-8")
+    # attention: each point in a child process that imports TensorFlow, seconds in which the signal arrives
+    command = [sys.executable, "bench.py", "--quick", "--only", "attention", "--config", str(config)]
+    with open(tmp_path / "stderr", "w") as stderr:
+        bench = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=stderr, text=True)
+    # only against a hang
+    guard = threading.Timer(300, bench.kill)
+    guard.start()
+    try:
+        first = json.loads(bench.stdout.readline())
+        assert first["bench"] == "run"
+        bench.send_signal(signal.SIGTERM)
+        rest = bench.stdout.read().splitlines()
+        code = bench.wait()
+    finally:
+        guard.cancel()
+        bench.kill()
+    errors = (tmp_path / "stderr").read_text()
+    assert code == 130, errors[-2000:]
+    assert "Traceback" not in errors
+    assert "bench.py: interrupted; the timing record says how far it got" in errors
+    last = json.loads(rest[-1])
+    assert last["bench"] == "timing" and last["complete"] is False

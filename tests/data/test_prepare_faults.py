@@ -4,18 +4,24 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
 from data.config import DataConfig
+from data.corpus import load_text_pairs
 from data.errors import DataError
 from data.pipeline import make_train_dataset
 from data.prepare import main, prepare
 from data.store import PreparedSplit
-from tests.data.test_prepare import folder_cfg, write_config
+from tests.data.conftest import sentences
+from tests.data.test_prepare import BAD, REPO, TRAIN, folder_cfg, write_config
 
 
 def test_a_truncated_folder_file_is_named(tmp_path):
@@ -238,3 +244,108 @@ def test_an_unwritable_cache_names_the_setting_that_chose_it(tmp_path, monkeypat
         )
     else:
         assert message.endswith("set data.cache_dir (or $NMT_DATA_CACHE) to a writable directory")
+
+
+def test_a_split_with_no_usable_pair_stops_before_any_step_saying_why(tmp_path):
+    """A validation split of blank lines: a data error when the split is opened (the trainer opens it before its
+    first step), with preparation's counts; not a StopIteration at the first evaluation."""
+    from data.pipeline import make_eval_dataset, open_split
+
+    cfg = folder_cfg(tmp_path)
+    (Path(cfg.folder) / "en.dev.txt").write_text("\n" * 3)
+    (Path(cfg.folder) / "fr.dev.txt").write_text("Un.\n\n \n")
+    tokenizer, _ = prepare(cfg, progress=False)
+    message = (
+        r"split 'dev' of folder has no usable pair \(kept 0 of 3 pairs; dropped 2 empty, 1 with one side"
+    )
+    with pytest.raises(DataError, match=message):
+        open_split(cfg, tokenizer, "dev")
+    with pytest.raises(DataError, match=message):
+        make_eval_dataset(cfg, tokenizer, "dev")
+    assert len(open_split(cfg, tokenizer, "train")) == TRAIN
+    # data.prepare says so too, instead of "prepared" (the split the config validates on: train.py would stop)
+    assert main(["--config", str(write_config(tmp_path, cfg)), "--no-progress"]) == 1
+
+
+def test_a_train_split_with_no_usable_pair_says_why_not_just_empty(tmp_path):
+    from data.tokenizer_training import train_tokenizer
+
+    cfg = folder_cfg(tmp_path)
+    (Path(cfg.folder) / "fr.train.txt").write_text(" \n" * (TRAIN + len(BAD)))
+    with pytest.raises(
+        DataError, match=r"split 'train' has no usable pair \(kept 0 of 84 pairs; dropped 1 empty"
+    ):
+        train_tokenizer(cfg, tmp_path / "tokenizer", seed=0)
+
+
+def test_a_split_in_another_encoding_is_refused_not_mostly_dropped(tmp_path):
+    """Latin-1 files: every line with an accent is invalid UTF-8. Dropping them line by line (with a warning) would
+    train on what is left; most of a split invalid means the files' encoding, named with the fix."""
+    from data.pipeline import open_split
+    from data.tokenizer_training import train_tokenizer
+
+    cfg = folder_cfg(tmp_path)
+    dev = Path(cfg.folder) / "fr.dev.txt"
+    lines = dev.read_text(encoding="utf-8").splitlines()
+    tokenizer, _ = prepare(cfg, progress=False)  # a few bad lines: dropped with a warning (above)
+    dev.write_bytes("".join(f"Déjà {line}\n" for line in lines).encode("latin-1", errors="replace"))
+    message = (
+        rf"split 'dev'.*: {len(lines)} of {len(lines)} pairs are not valid UTF-8 .* iconv -f latin1 -t utf-8"
+    )
+    with pytest.raises(DataError, match=message):
+        open_split(cfg, tokenizer, "dev")
+    with pytest.raises(DataError, match=message):
+        load_text_pairs(cfg, "dev")
+    assert not list(Path(cfg.cache_dir).rglob("*dev*partial*"))  # nothing half-written left in the cache
+    train = Path(cfg.folder) / "fr.train.txt"
+    train.write_bytes(
+        train.read_text(encoding="utf-8").replace("\n", " à\n").encode("latin-1", errors="replace")
+    )
+    with pytest.raises(DataError, match=r"split 'train' \(the tokenizer's sample\): .* are not valid UTF-8"):
+        train_tokenizer(cfg, tmp_path / "tokenizer2", seed=0)
+
+
+def test_a_cp1252_split_is_refused_even_when_most_of_its_lines_are_plain_ascii(tmp_path):
+    """cp1252 files where only some lines have a curly quote or an accent (here a fifth): refused naming the
+    conversion, not a fifth of the split silently lost (before, up to half was dropped with a warning)."""
+    from data.pipeline import open_split
+
+    cfg = folder_cfg(tmp_path)
+    tokenizer, _ = prepare(cfg, progress=False)
+    count = 100
+    quoted = [f"Line {i} is plain." + (" It\u2019s not." if i % 5 == 0 else "") for i in range(count)]
+    (Path(cfg.folder) / "en.dev.txt").write_bytes("".join(f"{line}\n" for line in quoted).encode("cp1252"))
+    (Path(cfg.folder) / "fr.dev.txt").write_text("".join(f"{line}\n" for line in sentences("fr", count, 2)))
+    invalid = sum(not line.isascii() for line in quoted)
+    assert count / 10 < invalid < count / 2  # below the old limit (half the split), above the new (a tenth)
+    message = rf"split 'dev'.*: {invalid} of {count} pairs are not valid UTF-8 .* iconv"
+    with pytest.raises(DataError, match=message):
+        open_split(cfg, tokenizer, "dev")
+    with pytest.raises(DataError, match=message):
+        load_text_pairs(cfg, "dev", every_line=True)
+
+
+def test_a_full_disk_while_the_tokenizer_is_written_is_an_error_not_a_traceback(tmp_path):
+    """A file-size limit stands in for a full disk: data.prepare exits 1 naming the tokenizer's directory, and
+    leaves nothing the cache would take as complete."""
+    import resource
+    import signal
+
+    cfg = folder_cfg(tmp_path)
+
+    def full_disk():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG, as ENOSPC: an error, not a signal
+        resource.setrlimit(resource.RLIMIT_FSIZE, (256, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+
+    done = subprocess.run(
+        [sys.executable, "-m", "data.prepare", "--config", str(write_config(tmp_path, cfg)), "--no-progress"],
+        cwd=REPO, capture_output=True, text=True, timeout=600, preexec_fn=full_disk,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
+    assert re.search(
+        r"error: cannot write the tokenizer into .*tokenizer-\w+\.partial: .*File too large", done.stderr
+    )
+    # the corpus files' digests (memoised: complete or absent) may stay
+    left = [p.name for p in Path(cfg.cache_dir).iterdir() if not p.name.endswith(".lock")]
+    assert left in ([], ["file-digests"]), left

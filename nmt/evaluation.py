@@ -347,7 +347,8 @@ def _loss_model(model_dir, translator, weights: str) -> tuple:
     """The run directory's TensorFlow model for the loss next to a CTranslate2 engine: (model or None, record fields).
 
     With `weights` "auto", the checkpoint the export was made from if `model_dir` holds it (found by its digest,
-    wherever the run is now and whatever the export recorded as its path); else the `weights` of the run directory.
+    wherever the run is now and whatever the export recorded as its path; an export without a digest, by its path);
+    else the `weights` of the run directory.
     No weights at all: (None, a `loss_note`), and the record's loss is null.
     """
     from nmt.checkpoints import restore_model_weights
@@ -356,8 +357,12 @@ def _loss_model(model_dir, translator, weights: str) -> tuple:
     from nmt.run_dir import RunDir, RunDirError
     from transformer.model import build_model
 
-    digest = translator.metadata.get("weights_digest")
+    digest, recorded = translator.metadata.get("weights_digest"), translator.weights
     exported = stored_checkpoints(model_dir).get(digest) if digest and weights == "auto" else None
+    # exports made before the digest was recorded (2026-12-06): the path, when it is inside `model_dir` and there
+    if weights == "auto" and not digest and recorded and Path(f"{recorded}.index").is_file():
+        inside = Path(recorded).resolve().is_relative_to(Path(model_dir).resolve())
+        exported = Path(recorded) if inside else None
     try:
         tokenizer = translator.tokenizer
         model = build_model(translator.config.model, tokenizer.source_vocab_size, tokenizer.target_vocab_size)

@@ -114,22 +114,50 @@ _DESCRIPTOR_LINK = re.compile(
 )
 
 
-def written_in_place(path: str) -> bool:
-    """Whether `path` must be opened and written as it is, not replaced through a temporary file: it is, or links
-    through, a descriptor's link (`/dev/stdout`, `/dev/fd/3`, `/proc/self/fd/1`: a rename would replace the link, not
-    write the file the descriptor is open on), or it exists and is not a regular file (a FIFO, a terminal,
-    /dev/null). A regular file anywhere, /dev/shm too, is replaced whole."""
+def _descriptor_link(path: str) -> str | None:
+    """The descriptor's link `path` is or links through (as `_DESCRIPTOR_LINK` spells it), else None."""
     link = os.path.abspath(path)
     # the kernel's own limit on a chain of links
     for _ in range(40):
         # the folder as the kernel sees it: /dev/fd/1 is /proc/<pid>/fd/1
         link = os.path.join(os.path.realpath(os.path.dirname(link)), os.path.basename(link))
         if _DESCRIPTOR_LINK.fullmatch(link):
-            return True
+            return link
         if not os.path.islink(link):
             break
         link = os.path.join(os.path.dirname(link), os.readlink(link))
+    return None
+
+
+def written_in_place(path: str) -> bool:
+    """Whether `path` must be opened and written as it is, not replaced through a temporary file: it is, or links
+    through, a descriptor's link (`/dev/stdout`, `/dev/fd/3`, `/proc/self/fd/1`: a rename would replace the link, not
+    write the file the descriptor is open on), or it exists and is not a regular file (a FIFO, a terminal,
+    /dev/null). A regular file anywhere, /dev/shm too, is replaced whole."""
+    if _descriptor_link(path) is not None:
+        return True
     return os.path.exists(path) and not os.path.isfile(path)
+
+
+def own_descriptor(path: str) -> int | None:
+    """The number of this process's open descriptor `path` names (`/dev/fd/3`, `/proc/self/fd/3`, `/dev/stdout`),
+    else None: written through that descriptor, its file position shared (`3>>file` keeps what was written before,
+    and what is written after follows), not through a second opening of its file."""
+    link = _descriptor_link(path)
+    if link is None:
+        return None
+    if standard := re.fullmatch(r"/dev/std(in|out|err)", link):
+        number = ("in", "out", "err").index(standard[1])
+    else:
+        found = re.fullmatch(r"/proc/(\d+|self|thread-self)(/task/\d+)?/fd/(\d+)", link)
+        if found is None or found[1] not in ("self", "thread-self", str(os.getpid())):
+            return None
+        number = int(found[3])
+    try:
+        os.fstat(number)
+    except OSError:
+        return None
+    return number
 
 
 def standard_stream(path: str):
@@ -170,6 +198,9 @@ class LineWriter:
             stream = standard_stream(self.path)
             if stream is not None:
                 self._borrow(stream)
+            elif (number := own_descriptor(self.path)) is not None:
+                # the descriptor itself (its position moves with the lines), left open at close
+                self._handle = open(number, "wb", closefd=False)  # noqa: SIM115
             else:
                 self._handle = open(self.path, "ab")  # noqa: SIM115
         else:

@@ -67,6 +67,12 @@ def test_the_loss_is_the_exported_checkpoints_from_any_directory(
     assert records["export"]["loss"] == pytest.approx(records["tensorflow"]["loss"], rel=1e-6)
     translator = CTranslate2Translator.from_run_dir(run, older)
     assert _loss_model(run, translator, "auto")[1] == {"loss_weights": str(best)}
+    # Older still (before 2026-12-06): no digest, found by its path inside the run (a review of 2026-12-07e: the
+    # digest lookup alone took final/'s loss for it)
+    oldest = shutil.copytree(export, tmp_path / "oldest")
+    (oldest / "nmt_export.json").write_text(json.dumps({**metadata, "weights_digest": None}))
+    translator = CTranslate2Translator.from_run_dir(run, oldest)
+    assert _loss_model(run, translator, "auto")[1] == {"loss_weights": str(best)}
 
     # The run no longer holds those weights (best/ rotated away): said so, whatever the path recorded.
     shutil.rmtree(run / "best")

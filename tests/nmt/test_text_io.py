@@ -141,3 +141,34 @@ def test_dev_stdout_is_written_through_stdout(tmp_path, path, stream, mode):
     assert done.returncode == 0
     expected = "before\none\ntwo\nafter\n"
     assert out.read_text() == ("earlier\n" if mode == "ab" else "") + expected
+
+
+# writes through the descriptor before and after the lines, as `{ echo header >&3; translate.py ...; } 3>>file`
+WRITE_TO_DESCRIPTOR = """
+import os, sys
+from nmt.text_io import LineWriter
+number = int(sys.argv[1])
+os.write(number, b"header\\n")
+with LineWriter(sys.argv[2].format(number)) as writer:
+    writer.write("one")
+    writer.write("two")
+os.write(number, b"footer\\n")
+"""
+
+
+@pytest.mark.parametrize("link", ["/dev/fd/{}", "/proc/self/fd/{}"])
+@pytest.mark.parametrize("mode", ["ab", "wb"])
+def test_a_descriptor_other_than_stdout_is_written_at_its_own_position(tmp_path, link, mode):
+    """`--output /dev/fd/3` with `3>file` or `3>>file`: the lines follow what the descriptor wrote before and
+    precede what it writes after (before, found by a review of 2026-12-07e: a second opening of the file, in append
+    mode, whose lines the descriptor's next write overwrote after `3>file`)."""
+    out = tmp_path / "out.txt"
+    out.write_bytes(b"earlier\n")
+    with open(out, mode) as handle:
+        number = handle.fileno()
+        done = subprocess.run(
+            [sys.executable, "-c", WRITE_TO_DESCRIPTOR, str(number), link],
+            pass_fds=[number], cwd=ROOT, timeout=60,
+        )  # fmt: skip
+    assert done.returncode == 0
+    assert out.read_text() == ("earlier\n" if mode == "ab" else "") + "header\none\ntwo\nfooter\n"

@@ -356,3 +356,27 @@ def test_workers_whose_machines_resolve_precision_auto_differently_are_refused_b
         "the workers would train in different precisions (worker 0: mixed_bfloat16, worker 1: float32): "
     )
     assert "set train.precision to one policy for every worker" in str(raised.value)
+
+
+def test_check_same_config_gathers_each_workers_precision_and_refuses_two(monkeypatch):
+    """The collective's wiring (the helper above is the message): each worker contributes its config's fingerprint
+    and the index of the policy it resolved; the other worker is simulated by the gathered rows (one per worker),
+    the same fingerprint with another policy."""
+    import nmt.distribute as distribute
+
+    control = StopControl(tf.distribute.get_strategy())
+    control.multi_worker = True
+    other = {}
+
+    def gather(strategy, values, timeout=0.0):
+        other["sent"] = list(values)
+        return np.array([values, [values[0], other["policy"]]], dtype=np.float64)
+
+    monkeypatch.setattr(distribute, "gather_from_workers", gather)
+    monkeypatch.setattr(distribute, "worker_of_replica", lambda strategy, i: f"worker {i}")
+    other["policy"] = distribute.PRECISIONS.index("float32")
+    control.check_same_config(0xABC, precision="float32")
+    assert other["sent"] == [float(0xABC), float(distribute.PRECISIONS.index("float32"))]
+    other["policy"] = distribute.PRECISIONS.index("float32")
+    with pytest.raises(distribute.WorkersDisagree, match=r"\(worker 0: mixed_bfloat16, worker 1: float32\)"):
+        control.check_same_config(0xABC, precision="mixed_bfloat16")

@@ -8,7 +8,8 @@
 The keys are hashes of what changes the tokens, never of what is applied when reading (max_length, batch sizes,
 buckets) nor of where things are stored (data_dir, manual_dir, cache_dir):
 - tokenizer: the train split's identity (data.stream.split_identity), direction, tokenizer type, vocab_size,
-  joint_vocab, tokenizer_max_sentences, the sampling seed and the preparation format;
+  joint_vocab, tokenizer_max_sentences, the sampling seed, SentencePiece's training threads and the preparation
+  format;
 - split: the split's identity, direction, the tokenizer's fingerprint (its model bytes) and the format.
 
 Everything is written into `<final>.partial` and renamed when complete, so a killed preparation leaves nothing
@@ -38,6 +39,10 @@ log = logging.getLogger(__name__)
 CACHE_ENV = "NMT_DATA_CACHE"
 PREPARE_FORMAT = 1  # bump when the preparation changes the tokens or the layout
 TOKENIZER_SEED = 1234
+# SentencePiece's training threads for the cached tokenizer, whatever the machine's cores: the unigram trainer
+# gives other pieces for another thread count (deterministic for one count, whatever the cores that run it). Before,
+# it was the machine's CPU count (at most 16): a 2-core and a 16-core machine trained different tokenizers.
+TOKENIZER_TRAIN_THREADS = 16
 
 
 def cache_root(cfg: DataConfig) -> Path:
@@ -73,6 +78,8 @@ def tokenizer_key_inputs(cfg: DataConfig, train_identity: dict) -> dict:
         "joint_vocab": cfg.joint_vocab,
         "max_sentences": cfg.tokenizer_max_sentences,
         "seed": TOKENIZER_SEED,
+        # a cache trained with the machine's CPU count (before) is trained again, once
+        "threads": TOKENIZER_TRAIN_THREADS,
         **({"lowercase": True} if cfg.lowercase else {}),  # absent when off: older caches keep their keys
     }
 

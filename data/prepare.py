@@ -34,8 +34,17 @@ log = logging.getLogger(__name__)
 
 
 def tokenizer_threads() -> int:
-    """SentencePiece's threads for training and encoding (data.stats trains as this module does)."""
+    """SentencePiece's threads for encoding (the ids do not depend on them; training uses a fixed count)."""
     return max(1, min(os.cpu_count() or 1, 16))
+
+
+def train_cache_tokenizer(cfg: DataConfig, out_dir: Path):
+    """Trains into `out_dir` the tokenizer the cache holds for `cfg` (data.stats trains this way too): its seed and
+    thread count are fixed (`cache.TOKENIZER_SEED`, `cache.TOKENIZER_TRAIN_THREADS`), so the same settings and
+    corpus give the same model on any machine."""
+    from data.tokenizer_training import train_tokenizer
+
+    return train_tokenizer(cfg, out_dir, seed=cache.TOKENIZER_SEED, num_threads=cache.TOKENIZER_TRAIN_THREADS)
 
 
 def cached_tokenizer(cfg: DataConfig, *, chief: bool = True):
@@ -44,7 +53,6 @@ def cached_tokenizer(cfg: DataConfig, *, chief: bool = True):
     A non-chief worker reads the chief's (it starts once the chief has prepared) instead of training it.
     """
     from data.tokenizer import Tokenizer
-    from data.tokenizer_training import train_tokenizer
 
     inputs = cache.tokenizer_key_inputs(cfg, split_identity(cfg, cfg.train_split))
     final = cache.tokenizer_dir(cfg, inputs)
@@ -58,7 +66,7 @@ def cached_tokenizer(cfg: DataConfig, *, chief: bool = True):
                     "training the SentencePiece tokenizer on the %s split into %s", cfg.train_split, final
                 )
                 try:
-                    train_tokenizer(cfg, partial, seed=cache.TOKENIZER_SEED, num_threads=tokenizer_threads())
+                    train_cache_tokenizer(cfg, partial)
                 except DataError:  # the corpus or the settings refused it: nothing stays
                     shutil.rmtree(partial, ignore_errors=True)
                     raise

@@ -94,9 +94,8 @@ def compute_stats(cfg, seed: int, tokenizer_dir: Path | None) -> dict:
     from data.corpus import load_text_pairs, split_sizes
     from data.errors import DataError
     from data.pipeline import bucket_edges, open_split, split_tables, train_batches
-    from data.prepare import cached_tokenizer
+    from data.prepare import cached_tokenizer, train_cache_tokenizer
     from data.tokenizer import Tokenizer
-    from data.tokenizer_training import train_tokenizer
 
     log = logging.getLogger("data.stats")
     splits = split_sizes(cfg)
@@ -114,12 +113,9 @@ def compute_stats(cfg, seed: int, tokenizer_dir: Path | None) -> dict:
         # as data.prepare trains the cached one (its seed and threads, not train.seed's): the statistics are those
         # of the tokenizer a run of this config would train; into a staging folder, the model files moved into
         # DIR once whole (a failure leaves no model file there to be loaded next time)
-        from data import cache
-        from data.prepare import tokenizer_threads
-
         staging = tokenizer_dir / f".partial-{os.getpid()}"
         try:
-            train_tokenizer(cfg, staging, seed=cache.TOKENIZER_SEED, num_threads=tokenizer_threads())
+            train_cache_tokenizer(cfg, staging)
             for model in sorted(staging.glob("*.model")):
                 os.replace(model, tokenizer_dir / model.name)
         except OSError as err:

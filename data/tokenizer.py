@@ -7,11 +7,14 @@
 
 Lossless by construction, so sacreBLEU can score detokenized cased text against raw references: identity
 normalization (no NFKC), whitespace kept as it is (`remove_extra_whitespaces=False`), every character of the
-training text in the vocabulary (`character_coverage=1.0`) and, when the vocabulary has room (>= 2048 pieces),
-byte fallback for characters never seen in training. One known loss: TF Text's bundled SentencePiece drops
-whitespace at the very start of a line when detokenizing. With `data.lowercase` the normalization lowercases
-instead (a user-defined SentencePiece rule, `data.tokenizer_training.lowercase_rules`): lossless up to case, and every reader of the model
-(TF Text in-graph, the `sentencepiece` package, a SavedModel, a CTranslate2 export) lowercases alike.
+training text in the vocabulary (`character_coverage=1.0`, and `required_chars` for those SentencePiece would not
+count: it deletes literal "<s>", "</s>", "<pad>" and "<unk>" from the text it trains on) and, when the vocabulary has
+room (>= 2048 pieces), byte fallback for characters never seen in training (below 2048 they become <unk>). Two known
+losses: TF Text's bundled SentencePiece drops whitespace at the very start of a line when detokenizing, and a
+literal "▁" (U+2581, SentencePiece's mark of a space) in the text comes back as a space. With `data.lowercase` the
+normalization lowercases instead (a user-defined SentencePiece rule, `data.tokenizer_training.lowercase_rules`):
+lossless up to case, and every reader of the model (TF Text in-graph, the `sentencepiece` package, a SavedModel, a
+CTranslate2 export) lowercases alike.
 
 Special ids are the project's (`common.special_ids`): <pad>=0, <unk>=1, <s>=2 (BOS), </s>=3 (EOS). A model file
 that reserves other ids is refused. Vocabulary sizes are padded up to a multiple of 8 for the embedding tables;

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import io
 import logging
+import re
 import tempfile
 from pathlib import Path
 
@@ -106,16 +107,51 @@ def _normalization(cfg: DataConfig, scratch: Path) -> dict:
 
 # SentencePiece's max_sentence_length (default): longer sentences are not trained on.
 SPM_MAX_SENTENCE_BYTES = 4192
+# SentencePiece's pieces of byte fallback, <0x00> to <0xFF>
+BYTE_PIECES = 256
+
+
+def _required_chars(sentences: list[str], cfg: DataConfig) -> str:
+    """Every character of `sentences` as the trainer sees them (lowercased with data.lowercase), for SentencePiece's
+    `required_chars`: it counts the characters after deleting the special pieces' strings ("<s>", "</s>", "<pad>",
+    "<unk>") from the text, so a character seen only inside them would be no piece. Not the space (the trainer's
+    "▁"), U+0000 (skipped) nor U+2585 (SentencePiece's mark of an unknown character, which it refuses there)."""
+    chars: set[str] = set()
+    for sentence in sentences:
+        chars.update(sentence)
+    if cfg.lowercase:
+        chars = {char.translate(lowercase_table()) for char in chars}
+    return "".join(sorted(chars - {" ", "\x00", "\u2585"}))
+
+
+def _vocab_limit(err: RuntimeError, cfg: DataConfig) -> tuple[str, str]:
+    """(" to at most N", why) for SentencePiece's "Please set it to a value <= N", else ("", ""). With byte fallback
+    its N counts the 256 byte pieces, which a vocabulary below BYTE_FALLBACK_MIN_VOCAB has not: N - 256 then, and
+    why (before, N was suggested, which failed again with a limit 256 lower)."""
+    found = re.search(r"value <= (\d+)", str(err))
+    if not found:
+        return "", ""
+    limit = int(found.group(1))
+    if cfg.vocab_size >= BYTE_FALLBACK_MIN_VOCAB > limit:
+        return f" to at most {limit - BYTE_PIECES:,}", (
+            f": SentencePiece's {limit:,} counts the {BYTE_PIECES} pieces of byte fallback, which vocabularies of "
+            f"fewer than {BYTE_FALLBACK_MIN_VOCAB:,} pieces have not"
+        )
+    return f" to at most {limit:,}", ""
 
 
 def _train_model(
     sentences: list[str], cfg: DataConfig, seed: int, side: str, num_threads: int = 1, capped: bool = False
 ) -> bytes:
-    """Trains one SentencePiece model in memory; deterministic for a given seed with one thread. `capped`: the
-    sample was cut at data.tokenizer_max_sentences (said in the advice for a vocabulary too large)."""
+    """Trains one SentencePiece model in memory; deterministic for a given seed and thread count (whatever the cores
+    that run it; another count trains other pieces). `capped`: the sample was cut at data.tokenizer_max_sentences
+    (said in the advice for a vocabulary too large)."""
     if not sentences:
         raise DataError(f"no {side} sentences to train the tokenizer on (split {cfg.train_split!r} is empty)")
     model = io.BytesIO()
+    byte_fallback = cfg.vocab_size >= BYTE_FALLBACK_MIN_VOCAB
+    # without byte fallback every character must be a piece, even one seen only in a literal "<s>" (see above)
+    required = {} if byte_fallback else {"required_chars": _required_chars(sentences, cfg)}
     spm.set_random_generator_seed(seed)
     with tempfile.TemporaryDirectory(prefix="nmt-spm-") as scratch:  # the lowercase rules' file, if any
         normalization = _normalization(cfg, Path(scratch))
@@ -126,7 +162,8 @@ def _train_model(
                 model_type=cfg.tokenizer,
                 vocab_size=cfg.vocab_size,
                 character_coverage=1.0,
-                byte_fallback=cfg.vocab_size >= BYTE_FALLBACK_MIN_VOCAB,
+                byte_fallback=byte_fallback,
+                **required,
                 remove_extra_whitespaces=False,
                 **normalization,
                 num_threads=num_threads,
@@ -144,12 +181,15 @@ def _train_model(
                     "not paragraphs)?"
                 )
             elif capped:
+                at_most, why = _vocab_limit(err, cfg)
                 advice = (
-                    "Lower data.vocab_size, or raise data.tokenizer_max_sentences (the sample has "
-                    f"{len(sentences):,} sentences of at most {cfg.tokenizer_max_sentences:,}: the split has more)."
+                    f"Lower data.vocab_size{at_most}, or raise data.tokenizer_max_sentences (the sample has "
+                    f"{len(sentences):,} sentences of at most {cfg.tokenizer_max_sentences:,}: the split has "
+                    f"more){why}."
                 )
             else:
-                advice = "Lower data.vocab_size (or use more data)."
+                at_most, why = _vocab_limit(err, cfg)
+                advice = f"Lower data.vocab_size{at_most} (or use more data){why}."
             raise DataError(
                 f"SentencePiece cannot train a {cfg.tokenizer} model of data.vocab_size={cfg.vocab_size} on "
                 f"{len(sentences)} {side} sentences of {cfg.dataset!r}: {str(err).strip().rstrip('.')}. {advice}"
@@ -167,7 +207,8 @@ def train_tokenizer(
         `tokenizer_max_sentences` (sentences sampled, seeded by `seed`).
       out_dir: created if needed; receives `spm.model` (joint) or `spm.source.model` and `spm.target.model`.
       seed: seeds the sentence sample and SentencePiece's own random generator.
-      num_threads: SentencePiece training threads (1 = bit-reproducible).
+      num_threads: SentencePiece training threads: the same count trains the same model on any machine, another
+        count other pieces (`data.prepare` trains with the fixed `data.cache.TOKENIZER_TRAIN_THREADS`).
     Raises:
       DataError: e.g. a vocabulary too large for the corpus (the message names data.vocab_size and the limit).
     """

@@ -25,6 +25,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import nmt.xla  # noqa: E402, F401  (TF_XLA_FLAGS before TensorFlow reads them: train.xla fusible)
 from nmt.cli import add_set_argument, exit_now, stop_on_sigterm  # noqa: E402
 from nmt.config import ConfigError, absolute_paths, load_config, new_run_problem  # noqa: E402
+from nmt.progress import logs_above_bars  # noqa: E402
 from nmt.run_dir import RunDir, RunDirError, RunLock, write_atomic  # noqa: E402
 from nmt.run_start import (  # noqa: E402
     check_resume_compatible,
@@ -188,7 +189,9 @@ def main(argv=None) -> int:
                 print(f"train.py: resuming {run_dir.path} from step {trainer.resumed_from}", file=sys.stderr)
             signal.signal(signal.SIGTERM, previous_term)  # training installs its own (stop after the step)
             try:
-                result = trainer.train()
+                # on a terminal the log records go above the progress bar, not onto it (in a log: unchanged)
+                with logs_above_bars():
+                    result = trainer.train()
             except KeyboardInterrupt:  # a second signal: no checkpoint of this stop
                 if fresh and not saved_checkpoints(run_dir):  # nothing to resume
                     if saved_checkpoints(run_dir, run_dir.best_dir):  # a validation before it saved best/

@@ -241,6 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     from tqdm.contrib.logging import logging_redirect_tqdm
 
     from nmt.attention_plot import plot_attention
+    from nmt.progress import bar_settings
     from nmt.text_io import LineWriter, count_lines_if_file, open_input, read_lines
     from nmt.translator import Translator
 
@@ -304,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
         **({"sampling": args.sampling} if args.sampling is not None else {}),  # the TensorFlow engine's
     )
     with logging_redirect_tqdm(), LineWriter(args.output) as writer:
-        bar = tqdm(total=total, unit="line", desc="translating", disable=not args.input, file=sys.stderr)
+        bar = tqdm(total=total, unit="line", desc="translating", disable=not args.input, **bar_settings())
         for result in results:
             if args.nbest > 1:  # text<TAB>score pairs; an empty text keeps its (empty) field
                 writer.write_fields(field for text, score in result for field in (text, f"{score:.4f}"))
@@ -324,6 +325,7 @@ def _score(args, translator, lines, warnings, truncated, total, interactive) -> 
     from tqdm import tqdm
     from tqdm.contrib.logging import logging_redirect_tqdm
 
+    from nmt.progress import bar_settings
     from nmt.scoring import LengthMismatch, score_stream
     from nmt.text_io import LineWriter, open_input, read_lines
 
@@ -344,7 +346,7 @@ def _score(args, translator, lines, warnings, truncated, total, interactive) -> 
     )  # fmt: skip
     try:
         with logging_redirect_tqdm(), LineWriter(args.output) as writer:
-            bar = tqdm(total=total, unit="line", desc="scoring", disable=not args.input, file=sys.stderr)
+            bar = tqdm(total=total, unit="line", desc="scoring", disable=not args.input, **bar_settings())
             for log_prob, tokens in scores:
                 writer.write_fields([f"{log_prob:.6f}", str(tokens)])
                 bar.update(1)

@@ -117,6 +117,8 @@ def _tokenize_into(
     import sentencepiece as spm
     from tqdm import tqdm
 
+    from common.progress_bars import bar_settings
+
     source_model, target_model = tokenizer.models
     source_sp = spm.SentencePieceProcessor(model_proto=source_model)
     target_sp = source_sp if target_model is None else spm.SentencePieceProcessor(model_proto=target_model)
@@ -126,7 +128,7 @@ def _tokenize_into(
     total = count_pairs(cfg, split)
     bar = tqdm(
         total=total, unit="pairs", unit_scale=True, desc=f"preparing {split}", disable=not progress,
-        file=sys.stderr, mininterval=1.0,
+        **bar_settings(terminal=1.0),
     )  # fmt: skip
     try:
         for raw_sources, raw_targets in stream_pairs(cfg, split, CHUNK_PAIRS):

@@ -322,10 +322,15 @@ class TrainingPlan:
         else:
             log.info("plan: %d steps (train.max_steps)", total)
         if total <= t.warmup_steps:  # a smoke run of a few steps, or a budget too small for the warmup
+            # a share of the peak the warmup climbs to: train.learning_rate, or another with learning_rate_scaling
+            scaled = ""
+            if self.peak != t.learning_rate:
+                scaled = f" (train.learning_rate {t.learning_rate:g} scaled for the global batch: "
+                scaled += f"learning_rate_scaling {t.learning_rate_scaling})"
             log.warning(
-                "train.warmup_steps %d >= the %d steps planned: the learning rate stops at %.2g%% of "
-                "train.learning_rate, before its peak and any decay", t.warmup_steps, total,
-                100 * total / max(t.warmup_steps, 1),
+                "train.warmup_steps %d >= the %d steps planned: the learning rate stops at %.2g%% of the peak "
+                "learning rate %.4g%s, before the peak and any decay", t.warmup_steps, total,
+                100 * total / max(t.warmup_steps, 1), self.peak, scaled,
             )  # fmt: skip
         if self.record is not None and rate:
             record = {

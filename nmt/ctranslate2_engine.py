@@ -43,6 +43,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
 from common.cpu import int8_saturates
 from common.special_ids import EOS_ID, PAD_ID
@@ -56,6 +57,7 @@ from nmt.ctranslate2_export import (
     read_export_metadata,
     stored_checkpoints,
 )
+from nmt.progress import bar_settings
 
 log = logging.getLogger(__name__)
 
@@ -259,7 +261,7 @@ class CTranslate2Translator:
           use_cache: ignored (CTranslate2 always decodes incrementally).
           nbest: 1 -> a list of strings; N > 1 -> a list of lists of N `(text, score)` pairs, best first (scores:
             our GNMT-normalised log-probabilities).
-          progress: a tqdm progress bar over CTranslate2 calls on stderr.
+          progress: a tqdm progress bar over CTranslate2 calls on stderr (in a log, a line every 30 s: `nmt.progress`).
           on_truncated: called as `on_truncated(index, num_subwords)` for each line longer than the model allows
             (num_subwords None for a line too long to be tokenized whole: `batch_decoding.source_ids`).
         """
@@ -348,9 +350,7 @@ class CTranslate2Translator:
             )
             pending.append((members, lp, outputs))
         if progress:
-            from tqdm import tqdm
-
-            pending = tqdm(pending, desc="translating", unit="batch", leave=False)
+            pending = tqdm(pending, desc="translating", unit="batch", leave=False, **bar_settings())
         for members, lp, outputs in pending:
             for index, output in zip(members, outputs):
                 results[index] = self._rank(output.result(), lp, alpha, nbest)
@@ -393,8 +393,12 @@ def _check_weights_of(run_dir, engine_dir) -> None:
     stored = stored_checkpoints(run_dir.path) if digest else {}
     if not stored or digest in stored:  # no weights at all: a run directory kept for its config and tokenizer
         return
-    # this run's, trained on since: recorded inside it (or relative: older exports) and no longer there
-    inside = not weights.is_absolute() or weights.parent.parent.resolve() == run_dir.path.resolve()
+    # this run's, trained on since: recorded inside it and no longer there (a relative path, older exports: from the
+    # current directory, or named after this run's folder)
+    owner = weights.parent.parent
+    inside = owner.resolve() == run_dir.path.resolve() or (
+        not weights.is_absolute() and owner.name == run_dir.path.name
+    )
     if inside and checkpoint_digest(str(weights)) != digest:
         raise ExportError(
             f"the CTranslate2 export {engine_dir} was made from {weights}, which {run_dir.path} no longer holds "

@@ -337,4 +337,9 @@ def _line(raw: bytes, line_number: int = 0, warn=None) -> bytes:
 def _bar(enabled: bool, total: int, done: int):
     from tqdm import tqdm
 
-    return tqdm(total=total, initial=done, unit="line", desc="distilling", disable=not enabled)
+    from nmt.progress import bar_settings
+
+    # in a log file, a line every LOG_INTERVAL seconds instead of carriage returns (nmt.progress)
+    return tqdm(
+        total=total, initial=done, unit="line", desc="distilling", disable=not enabled, **bar_settings()
+    )

@@ -269,12 +269,15 @@ class RunDir:
 
 def finished_line(record: dict, final_dir: Path) -> str:
     """ "already finished at step N: validation loss L, BLEU B; final weights in DIR (nothing to do)" from a run's
-    final record (what the rerun of a finished run says)."""
+    final record (what the rerun of a finished run says); B of the first N of M sentences says so."""
     message = f"already finished at step {record['step']}"
     if isinstance(record.get("loss"), int | float):
         message += f": validation loss {record['loss']:.4f}"
     if isinstance(record.get("bleu"), int | float):
         message += f", BLEU {record['bleu']:.2f}"
+        scored, of = record.get("bleu_sentences"), record.get("validation_sentences")
+        if isinstance(scored, int) and isinstance(of, int) and scored < of:
+            message += f" (first {scored} of {of} sentences)"
     return f"{message}; final weights in {final_dir} (nothing to do)"
 
 

@@ -68,6 +68,9 @@ class TrainerEvaluation:
         scores = f"validation loss {record['loss']:.4f}"
         if "bleu" in record:
             scores += f", BLEU {record['bleu']:.2f}"
+            # as the step line says it: the BLEU of train.bleu_max_sentences sentences, the loss of them all
+            if record["bleu_sentences"] < record["validation_sentences"]:
+                scores += f" (first {record['bleu_sentences']} of {record['validation_sentences']} sentences)"
         if (
             status == "early_stopped"
         ):  # the final weights' scores, not the validation BLEU that stopped the run

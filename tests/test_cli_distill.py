@@ -33,6 +33,11 @@ def test_distill_writes_the_teachers_translations_and_prints_the_student_command
     assert code == 0, done.err[-2000:]
     assert done.out.strip() == str(output)
     sources = (corpus / "en.train.txt").read_text().splitlines()
+    # stderr is not a terminal (a log): the distilling bar writes whole lines, no redraws joined by carriage returns
+    # (before: tqdm's defaults; found by a review)
+    bar = [line for line in done.err.splitlines() if line.startswith("distilling:")]
+    assert "\r" not in done.err and bar and bar[-1].startswith("distilling: 100%"), done.err[-2000:]
+    assert f"| {len(sources)}/{len(sources)} [" in bar[-1], bar
     teacher = Translator.from_run_dir(tiny_run_dir, xla=False)
     teacher.eval_config.alpha = 0.5
     assert (output / "de.train.txt").read_text().splitlines() == teacher.translate(sources, beam_size=3)

@@ -259,6 +259,25 @@ def test_xla_auto_counts_the_whole_input_file_not_each_chunk(tiny_run_dir, tmp_p
         assert traced and all(("None" not in shape) is xla for shape in traced), (threshold, traced)
 
 
+def test_the_bars_write_lines_in_a_log_file(tiny_run_dir, tmp_path, capsys, restore_logging):
+    """stderr a file (`2> log`): the translating and scoring bars write whole lines, not redraws joined by carriage
+    returns (before: one line of 5 redraws; found by a review), as the training bar (tests/nmt/test_progress.py)."""
+    source, out, scored = tmp_path / "in.txt", tmp_path / "out.txt", tmp_path / "scores.txt"
+    source.write_text("".join(f"{s}\n" for s, _ in tiny_corpus()["test"][:4]))
+    runs = {"translating": ["--beam", 1, "--output", out], "scoring": ["--score", out, "--output", scored]}
+    for name, more in runs.items():
+        log, args = tmp_path / f"{name}.log", ["--model-dir", tiny_run_dir, "--input", source, *more]
+        with open(log, "w", encoding="utf-8") as stderr, pytest.MonkeyPatch.context() as patch:
+            patch.setattr(sys, "stderr", stderr)
+            code, _ = in_process("translate.py", *args, capsys=capsys)
+        # bytes: read_text's universal newlines would turn each carriage return into a line end
+        text = log.read_bytes().decode("utf-8")
+        assert code == 0, text[-2000:]
+        assert "\r" not in text and text.endswith("\n"), text
+        bar = [line for line in text.splitlines() if line.startswith(f"{name}:")]
+        assert bar and bar[-1].startswith(f"{name}: 100%") and "| 4/4 [" in bar[-1], text
+
+
 @pytest.mark.parametrize("args", [["--input", "/dev/stdin"], ["--input", "-", "--output", "-"]])
 def test_input_from_a_pipe_is_read_once(args, tiny_run_dir):
     """A pipe (/dev/stdin here, as <(...)) is not read twice (once to count its lines); "-" is stdin/stdout."""
@@ -359,3 +378,20 @@ def test_bad_search_settings_exit_2(args, message, tiny_run_dir, tmp_path):
 def ct2_export(tiny_run_dir, tmp_path_factory):
     pytest.importorskip("ctranslate2")
     return shared_ct2_export(tiny_run_dir, tmp_path_factory)
+
+
+def test_the_ctranslate2_bar_writes_lines_in_a_log_file(tiny_run_dir, ct2_export, tmp_path):
+    """evaluate.py --engine ctranslate2's translating bar with stderr a file: whole lines, no carriage returns and
+    no closing line of blanks (its leave=False erase) (before: tqdm's redraws on one line; found by a review)."""
+    from nmt.ctranslate2_engine import CTranslate2Translator
+
+    engine = CTranslate2Translator.from_run_dir(tiny_run_dir, ct2_export, batch_size=2)
+    pairs, log = tiny_corpus()["test"][:4], tmp_path / "evaluate.log"
+    with open(log, "w", encoding="utf-8") as stderr, pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sys, "stderr", stderr)
+        translations = engine.translate([s for s, _ in pairs], beam_size=1, progress=True)
+    assert translations == [t for _, t in pairs]
+    # bytes, as in test_the_bars_write_lines_in_a_log_file
+    text = log.read_bytes().decode("utf-8")
+    assert "\r" not in text and text.endswith("\n") and all(line.strip() for line in text.splitlines()), text
+    assert text.startswith("translating:   0%|"), text

@@ -107,6 +107,30 @@ def test_a_plan_within_the_warmup_says_the_learning_rate_never_peaks(caplog):
     assert "train.warmup_steps 400 >= the 5 steps planned: the learning rate stops at 1.2% of" in caplog.text
 
 
+def test_the_warmup_warning_names_the_peak_the_global_batch_scaled(caplog):
+    """The share is of the peak the warmup climbs to, which learning_rate_scaling makes another learning rate than
+    train.learning_rate under mirrored replicas or accumulation with reference_batch_tokens: the warning gives that
+    peak and says it is scaled (before: "of train.learning_rate", 0.001 for a peak of 0.002; found by a review)."""
+    warmup = dict(max_minutes=0.0, max_steps=5, warmup_steps=400, learning_rate=0.001)
+    cases = [
+        # (replicas, more train settings): 4x the reference batch, sqrt scaling -> twice the learning rate
+        (4, {}, "0.002 (train.learning_rate 0.001 scaled for the global batch: learning_rate_scaling sqrt)"),
+        (1, dict(accumulate_steps=4, reference_batch_tokens=512), "0.002 (train.learning_rate 0.001 scaled"),
+        (1, dict(accumulate_steps=4, reference_batch_tokens=1024, learning_rate_scaling="linear"), "0.002 ("),
+        # nothing scaled: the peak is train.learning_rate, without a parenthesis
+        (4, dict(learning_rate_scaling="none"), "0.001, before the peak"),
+        (1, dict(accumulate_steps=4), "0.001, before the peak"),
+    ]
+    for replicas, train, peak in cases:
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="nmt.train"):
+            TrainingPlan(TrainConfig(**warmup, **train), replicas, 512).start(0, 0.0)
+        assert (
+            "train.warmup_steps 400 >= the 5 steps planned: the learning rate stops at 1.2% of the peak learning "
+            f"rate {peak}" in caplog.text
+        ), (replicas, train, caplog.text)
+
+
 def test_a_resumed_plan_is_kept_and_an_unfinished_probe_starts_again(tmp_path):
     plan = plan_for()
     plan.start(0, 0.0)

@@ -79,3 +79,10 @@ def test_the_loss_is_the_exported_checkpoints_from_any_directory(
     for engine_dir in (export, older):
         with pytest.raises(ExportError, match=rf"made from .*ckpt-100, which {run} no longer holds"):
             CTranslate2Translator.from_run_dir(run, engine_dir)
+    # Another run (same tokenizer, without those weights) given the older export: made from other weights, not
+    # weights it "no longer holds" (a relative path was taken for this run's before; found by a review)
+    other = shutil.copytree(tiny_run_dir, tmp_path / "other")
+    with pytest.raises(
+        ExportError, match=rf"made from other weights \(run/best/ckpt-100\) than any stored in {other}"
+    ):
+        CTranslate2Translator.from_run_dir(other, older)

@@ -1,10 +1,14 @@
-"""nmt.progress: a tqdm bar in a log file gives one line per redraw and no line of blanks; on a terminal, tqdm's own."""
+"""nmt.progress (common.progress_bars): a tqdm bar in a log file gives one line per redraw and no line of blanks; on a
+terminal, tqdm's own, with the log records above it."""
 
 import io
+import logging
+import sys
 
+import pytest
 from tqdm import tqdm
 
-from nmt.progress import LOG_INTERVAL, LogLines, bar_file, bar_interval
+from nmt.progress import LOG_INTERVAL, LogLines, bar_file, bar_interval, bar_settings, logs_above_bars
 
 
 class Terminal(io.StringIO):
@@ -48,3 +52,60 @@ def test_the_training_bar_ends_at_the_step_limit_a_resume_raised():
     assert train_bar_total(train(0, 30.0), planned=900, step=3) == 900
     assert train_bar_total(train(2000, 30.0), planned=900, step=950) == 2000
     assert train_bar_total(train(0, 30.0), planned=0, step=3) is None  # the plan not made yet
+
+
+def test_bar_settings_are_the_file_and_interval_of_the_stream():
+    log, terminal = io.StringIO(), Terminal()
+    settings = bar_settings(log)
+    assert isinstance(settings["file"], LogLines) and settings["file"].stream is log
+    assert settings["mininterval"] == LOG_INTERVAL
+    assert bar_settings(terminal, terminal=2.0) == {"file": terminal, "mininterval": 2.0}
+
+
+def _train_with_a_record(stream) -> str:
+    """A bar on `stream` (as sys.stderr, the root logger's console handler on it) and a record logged during it,
+    inside `logs_above_bars` as train.py runs the trainer: what `stream` got."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sys, "stderr", stream)
+        console = logging.StreamHandler(sys.stderr)
+        console.setFormatter(logging.Formatter("%(levelname)s: %(message)s"))
+        root = logging.getLogger()
+        patch.setattr(root, "handlers", [console])
+        patch.setattr(root, "level", logging.INFO)
+        with logs_above_bars():
+            # on a terminal the console records go through tqdm; in a log the handlers stay as they were
+            assert (root.handlers == [console]) is not stream.isatty()
+            with tqdm(total=3, desc="train", file=bar_file(), mininterval=0) as bar:
+                bar.update(1)
+                logging.getLogger("nmt.train").info("saved checkpoint ckpt-1")
+                bar.update(2)
+        assert root.handlers == [console]
+    return stream.getvalue()
+
+
+def test_on_a_terminal_log_records_go_above_the_bar_and_in_a_log_as_before():
+    """train.py on a terminal: the trainer's log records start a line of their own, the bar erased before and drawn
+    again after (before: "train:  33%|...| 1/3 [...]INFO: saved checkpoint", glued onto the bar; found by a review).
+    In a log file the records and the bar's lines are whole lines, as before."""
+    shown = _train_with_a_record(Terminal())
+    (line,) = [line for line in shown.split("\n") if "saved checkpoint" in line]
+    before, record = line.rsplit("\r", 1)
+    assert record == "INFO: saved checkpoint ckpt-1" and before.split("\r")[-1].strip() == "", repr(shown)
+    assert shown.split("\n")[-2].split("\r")[-1].startswith("train: 100%|"), repr(shown)
+    logged = _train_with_a_record(io.StringIO()).split("\n")
+    assert "\r" not in "".join(logged) and logged[-1] == "", logged
+    assert [line.split(":")[0] for line in logged[:-1]] == ["train", "train", "INFO", "train", "train"], (
+        logged
+    )
+    assert logged[2] == "INFO: saved checkpoint ckpt-1" and logged[-2].startswith("train: 100%|"), logged
+
+
+def test_no_console_handler_no_redirect(monkeypatch):
+    """Without a handler on stderr (pytest's own, a log file only) the context adds none: no record appears that
+    did not before."""
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", [logging.StreamHandler(io.StringIO())])
+    before = list(root.handlers)
+    with logs_above_bars():
+        assert root.handlers == before

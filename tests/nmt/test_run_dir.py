@@ -118,6 +118,24 @@ def test_a_run_resumed_past_its_end_is_not_finished_until_it_ends_again(tmp_path
     )
 
 
+def test_the_finished_line_says_when_its_bleu_is_of_the_first_sentences_only(tmp_path):
+    """With train.bleu_max_sentences the final record's BLEU is of the first N validation sentences, its loss of all
+    M: the rerun's line says "(first N of M sentences)" as the step line does (before: a BLEU read as the whole
+    split's; found by a review). All of them scored, or a record from before the counts: the BLEU alone."""
+    run = RunDir(tmp_path)
+    _save_files(run.final_dir, 60)
+    _save_files(run.checkpoint_dir, 60)
+    end = f"; final weights in {run.final_dir} (nothing to do)"
+    final = {"step": 60, "tag": "final", "loss": 1.0, "bleu": 3.0}
+    for counts, shown in [
+        ({"bleu_sentences": 3, "validation_sentences": 40}, ", BLEU 3.00 (first 3 of 40 sentences)"),
+        ({"bleu_sentences": 40, "validation_sentences": 40}, ", BLEU 3.00"),
+        ({}, ", BLEU 3.00"),
+    ]:
+        run.append_metrics(final | counts)
+        assert run.finished_message() == f"already finished at step 60: validation loss 1.0000{shown}{end}"
+
+
 def test_a_config_yaml_that_is_not_a_file_is_named_and_left_alone(tmp_path, capsys):
     """config.yaml replaced by a directory or a broken link: train.py exits 3 naming it, before writing anything (before
     2026-12-07c: read as a new run, then an IsADirectoryError traceback from the atomic write), and the readers

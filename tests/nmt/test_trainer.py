@@ -132,7 +132,11 @@ def test_early_stopping_after_patience_evaluations_without_improvement(run, corp
         f"validation BLEU stopped improving (best {max(SCRIPTED_BLEU):.2f}, then {PATIENCE} evaluations without a "
         f"better one): stopped at step {STOP_STEP}; final weights: validation loss "
     ), run.result.message
-    assert run.result.message.endswith(f", BLEU {FINAL_BLEU:.2f}"), run.result.message
+    # of the 3 validation sentences train.bleu_max_sentences keeps, as the step line says (before: not said)
+    lines = len((corpus[0] / "en.validation.txt").read_text(encoding="utf-8").splitlines())
+    assert run.result.message.endswith(f", BLEU {FINAL_BLEU:.2f} (first 3 of {lines} sentences)"), (
+        run.result.message
+    )
     validation = [r for r in run.records if r["tag"] == "validation"]
     assert [r["step"] for r in validation] == list(range(EVAL_EVERY, STOP_STEP + 1, EVAL_EVERY))
     assert [r["bleu"] for r in validation] == SCRIPTED_BLEU
@@ -143,7 +147,6 @@ def test_early_stopping_after_patience_evaluations_without_improvement(run, corp
     assert len(run.scorer.calls) == len(SCRIPTED_BLEU) + 1
     assert all(len(h) == len(r) == 3 and all(isinstance(s, str) for s in h) for h, r in run.scorer.calls)
     # ...and every BLEU record says it is of those 3 of the split's lines (before 2026-12-07d nothing said so)
-    lines = len((corpus[0] / "en.validation.txt").read_text(encoding="utf-8").splitlines())
     assert lines > 3
     assert all((r["bleu_sentences"], r["validation_sentences"]) == (3, lines) for r in run.records), (
         run.records
@@ -287,7 +290,12 @@ def test_the_evaluation_due_at_the_last_step_runs_and_its_weights_can_be_best(
     scores = [10.0, 20.0, *([30.0] if steps % EVAL_EVERY else []), FINAL_BLEU]
     trainer = Trainer(config, run_dir, scorer=ScriptedScorer(scores))
     trainer.setup()
-    assert trainer.train().status == "done"
+    result = trainer.train()
+    assert result.status == "done"
+    # the closing line's BLEU is of bleu_max_sentences of the validation sentences, and says so (before: not said)
+    lines = len((corpus[0] / "en.validation.txt").read_text(encoding="utf-8").splitlines())
+    assert result.message.startswith(f"finished at step {steps}: validation loss "), result.message
+    assert result.message.endswith(f", BLEU {FINAL_BLEU:.2f} (first 3 of {lines} sentences)"), result.message
     records = [json.loads(line) for line in run_dir.metrics_path.read_text(encoding="utf-8").splitlines()]
     evaluations = [(r["tag"], r["step"], r.get("bleu")) for r in records if "bleu" in r]
     expected = [("validation", 2, 10.0), ("validation", 4, 20.0)] + (

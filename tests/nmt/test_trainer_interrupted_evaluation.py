@@ -237,8 +237,9 @@ def test_a_rerun_of_the_finished_run_ends_at_once_and_writes_nothing(setup, runs
     again = train(tmp, config, "chain", Scorer([]))  # an evaluation would pop from the empty list and fail
     assert (again.status, again.step) == ("early_stopped", STOP_STEP)
     assert again.message == (
-        f"already finished at step {STOP_STEP}: validation loss {final[0]['loss']:.4f}, BLEU {FINAL_BLEU:.2f}; "
-        f"final weights in {run_dir / 'final'} (nothing to do)"
+        f"already finished at step {STOP_STEP}: validation loss {final[0]['loss']:.4f}, BLEU {FINAL_BLEU:.2f} "
+        f"(first 3 of {final[0]['validation_sentences']} sentences); final weights in {run_dir / 'final'} "
+        "(nothing to do)"
     )
     assert (
         files_of(run_dir) == before

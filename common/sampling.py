@@ -7,6 +7,8 @@ import dataclasses
 import math
 
 SEED_LIMIT = 2**32
+# The sampler compares it with the vocabulary size, an int32 (a larger value was a TypeError after the model loaded)
+TOPK_LIMIT = 2**31 - 1
 # What float32 holds (the sampler divides float32 log-probabilities by it): 1e300 overflowed in the cast, with a
 # NumPy warning on stderr; 1e-50 would be 0. The sampler handles both ends of this range (the most likely token, or
 # uniform draws: tests/transformer/test_sampling.py).
@@ -23,8 +25,10 @@ class Sampling:
     seed: int = 0
 
     def __post_init__(self):
-        if self.topk < 0 or self.topk == 1:
-            raise ValueError(f"sampling topk must be 0 (the whole vocabulary) or at least 2, got {self.topk}")
+        if self.topk < 0 or self.topk == 1 or self.topk > TOPK_LIMIT:
+            raise ValueError(
+                f"sampling topk must be 0 (the whole vocabulary) or from 2 to {TOPK_LIMIT} (int32), got {self.topk}"
+            )
         if not 0.0 < self.topp <= 1.0:
             raise ValueError(f"sampling topp must be in (0, 1], got {self.topp}")
         if not (math.isfinite(self.temperature) and TEMPERATURES[0] <= self.temperature <= TEMPERATURES[1]):

@@ -7,6 +7,7 @@ errors stay instant.
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import signal
@@ -266,15 +267,10 @@ def check_ensemble(args) -> None:
 
     model_dir = check_model_dir(args.model_dir)
     tokenizer, data = _tokenizer_files(model_dir), model_dir.load_config().data
-    seen = {model_dir.path.resolve()}
+    seen = [model_dir.path.resolve()]
     for path in args.ensemble:
         run_dir = check_model_dir(path)
-        if (resolved := run_dir.path.resolve()) in seen:
-            log.warning(
-                "--ensemble %s is already in the ensemble: the same model twice decodes as once, at twice the cost",
-                path,
-            )
-        seen.add(resolved)
+        seen.append(run_dir.path.resolve())
         error = ensemble_direction_error(
             f"--ensemble {path}", run_dir.load_config().data, "--model-dir", data
         )
@@ -286,6 +282,13 @@ def check_ensemble(args) -> None:
                 "share one (train them with the same data settings, or fine-tune one with train.init_from)",
                 exit_code=2,
             )
+    for path, count in collections.Counter(seen).items():
+        if count > 1 and len(set(seen)) == 1:
+            log.warning("%s is in the ensemble %d times: the same model decodes as once, at %d times the cost", path,
+                        count, count)  # fmt: skip
+        elif count > 1:
+            log.warning("%s is in the ensemble %d times: it counts %d times in the mean of the members' "
+                        "probabilities", path, count, count)  # fmt: skip
 
 
 def _tokenizer_files(run_dir) -> dict[str, bytes]:

@@ -89,9 +89,8 @@ def test_evaluate_an_ensemble(tiny_run_dir, tmp_path, capsys):
     captured = capsys.readouterr()
     both = json.loads(captured.out.strip().splitlines()[-1])
     assert both["ensemble"] == [str(tiny_run_dir)] and "ensemble " in captured.err
-    assert f"--ensemble {tiny_run_dir} is already in the ensemble: the same model twice decodes as once" in (
-        captured.err
-    )
+    said = f"{tiny_run_dir.resolve()} is in the ensemble 2 times: the same model decodes as once, at 2 times the cost"
+    assert said in captured.err
     assert (tmp_path / "both.txt").read_text() == (tmp_path / "alone.txt").read_text()
     assert both["bleu"] == alone["bleu"] and both["loss"] == pytest.approx(alone["loss"], rel=1e-4)
     from nmt.run_dir import RunDirError
@@ -133,3 +132,21 @@ def reversed_run(run_dir, copy):
     tree["data"]["source"], tree["data"]["target"] = tree["data"]["target"], tree["data"]["source"]
     (copy / "config.yaml").write_text(yaml.safe_dump(tree, sort_keys=False), encoding="utf-8")
     return copy
+
+
+def test_a_run_given_twice_with_another_counts_twice_in_the_mean(tiny_run_dir, tmp_path, caplog):
+    """`--model-dir a --ensemble b b` is a weighted ensemble (b counts 2/3): said so, not "decodes as once", which
+    holds only when every member is the same run (found by a review of 2026-12-07e)."""
+    import argparse
+
+    from nmt.cli import check_ensemble
+
+    other = shutil.copytree(tiny_run_dir, tmp_path / "other")
+    args = argparse.Namespace(
+        model_dir=str(tiny_run_dir), ensemble=[str(other), str(other)], engine="tensorflow"
+    )
+    with caplog.at_level("WARNING", logger="nmt.cli"):
+        check_ensemble(args)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{other.resolve()} is in the ensemble 2 times: it counts 2 times in the mean of the members' probabilities"
+    ]

@@ -42,7 +42,10 @@ def test_sampled_translations_are_the_apis_and_reproducible(tiny_run_dir, tmp_pa
         (["--sampling-topk", "4", "--nbest", "2"], "not with --nbest"),
         (["--sampling-topk", "4", "--alpha", "1.0"], "not with --alpha"),
         (["--sampling-topk", "0", "--score", "x.txt"], "not with --score"),
-        (["--sampling-topk", "-3"], "--sampling-topk must be 0 (the whole vocabulary) or at least 2, got -3"),
+        (
+            ["--sampling-topk", "-3"],
+            "--sampling-topk must be 0 (the whole vocabulary) or from 2 to 2147483647 (int32), got -3",
+        ),
         (["--sampling-topk", "0", "--sampling-topp", "0"], "--sampling-topp must be in (0, 1], got 0.0"),
         (
             ["--sampling-topk", "0", "--sampling-temperature", "nan"],

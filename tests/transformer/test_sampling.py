@@ -145,6 +145,11 @@ def test_every_seed_has_its_own_numbers():
     [
         (dict(topk=1), "topk must be 0"),
         (dict(topk=-2), "topk must be 0"),
+        # compared with the int32 vocabulary size: a TypeError after the model loaded before 2026-12-07e
+        (
+            dict(topk=2**31),
+            r"topk must be 0 \(the whole vocabulary\) or from 2 to 2147483647 \(int32\), got 2147483648",
+        ),
         (dict(topp=0.0), "topp must be in"),
         (dict(topp=1.5), "topp must be in"),
         (dict(temperature=0.0), "temperature must be a positive"),
@@ -160,6 +165,14 @@ def test_every_seed_has_its_own_numbers():
 def test_sampling_settings_are_checked(settings, message):
     with pytest.raises(ValueError, match=message):
         Sampling(**settings)
+
+
+def test_the_largest_topk_draws_from_the_whole_vocabulary():
+    """topk 2^31 - 1 (over any vocabulary) filters as topk 0, the whole vocabulary."""
+    log_probs = tf.math.log_softmax(tf.constant([[0.5, 1.0, -2.0, 0.0]]))
+    largest, _ = filtered_probabilities(log_probs, Sampling(topk=2**31 - 1, topp=0.9))
+    whole, _ = filtered_probabilities(log_probs, Sampling(topk=0, topp=0.9))
+    np.testing.assert_array_equal(largest.numpy(), whole.numpy())
 
 
 @pytest.fixture(scope="module")

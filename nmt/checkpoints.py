@@ -136,7 +136,9 @@ def _state_problem(directory: Path) -> tuple[str, list[int]]:
     complete = sorted(
         checkpoint_step(index.with_suffix(""))
         for index in directory.glob("ckpt-*.index")
-        if re.fullmatch(r"ckpt-\d+\.index", index.name) and any(directory.glob(f"{index.stem}.data-*"))
+        if re.fullmatch(r"ckpt-\d+\.index", index.name)
+        and any(directory.glob(f"{index.stem}.data-*"))
+        and _readable(index.with_suffix(""))
     )
     try:
         state = tf.train.get_checkpoint_state(str(directory))
@@ -150,6 +152,17 @@ def _state_problem(directory: Path) -> tuple[str, list[int]]:
             return "", complete
         problem = f"names {state.model_checkpoint_path}, which is gone"
     return problem, complete
+
+
+def _readable(prefix: Path) -> bool:
+    """Whether a checkpoint's index opens (one cut by a full disk after its data was renamed into place does not)."""
+    import tensorflow as tf
+
+    try:
+        tf.train.load_checkpoint(str(prefix))
+    except (ValueError, tf.errors.OpError):
+        return False
+    return True
 
 
 def _in_directory(directory: Path, named: str) -> bool:
@@ -234,7 +247,12 @@ class TrainingCheckpoints:
         try:
             path = self._manager.save(checkpoint_number=step)
         except (tf.errors.OpError, OSError):
-            remove_partial_saves(self.directory, f"ckpt-{step}_temp*")  # the previous checkpoints are intact
+            # the previous checkpoints are intact; this one's files go (a full disk may cut its index after its data
+            # was renamed into place: a repair would name it, and every resume fail on it)
+            remove_partial_saves(self.directory, f"ckpt-{step}_temp*")
+            if checkpoint_step(self._manager.latest_checkpoint or "ckpt-0") != step:
+                for path in self.directory.glob(f"ckpt-{step}.*"):
+                    path.unlink(missing_ok=True)
             raise
         if stale is not None and drop_checkpoints(self.directory, lambda s: s != stale):
             self._manager = self._open(extra=bool(step % self.every))

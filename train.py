@@ -4,7 +4,7 @@
 
 Rerunning the same command on the same --model-dir resumes from the last checkpoint (and says so).
 Exit codes: 0 done or stopped cleanly by SIGINT/SIGTERM (checkpoint saved), 1 training failed (or a multi-worker
-cluster could not form), 2 bad config or arguments (nothing written), 3 the run directory is in use or inconsistent,
+cluster could not form, or a full disk before anything was written), 2 bad config or arguments (nothing written), 3 the run directory is in use or inconsistent,
 or was removed while training, 130 interrupted before training started (a new run's start is undone) or by a second
 signal (the last checkpoint is intact; a new run with none yet, and no best weights, is undone too).
 """
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import logging
 import os
 import shlex
@@ -134,12 +135,16 @@ def main(argv=None) -> int:
         )
         print(f"train.py: {err}{hint}", file=sys.stderr)
         return 3
-    except OSError as err:  # DIR is a file, under a file, on a read-only filesystem...
+    except OSError as err:  # DIR is a file, under a file, on a read-only filesystem, a full disk...
         print(
             f"train.py: cannot use {run_dir.path} as the run directory: {why_unusable(run_dir.path, err)}",
             file=sys.stderr,
         )
-        return 2
+        if fresh:
+            # what the attempt made (DIR, its lock file on a full disk) goes: nothing written
+            discard(run_dir, before, made_parents)
+        # a full disk or an I/O error is no usage error
+        return 1 if err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO) else 2
 
     written = resuming  # DIR has its config.yaml: if it goes, the directory was removed under this process
     undone = ""  # a new run stopped by a second signal before its first checkpoint: "undone" or "best kept"

@@ -88,7 +88,10 @@ def why_unusable(path: Path, err: OSError) -> str:
     for parent in path.parents:
         if parent.exists() and not parent.is_dir():
             return f"{parent} is a file, not a directory"
-    return f"{err.strerror}: {err.filename}" if err.strerror and err.filename else str(err)
+    if err.strerror and err.filename:
+        return f"{err.strerror}: {err.filename}"
+    # a failed write or lock carries no file name: the lock file's (a full disk)
+    return f"{err.strerror} (its lock file)" if err.strerror else str(err)
 
 
 def saved_checkpoints(run_dir: RunDir, directory: Path | None = None) -> list[Path]:

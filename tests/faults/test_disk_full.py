@@ -49,3 +49,29 @@ def test_previous_checkpoint_restores_into_a_trainer(full_disk_run):
     trainer.setup()  # Trainer._restore: assert_existing_objects_matched, or TrainingError
     assert trainer.resumed_from == trainer.step == latest_step(run_dir)
     assert all(np.all(np.isfinite(w.numpy())) for w in trainer.model.weights)
+
+
+def test_a_new_run_on_a_full_disk_exits_1_and_leaves_no_directory(tmp_path):
+    """The lock file's pid cannot be written (RLIMIT_FSIZE 0: EFBIG, as a full disk's ENOSPC): one line naming the
+    directory, exit 1 (a full disk is no usage error), and the directory it made goes (before 2026-12-07e, found by a
+    review: exit 2, and DIR left with an empty train.lock)."""
+    import resource
+    import signal
+    import subprocess
+    import sys
+
+    from tests.faults.helpers import ROOT
+
+    def full_disk():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (0, resource.RLIM_INFINITY))
+
+    run = tmp_path / "parent" / "run"
+    command = [sys.executable, "train.py", "--config", "tiny.yaml", "--model-dir", str(run)]
+    done = subprocess.run(
+        command, cwd=ROOT, capture_output=True, text=True, timeout=300, preexec_fn=full_disk
+    )
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert f"train.py: cannot use {run} as the run directory: File too large (its lock file)" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "parent").exists()

@@ -209,11 +209,12 @@ def _load_file(path: Path, seen: tuple[Path, ...] = ()) -> dict:
     if path in seen:
         raise ConfigError(f"config inheritance loop: {' -> '.join(str(p) for p in (*seen, path))}")
     tree = _read_yaml(path)
-    base = tree.pop("base", None)
-    if base is None:
+    if "base" not in tree:
         return tree
-    if not isinstance(base, str):
-        raise ConfigError(f"{path}: base: expected a file name, got {type(base).__name__}")
+    # an empty `base:` (None, "") is refused as a file name: taken for no base, a run trained on the defaults
+    base = tree.pop("base")
+    if not isinstance(base, str) or not base.strip():
+        raise ConfigError(f"{path}: base: expected a file name, got {base!r} ({type(base).__name__})")
     parent = _load_file(resolve_config_path(base, relative_to=path.parent), (*seen, path))
     return _merge(parent, tree)
 

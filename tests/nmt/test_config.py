@@ -165,6 +165,13 @@ def test_missing_file_and_loop(tmp_path):
     write(tmp_path / "b.yaml", "base: a.yaml\n")
     with pytest.raises(ConfigError, match="inheritance loop"):
         load_config(tmp_path / "a.yaml")
+    # an empty base (before 2026-12-07e: taken for none, the run trained on the defaults with no budget)
+    for text, got in (("base:\n", "None (NoneType)"), ("base: ''\n", "'' (str)"), ("base: 3\n", "3 (int)")):
+        empty = write(tmp_path / "empty.yaml", text + "train:\n  seed: 3\n")
+        with pytest.raises(
+            ConfigError, match=rf"^{re.escape(f'{empty}: base: expected a file name, got {got}')}$"
+        ):
+            load_config(empty)
 
 
 def test_python_object_tags_are_refused(tmp_path):
@@ -312,6 +319,8 @@ def test_the_published_recipes_train_at_their_own_dropout(name):
     train = load_config(CONFIG_DIR / name).train
     for points in (train.dropout_by_plan, train.ffn_dropout_by_plan):
         assert planned_dropout(points, train.max_steps) is None
+    # nor its length penalty, chosen on Multi30k's validation (a review of 2026-12-07e found 1.4 inherited)
+    assert load_config(CONFIG_DIR / name).eval.alpha == 0.6
 
 
 @pytest.mark.parametrize(

@@ -224,15 +224,28 @@ class LineWriter:
         self._borrowed = True
 
     def write(self, line: str) -> None:
-        self._handle.write(one_line(line).encode("utf-8") + b"\n")
+        with self._named():
+            self._handle.write(one_line(line).encode("utf-8") + b"\n")
 
     def write_fields(self, fields: Iterable[str]) -> None:
         """One line of tab-separated fields, each made single-line without tabs; empty fields keep their place."""
         line = "\t".join(one_line(field).replace("\t", " ") for field in fields)
-        self._handle.write(line.encode("utf-8") + b"\n")
+        with self._named():
+            self._handle.write(line.encode("utf-8") + b"\n")
 
     def flush(self) -> None:
-        self._handle.flush()
+        with self._named():
+            self._handle.flush()
+
+    @contextlib.contextmanager
+    def _named(self):
+        """A failed write (a full disk) names the output, which the OS error of a write does not."""
+        try:
+            yield
+        except OSError as err:
+            if err.filename is not None or self.path is None:
+                raise
+            raise type(err)(err.errno, err.strerror, self.path) from err
 
     def close(self, success: bool = True) -> None:
         if self._borrowed:
@@ -240,7 +253,8 @@ class LineWriter:
             return
         tmp, self._tmp = self._tmp, None
         try:
-            self._handle.close()
+            with self._named():
+                self._handle.close()
             if success and tmp is not None:
                 os.replace(tmp, self.path)
                 tmp = None

@@ -172,3 +172,13 @@ def test_a_descriptor_other_than_stdout_is_written_at_its_own_position(tmp_path,
         )  # fmt: skip
     assert done.returncode == 0
     assert out.read_text() == ("earlier\n" if mode == "ab" else "") + "header\none\ntwo\nfooter\n"
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full")
+def test_a_failed_write_names_the_output():
+    """/dev/full fails every write as a full disk does (ENOSPC): the error names the output, which the OS error of a
+    write does not (before 2026-12-07e translate.py said only "error: [Errno 28] No space left on device")."""
+    writer = LineWriter("/dev/full")
+    writer.write("x")
+    with pytest.raises(OSError, match=r"No space left on device: '/dev/full'"):
+        writer.flush()

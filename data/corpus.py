@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
+import urllib.parse
 from pathlib import Path
 
 import tensorflow as tf
@@ -29,7 +30,7 @@ import tensorflow_datasets as tfds
 from data.cache import exclusive
 from data.config import FOLDER, DataConfig
 from data.errors import DataError
-from data.multi30k import Multi30k, config_name
+from data.multi30k import Multi30k, check_host, config_name
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,47 @@ def find_mirror(cfg: DataConfig) -> Path | None:
     return default if default.is_dir() else None
 
 
+def mirror_places(cfg: DataConfig) -> str:
+    """Where `find_mirror` looked, for a message: the setting it used, else all three places (never "None")."""
+    if cfg.manual_dir:
+        return f"data.manual_dir={cfg.manual_dir}"
+    if os.environ.get(MIRROR_ENV):
+        return f"${MIRROR_ENV}={os.environ[MIRROR_ENV]}"
+    default = REPO_ROOT.parent / "shared" / "data" / cfg.dataset.split("/")[0]
+    state = "" if default.is_dir() else ", absent"
+    return f"data.manual_dir (unset), ${MIRROR_ENV} (unset), {default}{state}"
+
+
+def _check_downloadable(builder: tfds.core.DatasetBuilder, cfg: DataConfig, mirror: Path | None) -> None:
+    """A DataError, at once, when a catalog dataset must download a file from a host that cannot be reached.
+
+    Without it TFDS's downloader retries (delays up to 102 s, about 3.5 minutes) before failing on a machine without
+    network. Files TFDS will not download are skipped: those in the mirror (TFDS reads `<mirror>/<file name>` of
+    its registered URLs) and those in its download cache. A builder that registers no URLs is left to TFDS.
+    """
+    from tensorflow_datasets.core.download.resource import get_dl_fname
+
+    downloads = Path(builder.data_dir_root) / "downloads"
+    needed = {}
+    for url, info in (builder.url_infos or {}).items():
+        name = info.filename or Path(urllib.parse.urlsplit(url).path).name
+        cached = {get_dl_fname(url, info.checksum or None), get_dl_fname(url)}
+        places = [downloads / n for n in cached] + [downloads / builder.name / n for n in cached]
+        if not (mirror is not None and (mirror / name).exists()) and not any(p.exists() for p in places):
+            needed[url] = name
+    for url in {urllib.parse.urlsplit(url).hostname: url for url in needed}.values():
+        try:
+            check_host(url)
+        except OSError as err:
+            files = ", ".join(f"{name} ({source})" for source, name in needed.items())
+            raise DataError(
+                f"cannot prepare TFDS dataset {cfg.dataset}: {urllib.parse.urlsplit(url).hostname} is unreachable "
+                f"({err}). Without network: put its raw files {files} in a mirror (data.manual_dir or "
+                f"${MIRROR_ENV}; looked at {mirror_places(cfg)}), or prepare it where there is one and copy the "
+                f"prepared folder into data.data_dir ({builder.data_dir_root})."
+            ) from err
+
+
 def preparation_lock(builder: tfds.core.DatasetBuilder) -> Path:
     """Where `_prepare` takes its lock (the path plus ".lock"), one per dataset version and config in a data_dir.
 
@@ -72,7 +114,11 @@ def _prepare(builder: tfds.core.DatasetBuilder, cfg: DataConfig) -> None:
     The mirror is looked for only when the dataset is not prepared: prepared data never reads it again, so a mirror
     moved since (a run's config.yaml keeps its data.manual_dir) does not stop an evaluation or a resume (before
     2026-12-07d: "data.manual_dir=...: no such directory")."""
-    mirror = None if builder.is_prepared() else find_mirror(cfg)
+    prepared = builder.is_prepared()
+    mirror = None if prepared else find_mirror(cfg)
+    # Multi30k checks its own host
+    if not prepared and not isinstance(builder, Multi30k):
+        _check_downloadable(builder, cfg, mirror)
     config = tfds.download.DownloadConfig(manual_dir=mirror, try_download_gcs=False)
     # TFDS's own line says "Downloading" for local files too
     if mirror is not None:
@@ -94,7 +140,7 @@ def _prepare(builder: tfds.core.DatasetBuilder, cfg: DataConfig) -> None:
             f"cannot prepare TFDS dataset {cfg.dataset} in {builder.data_dir_root} ({type(err).__name__}: {err}). "
             "If this machine has no network: prepare it where there is one and copy the prepared folder into "
             "data.data_dir, or put its raw files in a mirror (data.manual_dir or "
-            f"${MIRROR_ENV}; looked at {mirror})."
+            f"${MIRROR_ENV}; looked at {mirror_places(cfg)})."
         ) from err
     _check_complete(builder, cfg)
 

@@ -200,15 +200,22 @@ class Multi30k(tfds.core.GeneratorBasedBuilder):
             yield index, dict(zip(languages, sentences))
 
 
-def _check_reachable(url: str, timeout: float = 5.0) -> None:
-    """Fails fast, with the mirror hint, when the download host cannot be reached.
+def check_host(url: str, timeout: float = 5.0) -> None:
+    """Opens (and closes) a TCP connection to the host of `url`, on its scheme's port; the OSError if it cannot.
 
-    Without this, TFDS's downloader retries each file with growing delays (minutes per file) on a machine
-    without network before giving up.
+    The fail-fast test before a TFDS download: without it, TFDS's downloader retries each file with growing delays
+    (minutes per file) on a machine without network before giving up.
     """
+    parts = urllib.parse.urlsplit(url)
+    port = parts.port or (80 if parts.scheme == "http" else 443)
+    socket.create_connection((parts.hostname, port), timeout=timeout).close()
+
+
+def _check_reachable(url: str, timeout: float = 5.0) -> None:
+    """Fails fast, with the mirror hint, when the download host cannot be reached (see `check_host`)."""
     host = urllib.parse.urlsplit(url).hostname
     try:
-        socket.create_connection((host, 443), timeout=timeout).close()
+        check_host(url, timeout)
     except OSError as err:
         raise DataError(
             f"cannot download Multi30k: no mirror was found and {host} is unreachable ({err}). "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
+import socket
 
 import pytest
 import tensorflow as tf
@@ -252,7 +253,9 @@ def test_translate_folder_needs_a_folder(tmp_path):
         load_split(DataConfig(dataset="folder", folder=str(tmp_path / "absent")), "train")
 
 
-def test_tfds_catalog_dataset_with_mock_data(tmp_path):
+def test_tfds_catalog_dataset_with_mock_data(tmp_path, monkeypatch):
+    # mock_data prepares without downloading: the download host is taken as reachable (no network in tests)
+    monkeypatch.setattr("data.corpus.check_host", lambda url, timeout=5.0: None)
     cfg = DataConfig(dataset="ted_hrlr_translate/pt_to_en", source="pt", target="en", data_dir=str(tmp_path))
     with tfds.testing.mock_data(num_examples=6, policy=tfds.testing.MockPolicy.USE_CODE):
         sources, targets = load_text_pairs(cfg, "validation")
@@ -264,15 +267,23 @@ def test_tfds_catalog_dataset_with_mock_data(tmp_path):
 
 
 def test_catalog_dataset_without_network_explains_the_way_out(tmp_path, monkeypatch):
+    """A download that fails although its host answered (tests/data/test_catalog_offline.py: one that does not)."""
+
+    class Answered:
+        def close(self):
+            pass
+
     def offline(self, **kwargs):
         raise ConnectionError("Failed to resolve 'github.com'")
 
+    monkeypatch.setattr(socket, "create_connection", lambda *args, **kwargs: Answered())
     monkeypatch.setattr(tfds.core.DatasetBuilder, "download_and_prepare", offline)
     cfg = DataConfig(dataset="ted_hrlr_translate/pt_to_en", source="pt", target="en", data_dir=str(tmp_path))
     with pytest.raises(
         DataError, match=r"cannot prepare TFDS dataset .*ConnectionError.*data\.data_dir.*data\.manual_dir"
-    ):
+    ) as error:
         load_split(cfg, "train")
+    assert "looked at None" not in str(error.value)
 
 
 def test_a_language_a_catalog_dataset_lacks_is_named_before_any_download(tmp_path, monkeypatch):

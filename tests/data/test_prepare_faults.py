@@ -69,7 +69,9 @@ def test_a_truncated_tfds_shard_is_named(tmp_path, mirror, prepared_dir):
         prepare(copy, progress=False)
 
 
-def test_a_tfds_catalog_corpus_is_prepared(tmp_path):
+def test_a_tfds_catalog_corpus_is_prepared(tmp_path, monkeypatch):
+    # mock_data prepares without downloading: the download host is taken as reachable (no network in tests)
+    monkeypatch.setattr("data.corpus.check_host", lambda url, timeout=5.0: None)
     cfg = DataConfig(
         dataset="ted_hrlr_translate/pt_to_en", source="pt", target="en", data_dir=str(tmp_path / "tfds"),
         cache_dir=str(tmp_path / "cache"), vocab_size=40, max_length=64,

@@ -215,7 +215,12 @@ def _load_file(path: Path, seen: tuple[Path, ...] = ()) -> dict:
     base = tree.pop("base")
     if not isinstance(base, str) or not base.strip():
         raise ConfigError(f"{path}: base: expected a file name, got {base!r} ({type(base).__name__})")
-    parent = _load_file(resolve_config_path(base, relative_to=path.parent), (*seen, path))
+    try:
+        found = resolve_config_path(base, relative_to=path.parent)
+    except ConfigError as err:
+        # which file's base: is missing (in a chain a -> b -> missing, b's)
+        raise ConfigError(f"{path}: base: {err}") from None
+    parent = _load_file(found, (*seen, path))
     return _merge(parent, tree)
 
 

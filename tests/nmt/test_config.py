@@ -165,6 +165,13 @@ def test_missing_file_and_loop(tmp_path):
     write(tmp_path / "b.yaml", "base: a.yaml\n")
     with pytest.raises(ConfigError, match="inheritance loop"):
         load_config(tmp_path / "a.yaml")
+    # a missing base names the file whose base: it is (in a chain, not the first file)
+    write(tmp_path / "top.yaml", "base: middle.yaml\n")
+    middle = write(tmp_path / "middle.yaml", "base: gone.yaml\n")
+    with pytest.raises(
+        ConfigError, match=rf"^{re.escape(f'{middle}: base: config file not found: gone.yaml')}"
+    ):
+        load_config(tmp_path / "top.yaml")
     # an empty base (before 2026-12-07e: taken for none, the run trained on the defaults with no budget)
     for text, got in (("base:\n", "None (NoneType)"), ("base: ''\n", "'' (str)"), ("base: 3\n", "3 (int)")):
         empty = write(tmp_path / "empty.yaml", text + "train:\n  seed: 3\n")

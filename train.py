@@ -4,9 +4,10 @@
 
 Rerunning the same command on the same --model-dir resumes from the last checkpoint (and says so).
 Exit codes: 0 done or stopped cleanly by SIGINT/SIGTERM (checkpoint saved), 1 training failed (or a multi-worker
-cluster could not form, or a full disk before anything was written), 2 bad config or arguments (nothing written), 3 the run directory is in use or inconsistent,
-or was removed while training, 130 interrupted before training started (a new run's start is undone) or by a second
-signal (the last checkpoint is intact; a new run with none yet, and no best weights, is undone too).
+cluster could not form, or a full disk before anything was written), 2 bad config or arguments (nothing written), 3
+the run directory is in use or inconsistent, or was removed while training, 130 interrupted before training started
+(a new run's start is undone) or by a second signal (the last checkpoint is intact; a new run with none yet, and no
+best weights, is undone too).
 """
 
 from __future__ import annotations

@@ -179,3 +179,31 @@ def test_the_finished_command_has_a_help_and_a_usage_error():
     for args in ([], ["--finish", "x"], ["--finished"]):
         done = run(*args)
         assert done.returncode == 2 and done.stderr.startswith("usage: "), args
+
+
+def test_a_failed_atomic_write_names_its_file_and_leaves_nothing(tmp_path):
+    """A full disk (RLIMIT_FSIZE: EFBIG, as ENOSPC) while metrics.jsonl or config.yaml is rewritten: the error names
+    the file (before 2026-12-07e a bare "[Errno 28] No space left on device"; found by a review), no temporary file
+    stays, and the old file is whole."""
+    import resource
+    import signal
+    import subprocess
+    import sys
+
+    def full_disk():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64, resource.RLIM_INFINITY))
+
+    target = tmp_path / "metrics.jsonl"
+    target.write_text("old\n")
+    code = (
+        "import sys\nfrom pathlib import Path\nfrom nmt.run_dir import write_atomic\n"
+        "try:\n    write_atomic(Path(sys.argv[1]), 'x' * 4096)\nexcept OSError as err:\n    print(err)\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(target)], cwd=root, capture_output=True, text=True, timeout=120,
+        preexec_fn=full_disk,
+    )  # fmt: skip
+    assert done.stdout.strip() == f"[Errno 27] File too large: '{target}'", done.stderr
+    assert target.read_text() == "old\n" and sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl"]

@@ -224,27 +224,29 @@ class LineWriter:
         self._borrowed = True
 
     def write(self, line: str) -> None:
-        with self._named():
-            self._handle.write(one_line(line).encode("utf-8") + b"\n")
+        self._write(one_line(line).encode("utf-8") + b"\n")
 
     def write_fields(self, fields: Iterable[str]) -> None:
         """One line of tab-separated fields, each made single-line without tabs; empty fields keep their place."""
-        line = "\t".join(one_line(field).replace("\t", " ") for field in fields)
-        with self._named():
-            self._handle.write(line.encode("utf-8") + b"\n")
+        self._write("\t".join(one_line(field).replace("\t", " ") for field in fields).encode("utf-8") + b"\n")
+
+    def _write(self, data: bytes) -> None:
+        try:
+            self._handle.write(data)
+        except OSError as err:
+            self._raise_named(err)
+            raise
 
     def flush(self) -> None:
-        with self._named():
-            self._handle.flush()
-
-    @contextlib.contextmanager
-    def _named(self):
-        """A failed write (a full disk) names the output, which the OS error of a write does not."""
         try:
-            yield
+            self._handle.flush()
         except OSError as err:
-            if err.filename is not None or self.path is None:
-                raise
+            self._raise_named(err)
+            raise
+
+    def _raise_named(self, err: OSError) -> None:
+        """A failed write (a full disk) raised again naming the output, which the OS error of a write does not."""
+        if err.filename is None and self.path is not None:
             raise type(err)(err.errno, err.strerror, self.path) from err
 
     def close(self, success: bool = True) -> None:
@@ -253,8 +255,11 @@ class LineWriter:
             return
         tmp, self._tmp = self._tmp, None
         try:
-            with self._named():
+            try:
                 self._handle.close()
+            except OSError as err:
+                self._raise_named(err)
+                raise
             if success and tmp is not None:
                 os.replace(tmp, self.path)
                 tmp = None

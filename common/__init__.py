@@ -2,7 +2,8 @@
 
 - `common.special_ids`: the special token ids (PAD, UNK, BOS, EOS).
 - `common.sampling`: sampling settings for decoding (top-k, top-p, temperature, seed), checked.
-- `common.config_tree`: YAML config files with inheritance, `--set` overrides and strict typed dataclass building.
+- `common.config_tree`: YAML config files with inheritance and `--set` overrides; `common.config_build`: the strict
+  typed dataclass building and value checks.
 - `common.progress_bars`: tqdm bars that write whole lines in a log file (`bar_settings`), log records above a
   terminal's bars.
 """

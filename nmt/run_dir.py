@@ -20,12 +20,12 @@ import fcntl
 import json
 import logging
 import os
-import re
 import tempfile
 from pathlib import Path
 
 import yaml
 
+from nmt.checkpoint_state import latest_checkpoint, saved_step
 from nmt.config import Config, ConfigError, load_config
 
 # The weights evaluate/translate/export load (--weights): stored checkpoints (`RunDir.weights_prefix`), or the two
@@ -279,37 +279,6 @@ def finished_line(record: dict, final_dir: Path) -> str:
         if isinstance(scored, int) and isinstance(of, int) and scored < of:
             message += f" (first {scored} of {of} sentences)"
     return f"{message}; final weights in {final_dir} (nothing to do)"
-
-
-def saved_step(directory: Path) -> int | None:
-    """The step of the latest checkpoint (ckpt-STEP) in `directory`, read without TensorFlow: the one its state file
-    names when it is there, else the newest on disk (as `nmt.checkpoints.repair_checkpoint_state` names it), else
-    the one the state file names; None without any."""
-    try:
-        state = (directory / "checkpoint").read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        state = ""
-    named = re.search(r'^model_checkpoint_path:\s*"(?:.*/)?ckpt-(\d+)"', state, re.MULTILINE)
-    if named and (directory / f"ckpt-{named[1]}.index").is_file():
-        return int(named[1])
-    on_disk = [
-        int(found[1])
-        for index in directory.glob("ckpt-*.index")
-        if (found := re.fullmatch(r"ckpt-(\d+)\.index", index.name))
-    ]
-    return max(on_disk) if on_disk else int(named[1]) if named else None
-
-
-def latest_checkpoint(directory: str | Path) -> str | None:
-    """`tf.train.latest_checkpoint`, None also for a state file TensorFlow raises on: binary bytes, or text that
-    parses but names no checkpoint (an empty file, an empty `model_checkpoint_path`). The callers name the damage
-    or repair it (`nmt.checkpoints.repair_checkpoint_state`)."""
-    import tensorflow as tf
-
-    try:
-        return tf.train.latest_checkpoint(str(directory))
-    except (UnicodeDecodeError, ValueError):
-        return None
 
 
 def write_atomic(path: Path, text: str) -> None:

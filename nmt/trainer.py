@@ -4,7 +4,8 @@ Resumable at the exact batch (step, model, optimizer, loss scale, dropout RNG, d
 plan, nmt.budget, are in every checkpoint), stoppable with SIGINT/SIGTERM (a checkpoint is saved and the process
 exits 0), and observable (progress bar, TensorBoard, metrics.jsonl). See README "Training" for the user's view. In
 a multi-worker run every worker restores the chief's latest checkpoint, and all workers stop after the same step
-(nmt.distribute).
+(nmt.distribute). Restoring and saving checkpoints (`nmt.trainer_checkpoints`) and the evaluations
+(`nmt.trainer_evaluation`) are base classes of `Trainer`, split off by concern.
 """
 
 from __future__ import annotations
@@ -19,15 +20,8 @@ import tensorflow as tf
 from tqdm import tqdm
 
 from nmt.best_weights import BestWeights
-from nmt.budget import BatchChanged, TrainingPlan
-from nmt.checkpoints import (
-    TrainingCheckpoints,
-    checkpoint_step,
-    checkpoint_to_resume,
-    first_line,
-    repair_checkpoint_state,
-    restore_errors,
-)
+from nmt.budget import TrainingPlan
+from nmt.checkpoints import TrainingCheckpoints, checkpoint_step, repair_checkpoint_state
 from nmt.cluster import is_chief
 from nmt.config import Config
 from nmt.distribute import StopControl, WorkersDisagree, make_strategy, replica_batches
@@ -38,17 +32,12 @@ from nmt.progress import bar_file, bar_interval, train_bar_total
 from nmt.run_dir import RunDir, RunDirError
 from nmt.summaries import drop_events_after, write_train_summaries
 from nmt.train_step import TrainStep
-from nmt.trainer_data import iterator_kind, restorable_iterator, training_data
+from nmt.trainer_checkpoints import TrainerCheckpoints, TrainingError
+from nmt.trainer_data import iterator_kind, training_data
 from nmt.trainer_evaluation import TrainerEvaluation
 from nmt.worker_scratch import private_directory
 
 log = logging.getLogger("nmt.train")
-# checkpoint parts that older checkpoints lack: restored from those that have them
-NEWER_PARTS = {name: f"{name}/.ATTRIBUTES/VARIABLE_VALUE" for name in ("pending_evaluation", "loss_scaling")}
-
-
-class TrainingError(RuntimeError):
-    """Training cannot go on (non-finite steps, a checkpoint that cannot be written or restored...)."""
 
 
 @dataclasses.dataclass
@@ -59,7 +48,7 @@ class TrainResult:
     message: str
 
 
-class Trainer(TrainerEvaluation):
+class Trainer(TrainerCheckpoints, TrainerEvaluation):
     """Trains `config` into `run_dir`: `setup()`, then `train()`.
 
     `scorer(hypotheses, references) -> {"bleu", "chrf", "signature"}` scores the validation translations
@@ -202,45 +191,6 @@ class Trainer(TrainerEvaluation):
                 )  # fmt: skip
         self.plan.start(self.resumed_from, float(self.elapsed.numpy()))
         self.plan.apply_dropout(self.model, self.step_fn.retrace)
-
-    def _restore(self) -> int:
-        step = self._restore_latest()
-        try:
-            self.stop.check_same_step(step, self.run_dir.checkpoint_dir)
-        except WorkersDisagree as err:
-            raise TrainingError(str(err)) from None
-        return step
-
-    def _restore_latest(self) -> int:
-        """Restores the chief's latest checkpoint (every worker restores the same one); returns its step."""
-        latest = (
-            self.manager.latest_checkpoint
-            if self.chief
-            else checkpoint_to_resume(self.run_dir.checkpoint_dir)  # the chief's, even before its repair
-        )
-        if not latest:
-            return 0
-        try:  # the parts the plan allows: another global batch is refused, an older checkpoint has no plan
-            parts = self.plan.restorable(latest, self.checkpoint_parts)
-            symbolic = self.part is not None
-            parts = restorable_iterator(latest, parts, symbolic, self.config.train.allow_batch_change)
-            reader = tf.train.load_checkpoint(latest)
-            parts = {
-                n: p for n, p in parts.items() if n not in NEWER_PARTS or reader.has_tensor(NEWER_PARTS[n])
-            }
-            tf.train.Checkpoint(**parts).restore(latest).assert_existing_objects_matched()
-            if change := self.step_fn.reconcile_loss_scaling():
-                log.warning("%s", change)
-        except BatchChanged as err:
-            raise TrainingError(str(err)) from err
-        except restore_errors() as err:
-            raise TrainingError(
-                f"cannot resume from checkpoint {latest}: {first_line(err)}. The checkpoint is corrupt or was written by a "
-                "different model/config; move it away or use another --model-dir"
-            ) from err
-        step = int(self.optimizer.iterations.numpy())
-        log.info("resuming from checkpoint %s at step %d", latest, step)
-        return step
 
     # ------------------------------------------------------------------------------------------------------------
     # The loop
@@ -391,27 +341,6 @@ class Trainer(TrainerEvaluation):
             f"stopped by {self.stop.signal_name()} at step {self.step}; checkpoint saved, rerun the same command "
             "to resume"
         )
-
-    # ------------------------------------------------------------------------------------------------------------
-    def save_checkpoint(self) -> None:
-        if self.watch_config and not self.run_dir.exists():  # TensorFlow would recreate checkpoints/ anew
-            raise RunDirError(self.run_dir.removed_message())
-        try:
-            path = self.manager.save(self.step, self.resumed_from or 0)
-        except (tf.errors.OpError, OSError) as err:
-            first = str(err).strip().splitlines()[0]
-            previous = self.manager.latest_checkpoint
-            kept = (
-                f"the previous one ({previous}) is still usable"
-                if previous
-                else "no earlier checkpoint to resume"
-            )
-            raise TrainingError(
-                f"could not write a checkpoint at step {self.step} ({first}); {kept}"
-            ) from err
-        log.info("saved checkpoint %s", path)
-        if self.chief:  # the bests a resume from a kept checkpoint needs (nmt.best_weights)
-            self.best.prune([checkpoint_step(p) for p in self.manager.checkpoints])
 
 
 __all__ = ["Trainer", "TrainResult", "TrainingError", "RunDirError"]

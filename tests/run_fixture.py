@@ -280,7 +280,9 @@ _SOURCES = (
     "transformer",
     "data",
     "nmt/config.py",
+    "nmt/config_checks.py",
     "nmt/run_dir.py",
+    "nmt/checkpoint_state.py",
     "nmt/checkpoints.py",
     "nmt/losses.py",
 )

@@ -77,6 +77,7 @@ def export_key(weights: str | None, tokenizer, quantization: str) -> dict | None
     import ctranslate2
 
     import nmt.ctranslate2_export as export_code
+    import nmt.ctranslate2_format as export_format
 
     prefix = Path(weights)
     return {
@@ -85,7 +86,8 @@ def export_key(weights: str | None, tokenizer, quantization: str) -> dict | None
         "tokenizer": tokenizer.fingerprint,
         "quantization": quantization,
         "ctranslate2": ctranslate2.__version__,
-        "export_code_sha256": _sha256([export_code.__file__]),
+        # the writer and the format it writes (version, compute types, metadata) decide the export's bytes
+        "export_code_sha256": _sha256([export_code.__file__, export_format.__file__]),
     }
 
 

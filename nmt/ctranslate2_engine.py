@@ -36,7 +36,6 @@ stop, and how they rank:
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -48,14 +47,14 @@ from tqdm import tqdm
 from common.cpu import int8_saturates
 from common.special_ids import EOS_ID, PAD_ID
 from nmt.batch_decoding import output_limits, source_ids
-from nmt.checkpoints import checkpoint_digest
-from nmt.ctranslate2_export import (
+from nmt.ctranslate2_format import (
     COMPUTE_TYPES,
     METADATA,
     ExportError,
+    check_export_weights,
+    export_vocabulary,
     import_ctranslate2,
     read_export_metadata,
-    stored_checkpoints,
 )
 from nmt.progress import bar_settings
 
@@ -84,12 +83,6 @@ def ctranslate2_length_penalty(alpha: float, length: int) -> float:
 def gnmt_score(log_prob: float, length: int, alpha: float) -> float:
     """Our beam score: ``log_prob / ((5 + length) / 6) ** alpha``, ``length`` counting EOS (`transformer.decoding`)."""
     return float(log_prob) / ((5.0 + length) / 6.0) ** float(alpha)
-
-
-def _vocabulary(engine_dir: Path, side: str) -> list[str]:
-    shared = engine_dir / "shared_vocabulary.json"
-    path = shared if shared.is_file() else engine_dir / f"{side}_vocabulary.json"
-    return json.loads(path.read_text(encoding="utf-8"))
 
 
 MAX_AUTO_INTER_THREADS = 2  # as the TensorFlow engine's automatic streams (`nmt.translator.MAX_AUTO_STREAMS`)
@@ -192,8 +185,8 @@ class CTranslate2Translator:
             )
         except (RuntimeError, ValueError) as err:  # a truncated or corrupt model.bin, an unknown compute type
             raise EngineError(f"cannot load the CTranslate2 model in {self.engine_dir}: {err}") from err
-        self._source_pieces = _vocabulary(self.engine_dir, "source")
-        target_pieces = _vocabulary(self.engine_dir, "target")
+        self._source_pieces = export_vocabulary(self.engine_dir, "source")
+        target_pieces = export_vocabulary(self.engine_dir, "target")
         sizes = {"source": len(self._source_pieces), "target": len(target_pieces)}
         for side, size in (self.metadata.get("vocab") or {}).items():
             if sizes.get(side, size) != size:
@@ -212,7 +205,7 @@ class CTranslate2Translator:
         run_dir = RunDir(model_dir).require()
         config = run_dir.load_config()
         tokenizer = Tokenizer.load(run_dir.tokenizer_dir)
-        _check_weights_of(run_dir, engine_dir)
+        check_export_weights(run_dir, engine_dir)
         kwargs.setdefault("max_source_length", config.model.max_length)
         if kwargs.get("inter_threads") is None:  # the run's eval.streams, as the TensorFlow engine's streams
             kwargs["inter_threads"] = config.eval.streams or None
@@ -379,32 +372,3 @@ class CTranslate2Translator:
             ids[row, : len(output)] = output
         texts = self.tokenizer.detokenize_target(tf.constant(ids)).numpy()
         return [text.decode("utf-8", errors="replace") for text in texts]
-
-
-def _check_weights_of(run_dir, engine_dir) -> None:
-    """ExportError unless the export at `engine_dir` was made from weights stored in `run_dir` (any checkpoint it
-    holds: final, best, the training checkpoints, the averaging snapshots; by `weights_digest`, so a moved or copied
-    run still matches). The tokenizer check alone lets another run with the same tokenizer (a fine-tuned child,
-    another seed) pass. Exports without a digest (made before it was recorded, or from weights computed at export:
-    an average, the EMA), and run directories without weights (config and tokenizer kept to serve an export), are
-    not checked."""
-    metadata = read_export_metadata(Path(engine_dir))
-    digest, weights = metadata.get("weights_digest"), Path(str(metadata.get("weights")))
-    stored = stored_checkpoints(run_dir.path) if digest else {}
-    if not stored or digest in stored:  # no weights at all: a run directory kept for its config and tokenizer
-        return
-    # this run's, trained on since: recorded inside it and no longer there (a relative path, older exports: from the
-    # current directory, or named after this run's folder)
-    owner = weights.parent.parent
-    inside = owner.resolve() == run_dir.path.resolve() or (
-        not weights.is_absolute() and owner.name == run_dir.path.name
-    )
-    if inside and checkpoint_digest(str(weights)) != digest:
-        raise ExportError(
-            f"the CTranslate2 export {engine_dir} was made from {weights}, which {run_dir.path} no longer holds "
-            "(trained on since, or the checkpoint rotated away): export it again"
-        )
-    raise ExportError(
-        f"the CTranslate2 export {engine_dir} was made from other weights ({weights}) than any stored in "
-        f"{run_dir.path}: export the run directory you translate with"
-    )

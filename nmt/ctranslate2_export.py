@@ -22,7 +22,9 @@ The export directory holds CTranslate2's ``model.bin``, ``config.json`` and ``sh
 target vocabularies: the SentencePiece pieces in id order, the embedding rows beyond the pieces as ``<nmt_unused_N>``),
 our SentencePiece model(s) (``spm.model``, or ``spm.source.model`` and ``spm.target.model``) and `METADATA`
 (``nmt_export.json``: languages, eval settings, maximum lengths, quantization, tokenizer fingerprint, weights). The
-source EOS is added by CTranslate2 (``add_source_eos``), so a client feeds the SentencePiece pieces alone.
+source EOS is added by CTranslate2 (``add_source_eos``), so a client feeds the SentencePiece pieces alone. Reading
+and checking an export (`read_export_metadata`, `METADATA`, `ExportError`, ...) is `nmt.ctranslate2_format`'s,
+re-exported here.
 """
 
 from __future__ import annotations
@@ -37,6 +39,17 @@ import numpy as np
 
 from common.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from nmt.checkpoints import checkpoint_digest
+from nmt.ctranslate2_format import (  # noqa: F401 - re-exported: callers import them from here
+    COMPUTE_TYPES,
+    CTRANSLATE2_PIN,
+    FORMAT,
+    FORMAT_VERSION,
+    METADATA,
+    ExportError,
+    import_ctranslate2,
+    read_export_metadata,
+    stored_checkpoints,
+)
 from nmt.publish import publish_directory, staging_directory
 
 log = logging.getLogger(__name__)
@@ -54,90 +67,14 @@ __all__ = [
     "read_export_metadata",
 ]
 
-CTRANSLATE2_PIN = "ctranslate2==4.8.5"
-METADATA = "nmt_export.json"
-FORMAT = "nmt-ctranslate2"
-FORMAT_VERSION = 1
 QUANTIZATIONS = ("float32", "int8")
-# int8 weights with float32 activations between the int8 matrix products ("int8" alone may pick int8_float16 on GPUs)
-COMPUTE_TYPES = {"float32": "float32", "int8": "int8_float32"}
 FORBIDDEN_BIAS = -1.0e9  # the logit shift of PAD and BOS, like `transformer.step_fns`
 # the names of the embedding rows past the SentencePiece pieces (vocabularies are padded to a multiple of 8)
 UNUSED_PIECE = "<nmt_unused_{}>"
-# the METADATA keys the engine reads (`nmt.ctranslate2_engine`); "tokenizer" holds a "fingerprint"
-REQUIRED_METADATA = ("tokenizer", "position_table", "max_source_length", "compute_type")
-
-
-class ExportError(ValueError):
-    """A path is not (or cannot become) an export, or the model cannot be expressed in CTranslate2."""
 
 
 class UnsupportedModelError(ExportError):
     """The model has a feature CTranslate2 cannot run (a model problem, not a usage error: export.py exits 1)."""
-
-
-def import_ctranslate2():
-    """``import ctranslate2``, or an ImportError saying how to install it."""
-    try:
-        import ctranslate2
-    except ImportError as err:
-        message = "CTranslate2 export and engine need the ctranslate2 package, which is not installed"
-        raise ImportError(f"{message}: pip install {CTRANSLATE2_PIN}") from err
-    return ctranslate2
-
-
-def read_export_metadata(path: str | Path) -> dict:
-    """The `METADATA` of an export directory; ExportError if `path` is not one (checked without ctranslate2)."""
-    path = Path(path)
-    if not path.is_dir():
-        raise ExportError(f"not a CTranslate2 export (no such directory): {path}")
-    missing = [name for name in ("model.bin", "config.json", METADATA) if not (path / name).is_file()]
-    if missing:
-        raise ExportError(
-            f"not a CTranslate2 export of this project: {path} has no {', '.join(missing)} "
-            "(make one with export.py --format ctranslate2)"
-        )
-    try:
-        metadata = json.loads((path / METADATA).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ExportError(
-            f"not a CTranslate2 export of this project: {path / METADATA} is unreadable ({err})"
-        ) from err
-    if not isinstance(metadata, dict) or metadata.get("format") != FORMAT:
-        raise ExportError(
-            f"not a CTranslate2 export of this project: {path / METADATA} has no format {FORMAT!r}"
-        )
-    if metadata.get("version") != FORMAT_VERSION:
-        raise ExportError(
-            f"{path}: export format version {metadata.get('version')}, this code reads {FORMAT_VERSION}"
-        )
-    missing = [key for key in REQUIRED_METADATA if key not in metadata]
-    if not missing and not (
-        isinstance(metadata["tokenizer"], dict) and "fingerprint" in metadata["tokenizer"]
-    ):
-        missing = ["tokenizer.fingerprint"]
-    if missing:
-        raise ExportError(
-            f"a damaged CTranslate2 export: {path / METADATA} has no key {missing[0]!r} "
-            "(make it again with export.py --format ctranslate2)"
-        )
-    if not isinstance(metadata.get("vocab", {}), dict):
-        raise ExportError(
-            f"a damaged CTranslate2 export: {path / METADATA} has vocab {metadata['vocab']!r}, not a mapping "
-            "(make it again with export.py --format ctranslate2)"
-        )
-    counts = [
-        ("position_table", metadata["position_table"]),
-        ("max_source_length", metadata["max_source_length"]),
-    ]
-    counts += [(f"vocab.{side}", n) for side, n in (metadata.get("vocab") or {}).items()]
-    for key, value in counts:
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ExportError(
-                f"a damaged CTranslate2 export: {path / METADATA} has {key} {value!r}, not a positive integer "
-                "(make it again with export.py --format ctranslate2)"
-            )
-    return metadata
 
 
 def _check_supported(model) -> None:
@@ -306,13 +243,6 @@ def _metadata(
     if data_config is not None:
         record["source_language"], record["target_language"] = data_config.source, data_config.target
     return record
-
-
-def stored_checkpoints(run_path: str | Path) -> dict[str, Path]:
-    """The checkpoints under `run_path` (final, best, the training ones, the averaging snapshots) by their
-    `checkpoint_digest` (an unreadable index has none): where a run holds the weights an export records."""
-    prefixes = [index.with_suffix("") for index in sorted(Path(run_path).rglob("ckpt-*.index"))]
-    return {digest: prefix for prefix in prefixes if (digest := checkpoint_digest(prefix))}
 
 
 def _names_our_format(directory: Path) -> bool:

@@ -22,12 +22,12 @@ Maximum output length (subwords, EOS excluded) per sentence: `floor(a * source_l
 eval_config.max_length_a, max_length_b`, capped by the model's position table, enforced per sentence
 (`nmt.batch_decoding`): a translation never depends on which other sentences share its batch or on the padded shape.
 `decode_batch`, `limit_lengths`, `output_limits` (from `nmt.batch_decoding`) and `validation_loss` (from
-`nmt.validation`) are re-exported here.
+`nmt.validation`) are re-exported here. Batch grouping and padded sizes: `nmt.batch_shapes`; the cross-attention
+weights of `attention`: `nmt.attention_weights`.
 """
 
 from __future__ import annotations
 
-import bisect
 import logging
 import math
 import os
@@ -40,10 +40,12 @@ import numpy as np
 import tensorflow as tf
 
 from common.sampling import Sampling
+from nmt.attention_weights import line_attention, piece_labels
 from nmt.batch_decoding import decode_batch, decoding_functions, limit_lengths, output_limits, source_ids
+from nmt.batch_shapes import DEFAULT_BATCH_TOKENS_PER_SENTENCE, padding_edges, plan_batches, round_up
 from nmt.validation import validation_loss
 from transformer.decoding import NEG_INF
-from transformer.vocab import BOS_ID, EOS_ID, PAD_ID
+from transformer.vocab import EOS_ID, PAD_ID
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +71,6 @@ class _Inline:
         pass
 
 
-# Sentences of up to 31 subwords fill `batch_size` sentences per batch; longer ones make smaller batches.
-DEFAULT_BATCH_TOKENS_PER_SENTENCE = 32
 # xla="auto" on a CPU: XLA for greedy search from this many lines, never for beam search. Measured on the shared
 # 2-core AMD EPYC (AVX-512), under load, with `runs/base` (3+3 layers, d_model 256, 8k vocab) on Multi30k test2016
 # (1,000 lines), two interleaved rounds, after this decoder's single non-XLA trace, growing cache and dropping of
@@ -86,18 +86,6 @@ MAX_AUTO_STREAMS = 2
 # Detokenizing (eager ops) runs one stream at a time: two streams' eager ops at once crashed translate.py (SIGSEGV,
 # 9 of 32 starts on a tiny run, 2 vCPU Zen 4, docs/streams-crash-2026-12-06). Decoding (tf.function) stays parallel.
 _EAGER_OPS = threading.Lock()
-
-
-def _edges(smallest: int, largest: int, factor: int) -> list[int]:
-    edges, value = [], smallest
-    while value < largest:
-        edges.append(value)
-        value *= factor
-    return [*edges, largest]
-
-
-def _round_up(value: int, edges: Sequence[int]) -> int:
-    return edges[min(bisect.bisect_left(edges, value), len(edges) - 1)]
 
 
 class Translator:
@@ -154,8 +142,8 @@ class Translator:
         self.streams = streams
         self.batch_size = max(1, batch_size or eval_config.batch_size)
         self.batch_tokens = batch_tokens  # None: DEFAULT_BATCH_TOKENS_PER_SENTENCE * batch_size, read at use
-        self.length_edges = _edges(16, self.max_source_length, 2)  # padded source lengths
-        self.batch_edges = _edges(1, self.batch_size, 4)  # padded batch sizes
+        self.length_edges = padding_edges(16, self.max_source_length, 2)  # padded source lengths
+        self.batch_edges = padding_edges(1, self.batch_size, 4)  # padded batch sizes
         self.config = None  # the run's Config, when loaded by from_run_dir
         self.weights = None  # the checkpoint prefix, when loaded by from_run_dir
         self._decoders = decoding_functions(model)
@@ -277,21 +265,14 @@ class Translator:
         `batch_size` sentences and the padded batch stays within `batch_tokens` tokens.
         """
         budget = self.batch_tokens or DEFAULT_BATCH_TOKENS_PER_SENTENCE * self.batch_size
-        batches: list[list[int]] = []
-        for index in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
-            if batches:
-                batch = batches[-1]
-                width = self.padded_length(lengths[batch[0]], xla=xla)  # the first sentence is the longest
-                if len(batch) < self.batch_size and (len(batch) + 1) * width <= budget:
-                    batch.append(index)
-                    continue
-            batches.append([index])
-        return batches
+        return plan_batches(
+            lengths, self.batch_size, budget, lambda length: self.padded_length(length, xla=xla)
+        )
 
     def padded_length(self, length: int, *, xla: bool = True) -> int:
         """The padded source length of a batch whose longest sentence has `length` subwords (EOS excluded):
         rounded up to `length_edges` under XLA (a program per shape), else just that sentence and its EOS."""
-        return _round_up(length + 1, self.length_edges) if xla else length + 1
+        return round_up(length + 1, self.length_edges) if xla else length + 1
 
     def uses_xla(self, num_lines: int, beam_size: int) -> bool:
         """Whether `translate` of `num_lines` lines with this beam decodes under XLA (see the `xla` argument)."""
@@ -360,7 +341,7 @@ class Translator:
         cfg = self.eval_config
         count = len(sources)
         # XLA compiles one program per shape: pad the batch too. Without XLA the batch dimension is dynamic.
-        padded_batch = _round_up(count, self.batch_edges) if xla else count
+        padded_batch = round_up(count, self.batch_edges) if xla else count
         padded_length = self.padded_length(max(len(ids) for ids in sources), xla=xla)
         max_length = min(
             int(math.floor(cfg.max_length_a * padded_length + cfg.max_length_b)) + 1, self.max_target_length
@@ -385,36 +366,14 @@ class Translator:
 
     # ------------------------------------------------------------------------------------------------------------
     def attention(self, line: str, *, beam_size: int | None = None) -> dict:
-        """Translates one line and returns its cross-attention weights, for plotting.
+        """Translates one line and returns its cross-attention weights, for plotting (`nmt.attention_weights`).
 
         Returns:
           {"source": source pieces (EOS included), "target": output pieces (EOS included), "translation": str,
           "weights": one float32 array (heads, len(target), len(source)) per decoder layer}.
         """
-        beam_size = self.eval_config.beam_size if beam_size is None else beam_size
-        from nmt.batch_decoding import start_pieces
-
-        # From the line's start only, as `translate` does: memory bounded for a huge line.
-        keep, chars = self.max_source_length - 1, self.tokenizer.source_chars_for(self.max_source_length)
-        pieces = start_pieces([line], self.encode, keep, chars)[0][0][:keep]
-        ids, _ = self._decode([pieces], beam_size, True, self.uses_xla(1, beam_size))
-        output = [int(i) for i in ids[0, 0]]
-        output = output[: output.index(EOS_ID)] if EOS_ID in output else [i for i in output if i != PAD_ID]
-        source = tf.constant([[*pieces, EOS_ID]], tf.int32)  # (1, S)
-        target_in = tf.constant([[BOS_ID, *output]], tf.int32)  # (1, T): row t predicts output token t
-        weights = [np.asarray(w[0], dtype=np.float32) for w in self.model.cross_attention(source, target_in)]
-        translation = self.tokenizer.detokenize_target(tf.constant([output], tf.int32))[0].numpy()
-        return {
-            "source": [*self._pieces(pieces, source=True), "</s>"],
-            "target": [*self._pieces(output, source=False), "</s>"],
-            "translation": translation.decode("utf-8", errors="replace"),
-            "weights": weights,
-        }
+        return line_attention(self, line, beam_size=beam_size)
 
     def _pieces(self, ids: list[int], *, source: bool) -> list[str]:
         """A readable label per subword id (its detokenized text)."""
-        if not ids:
-            return []
-        detokenize = self.tokenizer.detokenize_source if source else self.tokenizer.detokenize_target
-        texts = detokenize(tf.constant([[i] for i in ids], tf.int32)).numpy()
-        return [text.decode("utf-8", errors="replace") or "\u2581" for text in texts]
+        return piece_labels(self.tokenizer, ids, source=source)

@@ -32,10 +32,24 @@ running sentences (and at least one) are done, those sentences leave the loop st
 original rows. Greedy: a sentence is done once it produced EOS. Beam: once its finished set is full and no alive
 hypothesis can beat its worst member (the early-stopping test, per sentence) with ``alpha >= 0``; from then on the
 uncompacted search would not change its result either, so the outputs are the same, only less work is done.
+
+The loop machinery both searches share (the while loop, the sequence buffers, dropping rows) is in
+`transformer.search_ops`.
 """
 
 import tensorflow as tf
 
+from transformer.search_ops import (
+    caller,
+    check_compact,
+    drop_rows,
+    initial_sequences,
+    rows_to_drop,
+    state_loop,
+    step_limit,
+    store_rows,
+    write_token,
+)
 from transformer.vocab import BOS_ID, EOS_ID, PAD_ID
 
 NEG_INF = -1.0e9  # score of an empty / impossible hypothesis: finite so that arithmetic never produces NaN
@@ -83,9 +97,9 @@ def greedy_search(
         ``(ids, scores)``: ids int32 ``(B, max_length)`` without BOS, ``PAD`` after the first EOS (and after the last
         step); scores float32 ``(B,)``, the sum of the chosen tokens' log-probabilities (EOS included).
     """
-    limit = _step_limit(max_steps, max_length)
-    _check_compact(compact, static_shapes)
-    call = _caller(step_fn, memory)
+    limit = step_limit(max_steps, max_length)
+    check_compact(compact, static_shapes)
+    call = caller(step_fn, memory)
 
     # Loop state:
     #   t        scalar int32        step number = position read from the buffer
@@ -110,16 +124,16 @@ def greedy_search(
         token = tf.where(finished, PAD_ID, token)
         new = dict(s, t=t + 1, cache=cache)
         new["scores"] = s["scores"] + tf.where(finished, 0.0, token_log_prob)
-        new["seq"] = _write(s["seq"], t + 1, token)
+        new["seq"] = write_token(s["seq"], t + 1, token)
         new["finished"] = tf.logical_or(finished, tf.equal(token, eos_id))
         if compact is not None:
             results = lambda s: {"seq": s["seq"], "scores": s["scores"]}  # noqa: E731
-            new = _drop(new, _to_drop(new["finished"], compact), results, _GREEDY_ROWS)
+            new = drop_rows(new, rows_to_drop(new["finished"], compact), results, _GREEDY_ROWS)
         return (new,)
 
     state = {
         "t": tf.constant(0, tf.int32),
-        "seq": _initial_sequences([batch_size], max_length, bos_id),
+        "seq": initial_sequences([batch_size], max_length, bos_id),
         "finished": tf.zeros([batch_size], tf.bool),
         "scores": tf.zeros([batch_size], tf.float32),
         "cache": {} if cache is None else cache,
@@ -128,11 +142,13 @@ def greedy_search(
     if compact is not None:
         state["original"] = tf.range(batch_size)
         state["out"] = {"seq": state["seq"], "scores": state["scores"]}
-    (state,) = _loop(cond, body, state, static_shapes)
+    (state,) = state_loop(cond, body, state, static_shapes)
     if compact is None:
         return state["seq"][:, 1:], state["scores"]
     everyone = tf.ones_like(state["finished"])
-    out = _store(state["out"], state["original"], everyone, {"seq": state["seq"], "scores": state["scores"]})
+    out = store_rows(
+        state["out"], state["original"], everyone, {"seq": state["seq"], "scores": state["scores"]}
+    )
     return out["seq"][:, 1:], out["scores"]
 
 
@@ -196,11 +212,11 @@ def beam_search(
         limit, without its probability). Slots that never held a real hypothesis score about ``NEG_INF``.
     """
     b, k, length = batch_size, beam_size, max_length
-    limit = _step_limit(max_steps, max_length)
-    _check_compact(compact, static_shapes)
+    limit = step_limit(max_steps, max_length)
+    check_compact(compact, static_shapes)
     if alpha < 0:  # a done sentence's result may still depend on the step where the batch stops
         compact = None
-    call = _caller(step_fn, memory)
+    call = caller(step_fn, memory)
     cache = {} if cache is None else cache
     cache = tf.nest.map_structure(lambda x: tf.repeat(x, k, axis=0), cache)  # (B * beam, ...)
 
@@ -257,7 +273,7 @@ def beam_search(
         candidates = tf.reshape(s["alive_log_prob"], [m * k, 1]) + log_probs  # (M * beam, V)
         top_log_prob, origin, token = _best_candidates(candidates, m, k, 2 * k)  # (M, 2 * beam) each
         top_seq = tf.gather(alive_seq, origin, batch_dims=1)  # (M, 2 * beam, max_length + 1)
-        top_seq = _write(top_seq, t + 1, token)
+        top_seq = write_token(top_seq, t + 1, token)
         ends = tf.equal(token, eos_id)
         new = dict(s, t=t + 1)
 
@@ -282,7 +298,7 @@ def beam_search(
                 tf.logical_not(can_improve(t + 1, new)), tf.reduce_all(new["finished_flag"], axis=1)
             )
             new["rank"] = rows
-            new = _drop(new, _to_drop(done, compact), lambda s: final(t + 1, s), _BEAM_ROWS)
+            new = drop_rows(new, rows_to_drop(done, compact), lambda s: final(t + 1, s), _BEAM_ROWS)
             rows = new.pop("rank")
         new["cache"] = tf.nest.map_structure(lambda x: tf.gather(x, tf.reshape(rows, [-1])), cache)
         return (new,)
@@ -290,9 +306,9 @@ def beam_search(
     # All beams start identical: only the first is expanded at step 0.
     state = {
         "t": tf.constant(0, tf.int32),
-        "alive_seq": _initial_sequences([b, k], length, bos_id),
+        "alive_seq": initial_sequences([b, k], length, bos_id),
         "alive_log_prob": tf.concat([tf.zeros([b, 1]), tf.fill([b, k - 1], NEG_INF)], axis=1),
-        "finished_seq": _initial_sequences([b, k], length, PAD_ID),
+        "finished_seq": initial_sequences([b, k], length, PAD_ID),
         "finished_score": tf.fill([b, k], NEG_INF),
         "finished_flag": tf.zeros([b, k], tf.bool),
         "max_length": tf.fill([b], limit) if max_lengths is None else tf.cast(max_lengths, tf.int32),
@@ -302,11 +318,11 @@ def beam_search(
     if compact is not None:
         state["original"] = tf.range(b)
         state["out"] = {"seq": state["finished_seq"], "scores": state["finished_score"]}
-    (state,) = _loop(cond, body, state, static_shapes)
+    (state,) = state_loop(cond, body, state, static_shapes)
     result = final(state["t"], state)
     if compact is not None:
         everyone = tf.ones_like(state["original"], tf.bool)
-        result = _store(state["out"], state["original"], everyone, result)
+        result = store_rows(state["out"], state["original"], everyone, result)
     return result["seq"][:, :, 1:], result["scores"]
 
 
@@ -330,78 +346,3 @@ def _best_candidates(candidates, m, k, n):
     score, pick = tf.math.top_k(tf.reshape(row_score, [m, -1]), k=n)  # (M, n) of (M, k * R)
     token = tf.gather(tf.reshape(row_token, [m, -1]), pick, batch_dims=1)
     return score, pick // per_row, token
-
-
-def _check_compact(compact, static_shapes):
-    if compact is None:
-        return
-    if static_shapes:
-        raise ValueError("compact drops rows: it needs static_shapes=False (not under XLA)")
-    if not 0.0 <= compact <= 1.0:
-        raise ValueError(f"compact must be a fraction in [0, 1], got {compact!r}")
-
-
-def _caller(step_fn, memory):
-    """``call(ids, index, cache, memory)``: passes ``memory`` on only if the search was given one."""
-    if memory is None:
-        return lambda ids, index, cache, _: step_fn(ids, index, cache)
-    return step_fn
-
-
-def _loop(cond, body, state, static_shapes):
-    """``tf.while_loop`` over the state dict; ``static_shapes=False`` lets every dimension change (not the ranks)."""
-    if static_shapes:
-        return tf.while_loop(cond, body, (state,))
-    invariants = tf.nest.map_structure(lambda x: tf.TensorShape([None] * x.shape.rank), state)
-    return tf.while_loop(cond, body, (state,), shape_invariants=(invariants,))
-
-
-def _to_drop(done, compact):
-    """``(M,)`` bool: the done rows, if they are at least one and at least ``compact`` of the ``M`` rows."""
-    count = tf.reduce_sum(tf.cast(done, tf.float32))
-    enough = tf.logical_and(count > 0.0, count >= compact * tf.cast(tf.size(done), tf.float32))
-    return tf.logical_and(done, enough)
-
-
-def _store(out, rows, which, values):
-    """``out[name][rows[i]] = values[name][i]`` for the rows ``i`` where ``which`` is True."""
-    at = tf.where(which)[:, 0]  # (D,)
-    indices = tf.gather(rows, at)[:, None]  # (D, 1)
-    return {
-        name: tf.tensor_scatter_nd_update(out[name], indices, tf.gather(values[name], at)) for name in out
-    }
-
-
-def _drop(state, gone, results, names):
-    """Stores ``results(state)`` of the rows where ``gone`` is True in ``state["out"]`` and removes them from
-    ``state[name]`` for ``names``; nothing happens (one `tf.cond`) in the steps where no row goes."""
-
-    def drop():
-        keep = tf.where(tf.logical_not(gone))[:, 0]  # (M',)
-        kept = {name: tf.nest.map_structure(lambda x: tf.gather(x, keep), state[name]) for name in names}
-        return dict(kept, out=_store(state["out"], state["original"], gone, results(state)))
-
-    def stay():
-        return {name: state[name] for name in (*names, "out")}
-
-    return dict(state, **tf.cond(tf.reduce_any(gone), drop, stay))
-
-
-def _step_limit(max_steps, max_length):
-    limit = tf.cast(max_length, tf.int32)
-    if max_steps is None:
-        return limit
-    return tf.minimum(tf.cast(max_steps, tf.int32), limit)
-
-
-def _initial_sequences(leading_shape, max_length, first_id):
-    """``leading_shape + [max_length + 1]`` int32: ``first_id`` at position 0, ``PAD`` elsewhere."""
-    first = tf.fill(leading_shape + [1], tf.constant(first_id, tf.int32))
-    rest = tf.fill(leading_shape + [max_length], tf.constant(PAD_ID, tf.int32))
-    return tf.concat([first, rest], axis=-1)
-
-
-def _write(seq, position, token):
-    """``seq[..., position] = token`` with a fixed-shape select (XLA friendly)."""
-    at = tf.equal(tf.range(tf.shape(seq)[-1]), position)  # (max_length + 1,)
-    return tf.where(at, token[..., None], seq)

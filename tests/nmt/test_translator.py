@@ -3,6 +3,7 @@
 The tiny fixture (tests/run_fixture.py) is trained until it reproduces every sentence of its corpus under greedy and
 beam search (MAX_SENTENCE_NLL, whatever the CPU): exact translations of those sentences are asserted. Everything
 else (lines it never saw, cut translations) is compared between equals: same weights, same per-sentence limits.
+How the Translator batches its lines and when it uses XLA: test_translator_batches.py.
 """
 
 import dataclasses
@@ -339,48 +340,10 @@ def test_validation_loss_counts_every_target_token(translator):
     assert 0.0 < loss < MAX_SENTENCE_NLL
 
 
-def test_batches_longest_first_within_the_sentence_and_token_budgets(translator):
-    small = Translator(
-        translator.model, translator.tokenizer, translator.eval_config,
-        max_source_length=64, batch_size=4, batch_tokens=64,
-    )  # fmt: skip
-    widths = [small.padded_length(n) for n in (40, 20, 15, 5)]  # EOS included
-    assert small.length_edges[-1] == 64 and widths == [64, 32, 16, 16]
-    # 40 -> 64 wide: alone (two would be 128 tokens); 20 opens a 32-wide batch, 15 joins (64 tokens), 5 opens a
-    # 16-wide batch that 3 and 2 join (48 tokens).
-    assert small.batches([3, 40, 20, 5, 40, 2, 15]) == [[1], [4], [2, 6], [3, 0, 5]]
-    lengths = list(np.random.default_rng(0).integers(0, 63, size=50))
-    batches = small.batches(lengths)
-    assert sorted(i for batch in batches for i in batch) == list(range(50))
-    for batch in batches:
-        width = max(small.padded_length(lengths[i]) for i in batch)
-        assert len(batch) <= 4 and (len(batch) == 1 or len(batch) * width <= 64)
-    # Without XLA a batch is as wide as its longest sentence and its EOS: 20 opens a 21-wide batch that 15 and 5
-    # join (63 tokens; the 32-wide batch above had room for two), and 3 opens a 4-wide one with 2.
-    assert [small.padded_length(n, xla=False) for n in (40, 20, 15, 5)] == [41, 21, 16, 6]
-    assert small.batches([3, 40, 20, 5, 40, 2, 15], xla=False) == [[1], [4], [2, 6, 3], [0, 5]]
-
-
-def test_xla_auto_on_cpu_only_for_greedy_search_of_many_lines(translator):
-    from nmt.translator import XLA_AUTO_MIN_LINES
-
-    if tf.config.list_physical_devices("GPU"):
-        pytest.skip("the rule for CPUs (a GPU host: XLA for every search)")
-    auto = Translator(translator.model, translator.tokenizer, translator.eval_config, max_source_length=64)
-    assert auto.xla == "auto"
-    assert not auto.uses_xla(1, 1) and not auto.uses_xla(XLA_AUTO_MIN_LINES - 1, 1)
-    assert auto.uses_xla(XLA_AUTO_MIN_LINES, 1) and not auto.uses_xla(XLA_AUTO_MIN_LINES, 4)
-    for setting in (True, False):
-        fixed = Translator(
-            translator.model, translator.tokenizer, translator.eval_config, max_source_length=64, xla=setting
-        )
-        assert fixed.uses_xla(1, 4) is setting and fixed.uses_xla(XLA_AUTO_MIN_LINES, 1) is setting
-
-
 def test_xla_decoding_equals_the_default(translator):
     """Under XLA (fixed-size buffers, every sentence decoded until its batch ends) == without XLA (a cache growing
     with the prefix, finished sentences dropped from the batch): the same n-best lists, sentences ending at
-    different steps (greedy: tests/transformer/test_decoding.py)."""
+    different steps (greedy: tests/transformer/test_decoding_model.py)."""
     src, _ = sources(6)
     lines = [*src, src[0] + " " + src[1]]
     xla = Translator(

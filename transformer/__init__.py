@@ -2,8 +2,10 @@
 
 - `attention`: scaled dot-product, chunked and local attention, mask builders (pure functions).
 - `multi_head`: `MultiHeadAttention` (projections, Q/K/V sharing, KV cache).
-- `feed_forward`, `positional`, `residual`, `encoder_layer`, `decoder_layer`: the layers; `dropout`: their dropout.
+- `feed_forward`, `positional`, `residual`, `encoder_layer`, `decoder_layer`: the layers; `dropout`: their dropout;
+  `layer_norm`: their layer normalisation (float32 math, a written-out gradient).
 - `model`: `Transformer` (`encode`, `init_cache`, `decode_step`, ...) and `build_model(config, ...)`.
-- `decoding`: greedy and beam search over a step function; `step_fns`: step functions from a model.
+- `decoding`: greedy and beam search over a step function (`search_ops`: what the two share); `step_fns`: step
+  functions from a model.
 - `vocab`: the special token ids.
 """

@@ -7,17 +7,19 @@ import tensorflow as tf
 
 from transformer.dropout import Dropout
 from transformer.feed_forward import FeedForward
+from transformer.layer_norm import LayerNorm
 
 NORMS = ("post", "pre")
 
 
 def layer_norm(name):
-    """LayerNormalization (epsilon 1e-6) computed in float32 whatever the global policy."""
-    return keras.layers.LayerNormalization(epsilon=1e-6, dtype="float32", name=name)
+    """LayerNormalization (epsilon 1e-6) computed in float32 whatever the global policy (`LayerNorm`: its output
+    has its input's dtype)."""
+    return LayerNorm(epsilon=1e-6, dtype="float32", name=name)
 
 
 def normalize(norm_layer, x):
-    """Apply a float32 `layer_norm` and cast back to ``x.dtype``."""
+    """Apply a `layer_norm` (float32 math) and give the result ``x.dtype`` (a no-op cast for `LayerNorm`)."""
     return tf.cast(norm_layer(x), x.dtype)
 
 

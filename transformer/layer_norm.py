@@ -19,13 +19,18 @@ import tensorflow as tf
 
 def layer_normalization(x, gamma, beta, epsilon):
     """``(x - mean) / sqrt(var + epsilon) * gamma + beta`` over the last axis of ``x`` (any float dtype; the math in
-    float32, the result in ``x.dtype``), differentiable in ``x``, ``gamma`` and ``beta`` (float32, ``(d,)``)."""
+    float32, or float64 for a float64 ``x`` as Keras does; the result in ``x.dtype``), differentiable in ``x``,
+    ``gamma`` and ``beta`` (float32, ``(d,)``)."""
     x = tf.convert_to_tensor(x)
     dtype = x.dtype
+    math = tf.float64 if dtype == tf.float64 else tf.float32
 
     @tf.custom_gradient
     def normalized(x, gamma, beta):
-        rows = tf.reshape(tf.cast(x, tf.float32), [-1, tf.shape(x)[-1]])  # (R, d): no copy for a float32 x
+        gamma, beta = tf.cast(gamma, math), tf.cast(beta, math)
+        rows = tf.reshape(
+            tf.cast(x, math), [-1, tf.shape(x)[-1]]
+        )  # (R, d): no copy when x is in `math` already
         centered = rows - tf.reduce_mean(rows, axis=-1, keepdims=True)
         inv_std = tf.math.rsqrt(
             tf.reduce_mean(tf.square(centered), axis=-1, keepdims=True) + epsilon
@@ -36,15 +41,15 @@ def layer_normalization(x, gamma, beta, epsilon):
         def grad(dy):
             # TensorFlow builds the gradient outside the layer's name scope: name it (graphs, profiles)
             with tf.name_scope("layer_norm_grad"):
-                dy = tf.reshape(tf.cast(dy, tf.float32), tf.shape(x_hat))
+                dy = tf.reshape(tf.cast(dy, math), tf.shape(x_hat))
                 g = dy * gamma
                 dx = (
                     g
                     - tf.reduce_mean(g, axis=-1, keepdims=True)
                     - x_hat * tf.reduce_mean(g * x_hat, axis=-1, keepdims=True)
                 ) * inv_std
-                d_gamma = tf.reduce_sum(dy * x_hat, axis=0)
-                d_beta = tf.reduce_sum(dy, axis=0)
+                d_gamma = tf.cast(tf.reduce_sum(dy * x_hat, axis=0), tf.float32)
+                d_beta = tf.cast(tf.reduce_sum(dy, axis=0), tf.float32)
                 return tf.reshape(tf.cast(dx, dtype), tf.shape(x)), d_gamma, d_beta
 
         return y, grad

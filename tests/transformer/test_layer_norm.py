@@ -40,7 +40,7 @@ def values_and_gradients(layer, x, upstream):
     with tf.GradientTape() as tape:
         tape.watch(x)
         y = layer(x)
-        objective = tf.reduce_sum(tf.cast(y, tf.float32) * upstream)
+        objective = tf.reduce_sum(tf.cast(y, tf.float64) * upstream)
     dx, d_gamma, d_beta = tape.gradient(objective, [x, layer.gamma, layer.beta])
     return y, dx, d_gamma, d_beta
 
@@ -119,6 +119,22 @@ def test_normalize_in_a_mixed_bfloat16_layer():
         tf.cast(tf.cast(reference(x), tf.bfloat16), tf.float32).numpy(),
         atol=1e-2,
     )
+
+
+def test_float64_input_is_normalised_in_float64():
+    """As Keras' layer: a float64 input is not rounded to float32 on the way."""
+    ours, _ = pair(seed=12)
+    x = inputs((3, D), seed=13).astype(np.float64) * (1 + 1e-9)
+    upstream = np.random.default_rng(14).normal(size=x.shape)
+    y, dx, d_gamma, _ = values_and_gradients(ours, x, upstream)
+    assert y.dtype == tf.float64 and dx.dtype == tf.float64 and d_gamma.dtype == tf.float32
+    gamma, beta = ours.gamma.numpy().astype(np.float64), ours.beta.numpy().astype(np.float64)
+    std = np.sqrt(x.var(-1, keepdims=True) + 1e-6)
+    x_hat = (x - x.mean(-1, keepdims=True)) / std
+    np.testing.assert_allclose(y.numpy(), x_hat * gamma + beta, rtol=1e-12, atol=1e-12)
+    g = upstream * gamma
+    expected = (g - g.mean(-1, keepdims=True) - x_hat * (g * x_hat).mean(-1, keepdims=True)) / std
+    np.testing.assert_allclose(dx.numpy(), expected, rtol=1e-10, atol=1e-10)
 
 
 def test_function_under_xla_equals_eager():

@@ -39,7 +39,7 @@ FIRST = (  # the longest units first (a longest-first order for two workers), ti
     "tests/test_cli_translate.py",
     "tests/test_e2e.py",
     "tests/test_cli_evaluate.py",
-    "tests/transformer/test_decoding.py",
+    "tests/transformer/test_decoding_model.py",
 )
 
 

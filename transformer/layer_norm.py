@@ -72,5 +72,9 @@ class LayerNorm(keras.layers.LayerNormalization):
         # The input keeps its dtype (Keras would cast it to float32 first): the function casts inside.
         self._convert_input_args = False
 
+    def compute_output_spec(self, inputs):
+        # the output keeps the input's dtype (Keras' layer would declare its own float32)
+        return keras.KerasTensor(inputs.shape, dtype=inputs.dtype)
+
     def call(self, inputs):
         return layer_normalization(inputs, self.gamma, self.beta, self.epsilon)

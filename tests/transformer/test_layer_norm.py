@@ -146,6 +146,14 @@ def test_function_under_xla_equals_eager():
     )
 
 
+def test_functional_model_declares_the_input_dtype():
+    inputs = keras.Input(shape=(3, D), dtype="bfloat16")
+    outputs = LayerNorm(epsilon=1e-6, dtype="float32")(inputs)
+    assert outputs.dtype == "bfloat16"
+    model = keras.Model(inputs, outputs)
+    assert model(tf.ones((2, 3, D), tf.bfloat16)).dtype == tf.bfloat16
+
+
 @pytest.mark.filterwarnings("ignore:You passed `rms_scaling=True`")
 def test_config_round_trip_and_refusals():
     layer = LayerNorm(epsilon=1e-3, dtype="float32", name="n")

@@ -1,11 +1,13 @@
-"""The tiny shared run's translator for the tests of nmt/ that decode with it (test_translator, test_source_pieces):
-one per module, so its traces are shared between a module's tests. A module with fixtures of these names uses its
-own."""
+"""The tiny shared run's translator for the tests of nmt/ that decode with it (test_translator,
+test_translator_batches, test_source_pieces): one per module, so its traces are shared between a module's tests;
+and for the CTranslate2 tests (test_ctranslate2_export, test_ctranslate2_engine) the run's `ours`, its float32 and
+int8 `exports` (one pair per module) and a fresh `tokenizer`. A module with fixtures of these names uses its own."""
 
 import pytest
 
 from data.tokenizer import Tokenizer
 from nmt.translator import Translator
+from tests.nmt.ctranslate2_helpers import export_float32_and_int8
 
 
 @pytest.fixture(scope="module")
@@ -23,3 +25,20 @@ def translator(shared_translator, tiny_run_dir):
     shared_translator.tokenizer = Tokenizer.load(tiny_run_dir / "tokenizer")
     shared_translator.batch_size = shared_translator.eval_config.batch_size
     return shared_translator
+
+
+@pytest.fixture(scope="module")
+def ours(tiny_run_dir):
+    return Translator.from_run_dir(tiny_run_dir)
+
+
+@pytest.fixture(scope="module")
+def exports(ours, tmp_path_factory):
+    """The fixture exported in float32 and int8 (needs ctranslate2: only its tests ask for it)."""
+    return export_float32_and_int8(ours, tmp_path_factory.mktemp("ct2"))
+
+
+@pytest.fixture
+def tokenizer(tiny_run_dir):
+    # conftest reseeds TensorFlow before each test, which destroys the SentencePiece resources of older tokenizers
+    return Tokenizer.load(tiny_run_dir / "tokenizer")

@@ -1,5 +1,5 @@
 """The tiny fixture's CTranslate2 exports and an engine on them, shared by test_ctranslate2_export.py and
-test_ctranslate2_engine.py (each wraps `export_float32_and_int8` in a module-scoped fixture of its own)."""
+test_ctranslate2_engine.py (tests/nmt/conftest.py wraps `export_float32_and_int8` in a module-scoped fixture)."""
 
 from nmt.ctranslate2_engine import CTranslate2Translator
 from nmt.ctranslate2_export import export_ctranslate2

@@ -15,30 +15,11 @@ import tensorflow as tf
 
 from common.cpu import int8_saturates
 from common.special_ids import EOS_ID, PAD_ID
-from data.tokenizer import Tokenizer
 from nmt.batch_decoding import decode_batch, output_limits
-from nmt.translator import Translator
-from tests.nmt.ctranslate2_helpers import engine, export_float32_and_int8
+from tests.nmt.ctranslate2_helpers import engine
 from tests.run_fixture import fixture_corpus, salads
 
 pytest.importorskip("ctranslate2")
-
-
-@pytest.fixture(scope="module")
-def ours(tiny_run_dir):
-    return Translator.from_run_dir(tiny_run_dir)
-
-
-@pytest.fixture(scope="module")
-def exports(ours, tmp_path_factory):
-    """The fixture exported in float32 and int8."""
-    return export_float32_and_int8(ours, tmp_path_factory.mktemp("ct2"))
-
-
-@pytest.fixture
-def tokenizer(tiny_run_dir):
-    # conftest reseeds TensorFlow before each test, which destroys the SentencePiece resources of older tokenizers
-    return Tokenizer.load(tiny_run_dir / "tokenizer")
 
 
 _SEARCHES: dict = {}

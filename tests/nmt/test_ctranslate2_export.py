@@ -19,29 +19,11 @@ from common.special_ids import BOS_ID, EOS_ID, PAD_ID
 from data.tokenizer import Tokenizer
 from nmt.ctranslate2_engine import CTranslate2Translator
 from nmt.ctranslate2_export import ExportError, export_ctranslate2, read_export_metadata
-from nmt.translator import Translator
-from tests.nmt.ctranslate2_helpers import engine, export_float32_and_int8
+from tests.nmt.ctranslate2_helpers import engine
 from tests.run_fixture import assert_int8_translations, salads, tiny_corpus
 from transformer.model import build_model
 
 ctranslate2 = pytest.importorskip("ctranslate2")
-
-
-@pytest.fixture(scope="module")
-def ours(tiny_run_dir):
-    return Translator.from_run_dir(tiny_run_dir)
-
-
-@pytest.fixture(scope="module")
-def exports(ours, tmp_path_factory):
-    """The fixture exported in float32 and int8."""
-    return export_float32_and_int8(ours, tmp_path_factory.mktemp("ct2"))
-
-
-@pytest.fixture
-def tokenizer(tiny_run_dir):
-    # conftest reseeds TensorFlow before each test, which destroys the SentencePiece resources of older tokenizers
-    return Tokenizer.load(tiny_run_dir / "tokenizer")
 
 
 def random_model(ours, **overrides):

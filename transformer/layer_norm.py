@@ -1,7 +1,8 @@
-"""Layer normalisation over the last axis, computed in float32 with a hand-written gradient.
+"""Layer normalisation over the last axis, computed in float32 (float64 for a float64 input) with a hand-written
+gradient.
 
 The math is Keras' ``LayerNormalization`` (Ba et al., 2016): ``y = (x - mean) / sqrt(var + epsilon) * gamma +
-beta``, statistics over the last axis, in float32 whatever the input's dtype; the output has the input's dtype.
+beta``, statistics over the last axis, in float32 for any narrower input; the output has the input's dtype.
 What differs is the cost of training it. Keras computes ``x * inv + (beta - mean * inv)`` with ``inv = gamma /
 sqrt(var + epsilon)``, and autodiff of that (through the moments, the broadcasts and their reductions) makes about
 twenty passes over the ``(rows, d)`` activations per backward pass. The gradient written out,
@@ -28,13 +29,11 @@ def layer_normalization(x, gamma, beta, epsilon):
     @tf.custom_gradient
     def normalized(x, gamma, beta):
         gamma, beta = tf.cast(gamma, math), tf.cast(beta, math)
-        rows = tf.reshape(
-            tf.cast(x, math), [-1, tf.shape(x)[-1]]
-        )  # (R, d): no copy when x is in `math` already
+        # (R, d) rows: no copy when x is in `math` already
+        rows = tf.reshape(tf.cast(x, math), [-1, tf.shape(x)[-1]])
         centered = rows - tf.reduce_mean(rows, axis=-1, keepdims=True)
-        inv_std = tf.math.rsqrt(
-            tf.reduce_mean(tf.square(centered), axis=-1, keepdims=True) + epsilon
-        )  # (R, 1)
+        # (R, 1)
+        inv_std = tf.math.rsqrt(tf.reduce_mean(tf.square(centered), axis=-1, keepdims=True) + epsilon)
         x_hat = centered * inv_std
         y = tf.reshape(tf.cast(x_hat * gamma + beta, dtype), tf.shape(x))
 

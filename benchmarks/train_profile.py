@@ -1,7 +1,7 @@
 """Where a training step's time goes: a TensorFlow profiler trace of a few steps, op time by category.
 
     python -m benchmarks.train_profile --config base.yaml [--set ...] [--precision mixed_bfloat16] [--steps 6]
-        [--xla off|fusible]
+        [--xla off|fusible] [--top-kernels N]
 
 The config's model with the real `nmt.train_step.TrainStep` (`benchmarks.train_speed.make_train_step`, XLA off, or
 with `--xla fusible` the fusible ops auto-clustered as `train.xla: fusible` does: each XLA cluster is one opaque op,
@@ -84,8 +84,9 @@ def categorize(node: str, op_type: str) -> str:
     return OTHER
 
 
-def op_milliseconds(logdir: str) -> collections.Counter:
-    """Op time (ms) per category in the profiler trace under `logdir`."""
+def op_milliseconds(logdir: str, by_kernel: collections.Counter | None = None) -> collections.Counter:
+    """Op time (ms) per category in the profiler trace under `logdir`; also per (category, kernel) into `by_kernel`
+    when given."""
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
     space = xplane_pb2.XSpace()
@@ -100,12 +101,16 @@ def op_milliseconds(logdir: str) -> collections.Counter:
                 name = plane.event_metadata[event.metadata_id].name  # "node:OpType", or a runtime region
                 if ":" in name and not name.startswith(("Threadpool", "ExecutorState")):
                     node, op_type = name.rsplit(":", 1)
-                    totals[categorize(node, op_type)] += event.duration_ps / 1e9
+                    category = categorize(node, op_type)
+                    totals[category] += event.duration_ps / 1e9
+                    if by_kernel is not None:
+                        by_kernel[category, op_type] += event.duration_ps / 1e9
     return totals
 
 
 def profile_step(step, batches: list) -> dict:
-    """{"op_ms": {category: ms per step}, "wall_ms": median wall ms per step} of `step.step([b])` over `batches`."""
+    """{"op_ms": {category: ms per step}, "kernel_ms": {(category, kernel): ms per step}, "wall_ms": median wall ms
+    per step} of `step.step([b])` over `batches`."""
     import tensorflow as tf
 
     def one_pass():
@@ -121,10 +126,15 @@ def profile_step(step, batches: list) -> dict:
         tf.profiler.experimental.start(logdir)
         one_pass()
         tf.profiler.experimental.stop()
-        totals = op_milliseconds(logdir)
+        by_kernel = collections.Counter()
+        totals = op_milliseconds(logdir, by_kernel)
     finally:
         shutil.rmtree(logdir, ignore_errors=True)
-    return {"op_ms": {c: totals.get(c, 0.0) / len(batches) for c in CATEGORIES}, "wall_ms": wall}
+    return {
+        "op_ms": {c: totals.get(c, 0.0) / len(batches) for c in CATEGORIES},
+        "kernel_ms": {key: ms / len(batches) for key, ms in by_kernel.items()},
+        "wall_ms": wall,
+    }
 
 
 def markdown_table(profiles: dict[str, dict], tokens_per_step: float) -> str:
@@ -174,6 +184,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--xla", choices=("off", "fusible"), default="off", help="fusible: as train.xla: fusible (nmt.xla)"
     )
+    parser.add_argument(
+        "--top-kernels",
+        type=positive_int,
+        metavar="N",
+        help="also print the N (category, kernel) pairs with the most op time",
+    )
     args = parser.parse_args(argv)
 
     import keras
@@ -210,6 +226,11 @@ def main(argv: list[str] | None = None) -> int:
         f"matmul-only (the step's matmuls alone, same shapes): {matmul_ms:.0f} ms/step, "
         f"wall / matmul-only = {profile['wall_ms'] / matmul_ms:.2f}"
     )
+    if args.top_kernels:
+        print("\n| category | kernel | ms/step |\n|---|---|---:|")
+        top = sorted(profile["kernel_ms"].items(), key=lambda item: -item[1])[: args.top_kernels]
+        for (category, kernel), ms in top:
+            print(f"| {category} | {kernel} | {ms:.1f} |")
     record = {"precision": precision, "xla": args.xla, "steps": len(batches)}
     record["target_tokens_per_step"] = round(tokens, 1)
     record.update(

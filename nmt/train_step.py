@@ -217,15 +217,19 @@ class TrainStep:
 
     def _update_fn(self, grads, sums):
         loss_sum, nll_sum, tokens = tf.unstack(sums)
+        # the summed, loss-scaled gradient times `factor` is the real one (token-normalised, unscaled)
         factor = self.loss_normaliser / (tf.maximum(tokens, 1.0) * self.loss_scale)
-        grads = [g * factor for g in grads]
-        # tf.linalg.global_norm's arithmetic, keeping the per-variable terms for the per-layer norms.
-        half_squares = tf.stack([tf.nn.l2_loss(g) for g in grads])  # (variables,) sum(g^2) / 2
+        # tf.linalg.global_norm's arithmetic on the real gradient, keeping the per-variable terms for the per-layer
+        # norms: sum((factor g)^2) / 2 = factor^2 sum(g^2) / 2, so the gradients are scaled once, below, by
+        # factor and the clipping factor together (one pass over them instead of two).
+        half_squares = tf.stack([tf.nn.l2_loss(g) for g in grads]) * tf.square(factor)  # (variables,)
         grad_norm = tf.sqrt(tf.reduce_sum(half_squares) * 2.0)
         finite = tf.logical_and(tf.math.is_finite(grad_norm), tf.math.is_finite(loss_sum))
         if self.clipnorm > 0:
+            # tf.clip_by_global_norm's factor, clipnorm / max(norm, clipnorm)
             safe_norm = tf.where(finite, grad_norm, 1.0)
-            grads, _ = tf.clip_by_global_norm(grads, self.clipnorm, use_norm=safe_norm)
+            factor *= self.clipnorm * tf.minimum(1.0 / safe_norm, 1.0 / self.clipnorm)
+        grads = [g * factor for g in grads]
 
         def apply_update():
             self.optimizer.apply(grads, self.variables)

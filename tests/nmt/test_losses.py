@@ -109,7 +109,11 @@ def test_token_cross_entropy_values_and_written_out_gradient_match_numpy(eps, ou
     one_hot = np.eye(VOCAB)[labels]
     np.testing.assert_allclose(nll.numpy(), -(one_hot * log_p).sum(-1), rtol=1e-5)
     q = (1.0 - eps) * one_hot + eps / VOCAB
-    np.testing.assert_allclose(loss.numpy(), -(q * log_p).sum(-1), rtol=1e-5)
+    # The smoothing term takes the mean of the logits themselves: float32 rounding relative to their magnitude
+    # (rows 4 and 5 are all 1e4; the others under 10).
+    rounding = 2 * np.finfo(np.float32).eps * np.abs(logits).max(-1)
+    want = -(q * log_p).sum(-1)
+    assert np.all(np.abs(loss.numpy() - want) <= 1e-5 * np.abs(want) + rounding)
 
 
 def test_summed_padded_loss_equals_the_loss_of_the_real_tokens_alone():
@@ -123,3 +127,17 @@ def test_summed_padded_loss_equals_the_loss_of_the_real_tokens_alone():
         [float(tf.reduce_sum(loss)), float(tf.reduce_sum(nll)), real.sum()],
         rtol=1e-6,
     )
+
+
+def test_negative_log_likelihood_stays_exact_where_the_label_probability_underflows():
+    """A label 200 below the top logit has p = e^-200, 0 in float32: -log p must still be 200 (not inf), and the
+    smoothed loss its float64 value, also with every logit shifted by 10,000."""
+    logits = np.zeros((2, VOCAB), np.float32)
+    logits[:, 3] = 200.0
+    labels = np.array([5, 3], np.int32)
+    for shift in (0.0, 1e4):
+        loss, nll = token_cross_entropy(tf.constant(logits + shift), tf.constant(labels), label_smoothing=0.1)
+        log_z = 200.0 + np.log1p((VOCAB - 1) * np.exp(-200.0))
+        np.testing.assert_allclose(nll.numpy(), [log_z, log_z - 200.0], atol=1e-6 if shift == 0 else 2e-3)
+        uniform = log_z - 200.0 / VOCAB
+        np.testing.assert_allclose(loss.numpy(), 0.9 * nll.numpy() + 0.1 * uniform, rtol=1e-5)

@@ -8,7 +8,10 @@ MODEL_DIR ?= runs/base
 
 .PHONY: install train evaluate translate export test test-all bench ablate robustness lint format clean
 
+# The C++ kernels of the training step (nmt/kernels/build.py): built once per source, TensorFlow and CPU
+# kind, a no-op otherwise; without a compiler the model runs on TensorFlow's ops (same math, slower).
 install: $(STAMP)
+	@$(PY) -m nmt.kernels.build
 
 # Silent recipes, a note on stderr: stdout stays the commands' own (make bench > bench.jsonl from a shell: JSON lines
 # only; a make inside another make adds its "Entering directory" line unless given --no-print-directory).

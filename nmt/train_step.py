@@ -42,8 +42,10 @@ import functools
 import numpy as np
 import tensorflow as tf
 
+from nmt import kernels
 from nmt.losses import smoothed_cross_entropy, token_cross_entropy
 from nmt.xla import autoclustering
+from transformer.kernels import fused
 from transformer.vocab import PAD_ID
 
 INITIAL_LOSS_SCALE = 2.0**15
@@ -114,12 +116,23 @@ class TrainStep:
             )
             self.bad_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="consecutive_bad_steps")
             self.skipped_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped_steps")
+        # the C++ kernels (nmt.kernels: layer norms, dropout), when built: CPU replicas only (they have no GPU kernel),
+        # never under jit_compile (no XLA kernel); `fusible` leaves them outside its clusters
+        self.on_cpu = not any(tf.config.list_logical_devices(kind) for kind in ("GPU", "TPU"))
         self.set_jit_compile(jit_compile)
         # `train.xla: fusible`: XLA fuses the elementwise ops and reductions of every step's functions, the matmuls
         # stay TensorFlow ops (nmt.xla). Ignored under jit_compile, which compiles everything.
         self.autocluster = autocluster
         self.update = _function(self._update_fn)
         self.apply = _function(self._apply_fn)
+
+    def kernels_in_use(self) -> str:
+        """What the layer norms and dropouts of the step run on, for the log."""
+        if self.jit_compile or not self.on_cpu:
+            return "TensorFlow ops (XLA or not CPU)"
+        if kernels.ops() is None:
+            return f"TensorFlow ops (C++ kernels unavailable: {kernels.unavailable()})"
+        return "C++ kernels (nmt.kernels)"
 
     def set_jit_compile(self, jit_compile: bool) -> None:
         """Turns XLA on or off for the gradient computation (traced again on the next step).
@@ -183,10 +196,11 @@ class TrainStep:
 
     def _replica_grads_fn(self, batch):
         self.num_traces += 1  # Python side effect: runs once per trace, i.e. once per compiled shape
-        with tf.GradientTape() as tape:
-            loss_sum, nll_sum, tokens = self._loss_sums(batch)
-            scaled = loss_sum / self.loss_normaliser * self.loss_scale
-        grads = tape.gradient(scaled, self.variables)
+        with fused(kernels.ops() if self.on_cpu and not self.jit_compile else None):
+            with tf.GradientTape() as tape:
+                loss_sum, nll_sum, tokens = self._loss_sums(batch)
+                scaled = loss_sum / self.loss_normaliser * self.loss_scale
+            grads = tape.gradient(scaled, self.variables)
         grads = [  # dense (an untied embedding's gradient is sparse), float32 (no-op: variables are float32)
             tf.zeros_like(v, tf.float32) if g is None else tf.cast(tf.convert_to_tensor(g), tf.float32)
             for g, v in zip(grads, self.variables)

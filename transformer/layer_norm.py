@@ -12,10 +12,39 @@ twenty passes over the ``(rows, d)`` activations per backward pass. The gradient
 
 makes about a dozen. The casts from and to a bfloat16 / float16 input sit inside the function, so the layer
 takes and returns the input's dtype (Keras would cast the input to the layer's float32 first).
+
+Within `transformer.kernels.fused()` (the training step enters it on CPU without XLA), a layer called with
+``training=True`` runs the same math as two C++ kernels instead (`fused_layer_normalization`: one pass over the rows
+forward, one backward) when they are built.
 """
 
 import keras
 import tensorflow as tf
+
+from transformer import kernels
+
+_FUSED_DTYPES = (tf.float32, tf.bfloat16, tf.float16)
+
+
+def fused_layer_normalization(x, gamma, beta, epsilon, ops):
+    """`layer_normalization` through the kernel library ``ops`` (`transformer.kernels.active()`): ``x`` float32,
+    bfloat16 or float16."""
+    x = tf.convert_to_tensor(x)
+
+    @tf.custom_gradient
+    def normalized(x, gamma, beta):
+        rows = tf.reshape(x, [-1, tf.shape(x)[-1]])
+        y, mean, inv_std = ops.nmt_layer_norm(rows, gamma, beta, epsilon=epsilon)
+
+        def grad(dy):
+            with tf.name_scope("layer_norm_grad"):
+                dy = tf.reshape(tf.cast(dy, x.dtype), tf.shape(rows))
+                dx, d_gamma, d_beta = ops.nmt_layer_norm_grad(dy, rows, mean, inv_std, gamma)
+                return tf.reshape(dx, tf.shape(x)), d_gamma, d_beta
+
+        return tf.reshape(y, tf.shape(x)), grad
+
+    return normalized(x, tf.convert_to_tensor(gamma, tf.float32), tf.convert_to_tensor(beta, tf.float32))
 
 
 def layer_normalization(x, gamma, beta, epsilon):
@@ -75,5 +104,10 @@ class LayerNorm(keras.layers.LayerNormalization):
         # the output keeps the input's dtype (Keras' layer would declare its own float32)
         return keras.KerasTensor(inputs.shape, dtype=inputs.dtype)
 
-    def call(self, inputs):
+    def call(self, inputs, training=None):
+        inputs = tf.convert_to_tensor(inputs)
+        if training is True and inputs.dtype in _FUSED_DTYPES:
+            ops = kernels.active()
+            if ops is not None:
+                return fused_layer_normalization(inputs, self.gamma, self.beta, self.epsilon, ops)
         return layer_normalization(inputs, self.gamma, self.beta, self.epsilon)

@@ -15,7 +15,15 @@ VOCAB = 40
 
 def tiny_model(**overrides):
     config = ModelConfig(
-        d_model=16, num_heads=2, d_ff=32, num_layers=1, dropout=0.0, max_length=32, **overrides
+        **{
+            "d_model": 16,
+            "num_heads": 2,
+            "d_ff": 32,
+            "num_layers": 1,
+            "dropout": 0.0,
+            "max_length": 32,
+            **overrides,
+        }
     )
     return build_model(config, VOCAB, VOCAB)
 
@@ -386,3 +394,31 @@ def test_a_resume_across_loss_scaling_starts_the_scale_again(tmp_path):
             assert message.endswith(f"the loss scale starts again at {expected:g}")
             assert (float(step.loss_scale.numpy()), int(step.good_steps.numpy())) == (expected, 0)
             assert step.reconcile_loss_scaling() == ""  # and the next checkpoint records this run's kind
+
+
+def test_the_step_on_the_cpp_kernels_equals_the_step_on_tensorflow_ops():
+    """Same dropout draws (bit for bit) and layer norms to float32 rounding: one update on the kernels
+    (nmt.kernels, when built) and one on TensorFlow's ops give the same loss and weights."""
+    from nmt import kernels
+
+    if kernels.ops() is None:
+        pytest.skip(f"kernels not built: {kernels.unavailable()}")
+    results = []
+    for on_cpu in (True, False):
+        keras.utils.set_random_seed(5)
+        model = tiny_model(dropout=0.3)
+        step = make_step(model, learning_rate=0.5)
+        step.on_cpu = on_cpu  # False: the path of a GPU or XLA step
+        metrics = step.step([batch(3)])
+        spec = {
+            key: tf.TensorSpec([None, None], tf.int32) for key in batch(3)
+        }  # the step's one relaxed trace
+        graph = step.gradients.get_concrete_function(spec).graph.as_graph_def()
+        ops = {node.op for function in graph.library.function for node in function.node_def}
+        results.append((float(metrics["loss"]), weights(model), ops))
+    (loss, fused, fused_ops), (tf_loss, plain, plain_ops) = results
+    assert {"NmtLayerNorm", "NmtLayerNormGrad", "NmtDropout"} <= fused_ops
+    assert not any(op.startswith("Nmt") for op in plain_ops)
+    np.testing.assert_allclose(loss, tf_loss, rtol=1e-6)
+    for a, b in zip(fused, plain):
+        np.testing.assert_allclose(a, b, atol=1e-6)

@@ -1,0 +1,47 @@
+"""Fused C++ kernels for the training step on CPU (`build` compiles them; `make install` runs it): layer
+normalisation forward and backward (`transformer.layer_norm`) and dropout from precomputed draws
+(`transformer.dropout`).
+
+`ops()` loads the library built for this environment, or returns None when there is none (no compiler, a build
+that failed, another CPU kind since, or ``NMT_KERNELS=off`` in the environment): the layers then use TensorFlow's
+own ops, same math, slower. `unavailable()` says why, for the log. The training step hands the library to the
+layers with `transformer.kernels.fused(ops())` while it traces, on CPU without XLA only.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+SWITCH_ENV = "NMT_KERNELS"
+
+
+@functools.cache
+def _load():
+    from nmt.kernels.build import BuildError, library_path
+
+    if os.environ.get(SWITCH_ENV, "").lower() in ("off", "0", "false"):
+        return None, f"{SWITCH_ENV}={os.environ[SWITCH_ENV]}"
+
+    try:
+        path = library_path()
+    except (BuildError, OSError) as error:
+        return None, str(error)
+    if not path.is_file():
+        return None, f"not built for this environment (run make install): {path.name}"
+    import tensorflow as tf
+
+    try:
+        return tf.load_op_library(str(path)), ""
+    except (tf.errors.NotFoundError, OSError) as error:
+        return None, f"{path} does not load: {error}"
+
+
+def ops():
+    """The loaded op library (``nmt_layer_norm``, ``nmt_layer_norm_grad``), or None."""
+    return _load()[0]
+
+
+def unavailable() -> str:
+    """Why `ops()` is None ("" when it is not)."""
+    return _load()[1]

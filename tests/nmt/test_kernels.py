@@ -1,0 +1,176 @@
+"""The C++ kernels (nmt.kernels) against the TensorFlow ops they replace: layer norm values and gradients
+against `layer_normalization` and float64 NumPy, dropout bit for bit; when the layers use them; the build's
+failure modes."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from nmt import kernels
+from nmt.kernels import build
+from transformer.dropout import dropout, random_halves
+from transformer.kernels import active, fused
+from transformer.layer_norm import LayerNorm, layer_normalization
+
+
+@pytest.fixture(scope="module")
+def ops():
+    """The op library, built here if `make install` has not (a machine without a C++ compiler skips)."""
+    try:
+        build.build()
+    except build.BuildError as error:
+        if "no C++ compiler" in str(error):
+            pytest.skip(str(error))
+        raise
+    kernels._load.cache_clear()
+    library = kernels.ops()
+    assert library is not None, kernels.unavailable()
+    return library
+
+
+def _numpy_layer_norm(x, gamma, beta, dy, epsilon):
+    """Float64 values and gradients (x, gamma, beta) of the layer norm over the last axis."""
+    x, dy = x.astype(np.float64), dy.astype(np.float64)
+    mean = x.mean(-1, keepdims=True)
+    inv = 1.0 / np.sqrt(((x - mean) ** 2).mean(-1, keepdims=True) + epsilon)
+    xhat = (x - mean) * inv
+    g = dy * gamma
+    dx = (g - g.mean(-1, keepdims=True) - xhat * (g * xhat).mean(-1, keepdims=True)) * inv
+    return xhat * gamma + beta, dx, (dy * xhat).sum(0), dy.sum(0)
+
+
+def _as_float(t):
+    return tf.cast(t, tf.float32).numpy()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("shape", [(37, 7), (5, 33), (300, 256), (1, 16), (0, 8)])
+def test_layer_norm_kernels_match_float64_numpy_and_the_tensorflow_path(ops, dtype, shape):
+    rng = np.random.default_rng(sum(shape))
+    x = tf.cast(rng.normal(2.0, 3.0, size=shape), dtype)
+    dy = tf.cast(rng.normal(size=shape), dtype)
+    gamma = tf.constant(rng.normal(size=shape[-1]), tf.float32)
+    beta = tf.constant(rng.normal(size=shape[-1]), tf.float32)
+    y, mean, inv_std = ops.nmt_layer_norm(x, gamma, beta, epsilon=1e-6)
+    dx, d_gamma, d_beta = ops.nmt_layer_norm_grad(dy, x, mean, inv_std, gamma)
+    assert y.dtype == dx.dtype == tf.as_dtype(dtype) and d_gamma.dtype == d_beta.dtype == tf.float32
+    want = _numpy_layer_norm(_as_float(x), gamma.numpy(), beta.numpy(), _as_float(dy), 1e-6)
+    # outputs rounded to the dtype: a few of its ulps; the parameter gradients are float32 sums over the rows
+    tol = {"float32": 1e-5, "bfloat16": 2e-2, "float16": 2e-3}[dtype]
+    for got, expected in zip((y, dx), want[:2]):
+        np.testing.assert_allclose(
+            _as_float(got), expected, rtol=tol, atol=tol * np.abs(expected).max(initial=1)
+        )
+    for got, expected in zip((d_gamma, d_beta), want[2:]):
+        np.testing.assert_allclose(got.numpy(), expected, rtol=1e-4, atol=1e-4 * np.sqrt(shape[0]))
+    with tf.GradientTape() as tape:
+        tape.watch([x, gamma, beta])
+        reference = layer_normalization(x, gamma, beta, 1e-6)
+    grads = tape.gradient(reference, [x, gamma, beta], output_gradients=dy)
+    np.testing.assert_allclose(_as_float(y), _as_float(reference), rtol=tol, atol=tol)
+    np.testing.assert_allclose(_as_float(dx), _as_float(grads[0]), rtol=tol, atol=tol * 4)
+
+
+def test_layer_norm_gradients_are_the_same_bits_on_every_call(ops):
+    """dgamma/dbeta are summed per fixed block of rows, then the blocks in order: no dependence on scheduling."""
+    rng = np.random.default_rng(3)
+    x = tf.constant(rng.normal(size=(1000, 64)), tf.bfloat16)
+    dy = tf.constant(rng.normal(size=(1000, 64)), tf.bfloat16)
+    gamma, beta = tf.ones([64]), tf.zeros([64])
+    _, mean, inv_std = ops.nmt_layer_norm(x, gamma, beta, epsilon=1e-6)
+    first = [t.numpy() for t in ops.nmt_layer_norm_grad(dy, x, mean, inv_std, gamma)]
+    for _ in range(3):
+        again = [t.numpy() for t in ops.nmt_layer_norm_grad(dy, x, mean, inv_std, gamma)]
+        for a, b in zip(first, again):
+            assert np.array_equal(a.view(np.uint8), b.view(np.uint8))
+
+
+def test_layer_norm_kernel_names_a_wrong_gamma(ops):
+    with pytest.raises(tf.errors.InvalidArgumentError, match="gamma/beta must be"):
+        ops.nmt_layer_norm(tf.ones([4, 8]), tf.ones([7]), tf.zeros([8]), epsilon=1e-6)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("rate", [0.1, 0.5])
+def test_dropout_kernel_is_the_tensorflow_path_bit_for_bit(ops, dtype, rate):
+    """Forward and gradient, with NaN, inf and negative values among the inputs (x * 0 keeps NaN and -0)."""
+    x = np.random.default_rng(5).normal(size=(33, 65)) * 4
+    x[0, :4] = [np.nan, np.inf, -np.inf, -0.5]
+    x = tf.constant(x, dtype)
+    dy = tf.cast(tf.random.stateless_normal([33, 65], seed=[4, 4]), dtype)
+    outputs = []
+    for library in (None, ops):
+        with fused(library), tf.GradientTape() as tape:
+            tape.watch(x)
+            y = dropout(x, rate, tf.constant([9, 1]))
+        outputs.append([y, tape.gradient(y, x, output_gradients=dy)])
+    bits = tf.uint16 if dtype != "float32" else tf.uint32
+    for tf_path, kernel_path in zip(*outputs):
+        assert tf_path.dtype == kernel_path.dtype
+        assert np.array_equal(tf.bitcast(tf_path, bits).numpy(), tf.bitcast(kernel_path, bits).numpy())
+
+
+def test_dropout_kernel_needs_one_draw_per_element(ops):
+    with pytest.raises(tf.errors.InvalidArgumentError, match="one draw per element"):
+        ops.nmt_dropout(tf.ones([4, 4]), random_halves(15, tf.constant([1, 1])), threshold=10, scale=1.5)
+
+
+def _op_types(function, *args):
+    return {op.type for op in function.get_concrete_function(*args).graph.get_operations()}
+
+
+def test_layers_use_the_kernels_only_when_training_inside_fused(ops):
+    """Inference, exports and XLA trace outside `fused()`: a SavedModel never holds an op of the library."""
+    norm = LayerNorm(epsilon=1e-6)
+    norm.build((None, 8))
+    x = tf.TensorSpec([None, 8], tf.bfloat16)
+
+    def traced(training, library):
+        @tf.function
+        def f(x):
+            with fused(library):
+                return norm(x, training=training)
+
+        return _op_types(f, x)
+
+    assert "NmtLayerNorm" in traced(True, ops)
+    for training, library in ((False, ops), (None, ops), (True, None)):
+        assert not any(op.startswith("Nmt") for op in traced(training, library))
+    # no float64 kernel: the TensorFlow ops
+    x = tf.TensorSpec([None, 8], tf.float64)
+    assert not any(op.startswith("Nmt") for op in traced(True, ops))
+
+
+def test_build_without_a_compiler_says_so_and_loses_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    monkeypatch.setenv(build.DIR_ENV, str(tmp_path / "kernels"))
+    run = [sys.executable, "-m", "nmt.kernels.build"]
+    quiet = subprocess.run(run, capture_output=True, text=True, check=False)
+    assert quiet.returncode == 0 and "not built" in quiet.stderr and "TensorFlow's ops" in quiet.stderr
+    strict = subprocess.run([*run, "--strict"], capture_output=True, text=True, check=False)
+    assert strict.returncode == 1 and "no-such-compiler" in strict.stderr
+    assert not list(tmp_path.rglob("*.so"))
+
+
+def test_a_failing_compile_leaves_no_library_and_the_layers_fall_back(tmp_path, monkeypatch):
+    compiler = tmp_path / "cxx"
+    compiler.write_text(
+        "#!/bin/sh\n[ \"$1\" = -dumpfullversion ] && echo 1 && exit 0\necho 'x.cc:1: error: boom' >&2\nexit 1\n"
+    )
+    compiler.chmod(0o755)
+    monkeypatch.setenv("CXX", str(compiler))
+    monkeypatch.setenv(build.DIR_ENV, str(tmp_path / "kernels"))
+    with pytest.raises(build.BuildError, match="boom"):
+        build.build()
+    # no staging file left behind
+    assert list((tmp_path / "kernels").iterdir()) == []
+    kernels._load.cache_clear()
+    try:
+        assert kernels.ops() is None and "not built" in kernels.unavailable()
+        with fused(kernels.ops()):
+            assert active() is None
+    finally:
+        kernels._load.cache_clear()

@@ -1,0 +1,35 @@
+"""Which fused op library the layers trace with, if any.
+
+`transformer.layer_norm` and `transformer.dropout` compute through the C++ kernels of an op library (built and
+loaded by `nmt.kernels`) only while traced inside `fused(library)`, which the training step enters on CPU without
+XLA. Everything else (inference, exports, XLA, GPUs) traces TensorFlow's ops, so a SavedModel never depends on
+the library. Both paths compute the same function (dropout bit for bit, layer norms to float32 rounding).
+"""
+
+import contextlib
+import threading
+
+_libraries = []
+_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def fused(library):
+    """Layers traced inside (from any thread: a distribution strategy traces its replicas in threads of its own)
+    use ``library``'s kernels; ``None`` changes nothing."""
+    if library is None:
+        yield
+        return
+    with _lock:
+        _libraries.append(library)
+    try:
+        yield
+    finally:
+        with _lock:
+            _libraries.remove(library)
+
+
+def active():
+    """The op library of the innermost `fused()` being traced, else None."""
+    with _lock:
+        return _libraries[-1] if _libraries else None

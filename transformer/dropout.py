@@ -12,10 +12,12 @@ the model) a resumed run draws the masks an uninterrupted one would.
 
 Inside `transformer.kernels.fused()` (the training step on CPU without XLA) the mask and the multiply are one C++
 kernel pass over the activations, forward and backward, instead of three TensorFlow ops: same draws, same result bit
-for bit.
+for bit (but for the sign of a NaN, which TensorFlow's own bfloat16 multiply keeps in some positions and not in
+others).
 """
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from transformer import kernels
@@ -73,7 +75,9 @@ def dropout(x, rate, seed):
     bits = tf.reshape(random_halves(tf.size(x), seed), tf.shape(x))
     ops = kernels.active() if x.dtype in (tf.float32, tf.bfloat16, tf.float16) else None
     if ops is not None:
-        return _fused_dropout(x, bits, threshold, keep_scale(rate), ops)
+        # the scale as the TensorFlow path's constant holds it: rounded once, from the double, to x's dtype
+        scale = float(np.asarray(keep_scale(rate), x.dtype.as_numpy_dtype))
+        return _fused_dropout(x, bits, threshold, scale, ops)
     mask = tf.where(
         bits >= tf.constant(threshold, tf.uint16),
         tf.constant(keep_scale(rate), x.dtype),

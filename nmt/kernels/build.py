@@ -17,6 +17,7 @@ import hashlib
 import importlib.metadata
 import importlib.util
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -24,7 +25,7 @@ import tempfile
 from pathlib import Path
 
 SOURCES = ("dropout.cc", "layer_norm.cc")
-HEADERS = ("convert.h",)
+HEADERS = ("common.h",)
 HERE = Path(__file__).resolve().parent
 DIR_ENV = "NMT_KERNELS_DIR"
 # AVX2 and FMA where the CPU has them (every machine this project has run on); not -march=native: TensorFlow's
@@ -54,9 +55,10 @@ def _tensorflow_dir() -> Path:
     return Path(list(spec.submodule_search_locations)[0])
 
 
-def _compiler() -> str:
-    compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
-    if not compiler:
+def _compiler() -> list[str]:
+    """$CXX (split as a shell would: ``ccache g++``), else g++ or c++ on PATH."""
+    compiler = shlex.split(os.environ.get("CXX", "")) or [shutil.which("g++") or shutil.which("c++") or ""]
+    if not compiler[0]:
         raise BuildError("no C++ compiler (g++ or $CXX) on PATH")
     return compiler
 
@@ -69,7 +71,7 @@ def command(output: Path) -> list[str]:
     """The compiler command that builds the library into `output`."""
     tf_dir = _tensorflow_dir()
     return [
-        _compiler(),
+        *_compiler(),
         "-std=c++17",
         "-shared",
         "-fPIC",
@@ -88,17 +90,27 @@ def command(output: Path) -> list[str]:
     ]
 
 
+def _tensorflow_version() -> str:
+    for distribution in ("tensorflow", "tensorflow-cpu"):
+        try:
+            return importlib.metadata.version(distribution)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    raise BuildError(
+        "TensorFlow's version is unknown (no tensorflow or tensorflow-cpu distribution installed)"
+    )
+
+
 def library_path() -> Path:
-    """Where the library for this environment, source and CPU kind is (whether or not it is built yet)."""
+    """Where the library for this environment, source and CPU kind is (whether or not it is built yet). Needs no
+    compiler: a library built once loads wherever the same TensorFlow runs on the same kind of CPU."""
     # this file too: it writes the compiler command
     digest = hashlib.sha256(Path(__file__).read_bytes())
     for source in SOURCES + HEADERS:
         digest.update((HERE / source).read_bytes())
-    digest.update(importlib.metadata.version("tensorflow").encode())
-    compiler = _compiler()
-    version = subprocess.run([compiler, "-dumpfullversion"], capture_output=True, text=True, check=False)
-    # not the sources' absolute paths: a moved checkout keeps its library
-    digest.update(f"{compiler} {version.stdout.strip()} {' '.join(_vector_flags())}".encode())
+    # not the sources' absolute paths (a moved checkout keeps its library), nor the compiler (any that builds it
+    # builds the same ABI)
+    digest.update(f"{_tensorflow_version()} {' '.join(_vector_flags())}".encode())
     root = Path(os.environ.get(DIR_ENV) or Path(sys.prefix) / "nmt-kernels")
     return root / f"nmt_ops-{digest.hexdigest()[:16]}.so"
 

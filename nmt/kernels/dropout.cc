@@ -1,26 +1,13 @@
-// Inverted dropout from precomputed 16-bit random draws, one pass: out = bits >= threshold ? in * scale : 0, with
-// `scale` first rounded to the input's dtype and the product rounded to it, exactly as the TensorFlow ops of
-// transformer.dropout.dropout compute it (tf.where on the draws, then a multiply in the input's dtype), so both
-// paths give the same bits. The mask does not depend on the input, so the same op is its own gradient
-// (dx = dropout(dy) with the same draws).
+// Inverted dropout from precomputed 16-bit random draws, one pass: out = in * (bits >= threshold ? scale : 0), with
+// `scale` in the input's dtype (the caller passes it rounded so) and the product rounded to it, as the TensorFlow
+// ops of transformer.dropout.dropout compute it (tf.where on the draws, then a multiply in the input's dtype), so
+// both paths give the same bits, but for the sign of a NaN (always positive here; Eigen's bfloat16 multiply keeps
+// it in the elements its vector loop leaves to scalar code). The mask does not depend on the input, so the same
+// op is its own gradient (dx = dropout(dy) with the same draws).
 
-#include <cstdint>
-#include <cstring>
-
-#include "tensorflow/core/framework/op.h"
-#include "tensorflow/core/framework/op_kernel.h"
-#include "tensorflow/core/framework/shape_inference.h"
-#include "tensorflow/core/util/work_sharder.h"
-#include "convert.h"
+#include "common.h"
 
 namespace nmt {
-
-using tensorflow::DEVICE_CPU;
-using tensorflow::OpKernel;
-using tensorflow::OpKernelConstruction;
-using tensorflow::OpKernelContext;
-using tensorflow::Tensor;
-using tensorflow::errors::InvalidArgument;
 
 REGISTER_OP("NmtDropout")
     .Input("x: T")
@@ -29,7 +16,7 @@ REGISTER_OP("NmtDropout")
     .Attr("T: {bfloat16, half, float}")
     .Attr("threshold: int")
     .Attr("scale: float")
-    .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
+    .SetShapeFn([](InferenceContext* c) {
       c->set_output(0, c->input(0));
       return absl::OkStatus();
     });
@@ -45,7 +32,8 @@ class DropoutOp : public OpKernel {
     threshold_ = static_cast<uint16_t>(threshold);
     float scale;
     OP_REQUIRES_OK(context, context->GetAttr("scale", &scale));
-    scale_ = static_cast<float>(static_cast<T>(scale));  // the constant the TensorFlow path multiplies by
+    // the constant the TensorFlow path multiplies by (a no-op when the caller rounded it to T already)
+    scale_ = static_cast<float>(static_cast<T>(scale));
   }
 
   void Compute(OpKernelContext* context) override {
@@ -55,15 +43,16 @@ class DropoutOp : public OpKernel {
                 InvalidArgument("bits must have one draw per element: ", bits.NumElements(), " for ",
                                 x.NumElements()));
     Tensor* y;
+    // in place when TensorFlow can give x's buffer away (the backward's dy, mostly): `in` and `out` may then be the
+    // same array, which the loops below read and write at the same index only, one element at a time
     OP_REQUIRES_OK(context, context->forward_input_or_allocate_output({0}, 0, x.shape(), &y));
     const T* in = x.flat<T>().data();
     const uint16_t* draws = bits.flat<uint16_t>().data();
     T* out = y->flat<T>().data();
     const uint16_t threshold = threshold_;
     const float scale = scale_;
-    auto* workers = context->device()->tensorflow_cpu_worker_threads();
-    tensorflow::Shard(workers->num_threads, workers->workers, x.NumElements(), 4,
-                      [&](int64_t first, int64_t last) { Range(in, draws, out, first, last, threshold, scale); });
+    Shard(context, x.NumElements(), 4,
+          [&](int64_t first, int64_t last) { Range(in, draws, out, first, last, threshold, scale); });
   }
 
  private:

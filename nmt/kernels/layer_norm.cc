@@ -18,23 +18,9 @@
 #include <cstdint>
 #include <vector>
 
-#include "tensorflow/core/framework/op.h"
-#include "tensorflow/core/framework/op_kernel.h"
-#include "tensorflow/core/framework/shape_inference.h"
-#include "tensorflow/core/util/work_sharder.h"
-#include "convert.h"
+#include "common.h"
 
 namespace nmt {
-
-using tensorflow::DEVICE_CPU;
-using tensorflow::OpKernel;
-using tensorflow::OpKernelConstruction;
-using tensorflow::OpKernelContext;
-using tensorflow::Tensor;
-using tensorflow::TensorShape;
-using tensorflow::errors::InvalidArgument;
-using tensorflow::shape_inference::InferenceContext;
-using tensorflow::shape_inference::ShapeHandle;
 
 constexpr int64_t kBlockRows = 16;
 
@@ -113,11 +99,6 @@ tensorflow::Status CheckShapes(const Tensor& x, const Tensor& gamma) {
   return absl::OkStatus();
 }
 
-void ShardRows(OpKernelContext* context, int64_t blocks, int64_t cost_per_block,
-               const std::function<void(int64_t, int64_t)>& work) {
-  auto* workers = context->device()->tensorflow_cpu_worker_threads();
-  tensorflow::Shard(workers->num_threads, workers->workers, blocks, cost_per_block, work);
-}
 
 }  // namespace
 
@@ -148,7 +129,7 @@ class LayerNormOp : public OpKernel {
     float* invs = inv_std->flat<float>().data();
     const float epsilon = epsilon_;
     const int64_t blocks = (rows + kBlockRows - 1) / kBlockRows;
-    ShardRows(context, blocks, kBlockRows * d * 12, [&](int64_t first, int64_t last) {
+    Shard(context, blocks, kBlockRows * d * 12, [&](int64_t first, int64_t last) {
       std::vector<float> row(d);
       for (int64_t r = first * kBlockRows; r < std::min(rows, last * kBlockRows); ++r) {
         const T* in = xs + r * d;
@@ -200,7 +181,7 @@ class LayerNormGradOp : public OpKernel {
     const float* g = gamma.flat<float>().data();
     T* dxs = dx->flat<T>().data();
     float* partials = partial.flat<float>().data();
-    ShardRows(context, blocks, kBlockRows * d * 20, [&](int64_t first, int64_t last) {
+    Shard(context, blocks, kBlockRows * d * 20, [&](int64_t first, int64_t last) {
       std::vector<float> xhat_row(d), gy_row(d), dy_row(d);
       float* __restrict xhat = xhat_row.data();
       float* __restrict gy = gy_row.data();

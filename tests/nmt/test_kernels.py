@@ -74,6 +74,26 @@ def test_layer_norm_kernels_match_float64_numpy_and_the_tensorflow_path(ops, dty
     np.testing.assert_allclose(_as_float(dx), _as_float(grads[0]), rtol=tol, atol=tol * 4)
 
 
+def test_the_fused_layer_norm_matches_the_tensorflow_path_on_rank_3_bfloat16(ops):
+    """`fused_layer_normalization` as the layer calls it: (B, L, d) bf16 in and out, gradients for x, gamma, beta."""
+    from transformer.layer_norm import fused_layer_normalization
+
+    rng = np.random.default_rng(8)
+    x = tf.constant(rng.normal(1.0, 2.0, size=(3, 5, 24)), tf.bfloat16)
+    dy = tf.constant(rng.normal(size=(3, 5, 24)), tf.bfloat16)
+    gamma = tf.Variable(rng.normal(size=24).astype(np.float32))
+    beta = tf.Variable(rng.normal(size=24).astype(np.float32))
+    results = []
+    for fn in (layer_normalization, lambda *args: fused_layer_normalization(*args, ops)):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = fn(x, gamma, beta, 1e-6)
+        results.append([y, *tape.gradient(y, [x, gamma, beta], output_gradients=dy)])
+    for (want, got), tol in zip(zip(*results), (2e-2, 2e-2, 1e-4, 1e-4)):
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_allclose(_as_float(got), _as_float(want), rtol=tol, atol=tol)
+
+
 def test_layer_norm_gradients_are_the_same_bits_on_every_call(ops):
     """dgamma/dbeta are summed per fixed block of rows, then the blocks in order: no dependence on scheduling."""
     rng = np.random.default_rng(3)
@@ -94,23 +114,32 @@ def test_layer_norm_kernel_names_a_wrong_gamma(ops):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
-@pytest.mark.parametrize("rate", [0.1, 0.5])
+# 0.2533721923828125: a float16 scale that rounds differently through float32 than straight from the double
+@pytest.mark.parametrize("rate", [0.1, 0.5, 0.2533721923828125])
 def test_dropout_kernel_is_the_tensorflow_path_bit_for_bit(ops, dtype, rate):
-    """Forward and gradient, with NaN, inf and negative values among the inputs (x * 0 keeps NaN and -0)."""
+    """Forward and gradient, traced as the training step traces them, with inf, -inf and negative values among
+    the inputs (x * 0 keeps -0; a NaN's sign is the one exception, see transformer.dropout)."""
     x = np.random.default_rng(5).normal(size=(33, 65)) * 4
-    x[0, :4] = [np.nan, np.inf, -np.inf, -0.5]
+    x[0, :3] = [np.inf, -np.inf, -0.5]
     x = tf.constant(x, dtype)
     dy = tf.cast(tf.random.stateless_normal([33, 65], seed=[4, 4]), dtype)
-    outputs = []
-    for library in (None, ops):
-        with fused(library), tf.GradientTape() as tape:
-            tape.watch(x)
-            y = dropout(x, rate, tf.constant([9, 1]))
-        outputs.append([y, tape.gradient(y, x, output_gradients=dy)])
+
+    def run(library):
+        @tf.function
+        def f(x, dy):
+            with fused(library), tf.GradientTape() as tape:
+                tape.watch(x)
+                y = dropout(x, rate, tf.constant([9, 1]))
+            return y, tape.gradient(y, x, output_gradients=dy)
+
+        return f(x, dy)
+
     bits = tf.uint16 if dtype != "float32" else tf.uint32
-    for tf_path, kernel_path in zip(*outputs):
+    for tf_path, kernel_path in zip(run(None), run(ops)):
         assert tf_path.dtype == kernel_path.dtype
-        assert np.array_equal(tf.bitcast(tf_path, bits).numpy(), tf.bitcast(kernel_path, bits).numpy())
+        same = tf.bitcast(tf_path, bits).numpy() == tf.bitcast(kernel_path, bits).numpy()
+        nan = np.isnan(_as_float(tf_path)) & np.isnan(_as_float(kernel_path))
+        assert np.all(same | nan)
 
 
 def test_dropout_kernel_needs_one_draw_per_element(ops):
@@ -157,9 +186,7 @@ def test_build_without_a_compiler_says_so_and_loses_nothing(tmp_path, monkeypatc
 
 def test_a_failing_compile_leaves_no_library_and_the_layers_fall_back(tmp_path, monkeypatch):
     compiler = tmp_path / "cxx"
-    compiler.write_text(
-        "#!/bin/sh\n[ \"$1\" = -dumpfullversion ] && echo 1 && exit 0\necho 'x.cc:1: error: boom' >&2\nexit 1\n"
-    )
+    compiler.write_text("#!/bin/sh\necho 'x.cc:1: error: boom' >&2\nexit 1\n")
     compiler.chmod(0o755)
     monkeypatch.setenv("CXX", str(compiler))
     monkeypatch.setenv(build.DIR_ENV, str(tmp_path / "kernels"))

@@ -33,12 +33,13 @@ def _load():
 
     try:
         return tf.load_op_library(str(path)), ""
-    except (tf.errors.NotFoundError, OSError) as error:
+    # a library TensorFlow refuses (another build of it, a broken file): the ops, not a crash
+    except (tf.errors.OpError, OSError) as error:
         return None, f"{path} does not load: {error}"
 
 
 def ops():
-    """The loaded op library (``nmt_layer_norm``, ``nmt_layer_norm_grad``), or None."""
+    """The loaded op library (``nmt_layer_norm``, ``nmt_layer_norm_grad``, ``nmt_dropout``), or None."""
     return _load()[0]
 
 

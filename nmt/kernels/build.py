@@ -1,5 +1,5 @@
-"""Compiles the C++ kernels of this directory into one TensorFlow op library, once per source, TensorFlow version,
-compiler and instruction set.
+"""Compiles the C++ kernels of this directory into one TensorFlow op library, once per source, TensorFlow version
+and instruction set.
 
     python -m nmt.kernels.build [--force] [--strict]
 

@@ -201,3 +201,13 @@ def test_a_failing_compile_leaves_no_library_and_the_layers_fall_back(tmp_path, 
             assert active() is None
     finally:
         kernels._load.cache_clear()
+
+
+def test_a_broken_library_file_is_reported_and_not_loaded(tmp_path, monkeypatch):
+    monkeypatch.setenv(build.DIR_ENV, str(tmp_path))
+    build.library_path().write_bytes(b"not an ELF file")
+    kernels._load.cache_clear()
+    try:
+        assert kernels.ops() is None and "does not load" in kernels.unavailable()
+    finally:
+        kernels._load.cache_clear()

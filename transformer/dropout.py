@@ -73,7 +73,7 @@ def dropout(x, rate, seed):
     if threshold == 0:
         return x
     bits = tf.reshape(random_halves(tf.size(x), seed), tf.shape(x))
-    ops = kernels.active() if x.dtype in (tf.float32, tf.bfloat16, tf.float16) else None
+    ops = kernels.active(x.dtype)
     if ops is not None:
         # the scale as the TensorFlow path's constant holds it: rounded once, from the double, to x's dtype
         scale = float(np.asarray(keep_scale(rate), x.dtype.as_numpy_dtype))

@@ -9,6 +9,10 @@ the library. Both paths compute the same function (dropout bit for bit, layer no
 import contextlib
 import threading
 
+import tensorflow as tf
+
+# the element types the kernels are registered for (float64 stays on TensorFlow's ops)
+DTYPES = (tf.float32, tf.bfloat16, tf.float16)
 _libraries = []
 _lock = threading.Lock()
 
@@ -29,7 +33,9 @@ def fused(library):
             _libraries.remove(library)
 
 
-def active():
-    """The op library of the innermost `fused()` being traced, else None."""
+def active(dtype):
+    """The op library of the innermost `fused()` being traced, if it has kernels for ``dtype``; else None."""
+    if dtype not in DTYPES:
+        return None
     with _lock:
         return _libraries[-1] if _libraries else None

@@ -23,11 +23,9 @@ import tensorflow as tf
 
 from transformer import kernels
 
-_FUSED_DTYPES = (tf.float32, tf.bfloat16, tf.float16)
-
 
 def fused_layer_normalization(x, gamma, beta, epsilon, ops):
-    """`layer_normalization` through the kernel library ``ops`` (`transformer.kernels.active()`): ``x`` float32,
+    """`layer_normalization` through the kernel library ``ops`` (`transformer.kernels.active(x.dtype)`): ``x`` float32,
     bfloat16 or float16."""
     x = tf.convert_to_tensor(x)
 
@@ -106,8 +104,8 @@ class LayerNorm(keras.layers.LayerNormalization):
 
     def call(self, inputs, training=None):
         inputs = tf.convert_to_tensor(inputs)
-        if training is True and inputs.dtype in _FUSED_DTYPES:
-            ops = kernels.active()
+        if training is True:
+            ops = kernels.active(inputs.dtype)
             if ops is not None:
                 return fused_layer_normalization(inputs, self.gamma, self.beta, self.epsilon, ops)
         return layer_normalization(inputs, self.gamma, self.beta, self.epsilon)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from transformer import kernels
 from transformer.vocab import PAD_ID
 
 
@@ -21,7 +22,7 @@ def token_cross_entropy(logits, labels, *, label_smoothing: float = 0.0):
     """Per-token smoothed loss and negative log-likelihood, in float32.
 
     Args:
-      logits: (N, V) float logits (cast to float32).
+      logits: (N, V) float logits (computed in float32 whatever their dtype).
       labels: (N,) int target ids.
       label_smoothing: eps, the mass spread uniformly over the vocabulary.
 
@@ -38,10 +39,17 @@ def token_cross_entropy(logits, labels, *, label_smoothing: float = 0.0):
     ``-log p_y = (z_top - z_y) - log p_top`` stays finite and exact to float32 where ``p_y`` itself underflows.
     The smoothing term's mean is taken over the logits themselves, so it carries float32 rounding relative to
     their magnitude (about 1e-6 for logits of magnitude 10; the gradient does not depend on it).
+
+    Inside `transformer.kernels.fused()` (the training step on CPU without XLA) the loss and its gradient are C++
+    kernels, one pass over the logits each, reading them in their own dtype (no float32 copy of bfloat16 logits,
+    and the gradient comes back in their dtype) and computing in float32: the same function, to float32 rounding.
     """
-    logits = tf.cast(logits, tf.float32)
     labels = tf.cast(labels, tf.int32)
     eps = float(label_smoothing)
+    ops = kernels.active(logits.dtype)
+    if ops is not None:
+        return _fused_cross_entropy(logits, labels, eps, ops)
+    logits = tf.cast(logits, tf.float32)
 
     @tf.custom_gradient
     def cross_entropy(logits):
@@ -68,6 +76,26 @@ def token_cross_entropy(logits, labels, *, label_smoothing: float = 0.0):
             rows = tf.range(tf.shape(labels)[0], dtype=tf.int32)
             at_label = tf.stack([rows, labels], axis=1)  # (N, 2)
             return tf.tensor_scatter_nd_sub(d_logits, at_label, (1.0 - eps) * d_loss + d_nll)
+
+        return (loss, nll), grad
+
+    return cross_entropy(logits)
+
+
+def _fused_cross_entropy(logits, labels, eps, ops):
+    """`token_cross_entropy` by the C++ kernels: (loss, nll) forward, d logits from the saved log-sum-exp."""
+
+    @tf.custom_gradient
+    def cross_entropy(logits):
+        # the log-sum-exp in two parts, the top logit and log sum_k exp(z_k - top), as the kernels keep it
+        loss, nll, top, log_sum = ops.nmt_cross_entropy(logits, labels, label_smoothing=eps)
+
+        def grad(d_loss, d_nll):
+            with tf.name_scope("cross_entropy_grad"):
+                d_loss, d_nll = tf.cast(d_loss, tf.float32), tf.cast(d_nll, tf.float32)
+                return ops.nmt_cross_entropy_grad(
+                    logits, labels, top, log_sum, d_loss, d_nll, label_smoothing=eps
+                )
 
         return (loss, nll), grad
 

@@ -1,9 +1,10 @@
 """Which fused op library the layers trace with, if any.
 
-`transformer.layer_norm` and `transformer.dropout` compute through the C++ kernels of an op library (built and
-loaded by `nmt.kernels`) only while traced inside `fused(library)`, which the training step enters on CPU without
-XLA. Everything else (inference, exports, XLA, GPUs) traces TensorFlow's ops, so a SavedModel never depends on
-the library. Both paths compute the same function (dropout bit for bit, layer norms to float32 rounding).
+`transformer.layer_norm` and `transformer.dropout` (and the training loss, `nmt.losses.token_cross_entropy`)
+compute through the C++ kernels of an op library (built and loaded by `nmt.kernels`) only while traced inside
+`fused(library)`, which the training step enters on CPU without XLA. Everything else (inference, exports, XLA,
+GPUs) traces TensorFlow's ops, so a SavedModel never depends on the library. Both paths compute the same function
+(dropout bit for bit, layer norms and the loss to float32 rounding).
 """
 
 import contextlib

@@ -222,14 +222,16 @@ class Transformer(keras.Model):
             mask: bool ``(B, T)``, e.g. the non-padding positions of ``target_out``.
 
         Returns:
-            float32 logits ``(N, V)``, one row per True position in row-major order (that of
-            ``tf.boolean_mask(target_out, mask)``). The decoder runs over every position as in `call`; only the
+            logits ``(N, V)``, one row per True position in row-major order (that of
+            ``tf.boolean_mask(target_out, mask)``), in the projection's dtype (the compute dtype for a tied
+            projection): the loss computes in float32 and casts them itself, or reads them as they are
+            (`nmt.losses.token_cross_entropy`'s kernel). The decoder runs over every position as in `call`; only the
             output projection (the largest matmul) skips the others. Not XLA-compilable (``N`` is data-dependent).
         """
         source, target_in = inputs["source"], inputs["target_in"]
         memory = self.encode(source, training=training)
         x, _ = self._decoder_stack(target_in, memory, self.source_mask(source), training)
-        return self._logits(tf.boolean_mask(x, mask))  # (N, d_model) -> (N, V)
+        return self._logits(tf.boolean_mask(x, mask), float32=False)  # (N, d_model) -> (N, V)
 
     # -- masks -----------------------------------------------------------------------------------------------------
 
@@ -282,11 +284,12 @@ class Transformer(keras.Model):
             x = normalize(self.decoder_norm, x)
         return x, weights
 
-    def _logits(self, x, bias=None):
-        """``(..., d_model)`` -> float32 logits ``(..., V)``, plus ``bias (V,)`` if given (added to the product).
+    def _logits(self, x, bias=None, float32=True):
+        """``(..., d_model)`` -> logits ``(..., V)``, plus ``bias (V,)`` if given (added to the product).
 
         The projection runs in the compute dtype (it is the largest matmul of the model, so bf16/fp16 pay off
-        here most) and the logits are cast to float32 for the softmax and the loss. A 2-D matmul, not an einsum:
+        here most) and the logits are cast to float32 for the softmax and the loss (``float32=False``: left in
+        the projection's dtype, for a loss that casts them itself). A 2-D matmul, not an einsum:
         TF's einsum gradient for ``...d,vd->...v`` materialises a ``(..., V, d)`` tensor.
         """
         if self.tie_output:
@@ -297,7 +300,8 @@ class Transformer(keras.Model):
                 # within the dtype's range with room for the logit: -1e9 would be -inf in float16 (exp() is 0 either way)
                 logits = tf.nn.bias_add(logits, tf.cast(tf.maximum(bias, logits.dtype.min / 2), logits.dtype))
             shape = tf.concat([tf.shape(x)[:-1], tf.shape(embeddings)[:1]], axis=0)
-            return tf.cast(tf.reshape(logits, shape), tf.float32)
+            logits = tf.reshape(logits, shape)
+            return tf.cast(logits, tf.float32) if float32 else logits
         logits = tf.cast(self.output_projection(tf.cast(x, tf.float32)), tf.float32)
         return logits if bias is None else logits + tf.cast(bias, tf.float32)
 

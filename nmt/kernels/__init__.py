@@ -1,6 +1,7 @@
 """Fused C++ kernels for the training step on CPU (`build` compiles them; `make install` runs it): layer
-normalisation forward and backward (`transformer.layer_norm`) and dropout from precomputed draws
-(`transformer.dropout`).
+normalisation forward and backward (`transformer.layer_norm`), dropout from precomputed draws
+(`transformer.dropout`) and the label-smoothed cross-entropy over the vocabulary with its gradient
+(`nmt.losses.token_cross_entropy`).
 
 `ops()` loads the library built for this environment, or returns None when there is none (no compiler, a build
 that failed, another CPU kind since, or ``NMT_KERNELS=off`` in the environment): the layers then use TensorFlow's
@@ -39,7 +40,8 @@ def _load():
 
 
 def ops():
-    """The loaded op library (``nmt_layer_norm``, ``nmt_layer_norm_grad``, ``nmt_dropout``), or None."""
+    """The loaded op library (``nmt_layer_norm``, ``nmt_layer_norm_grad``, ``nmt_dropout``, ``nmt_cross_entropy``,
+    ``nmt_cross_entropy_grad``), or None."""
     return _load()[0]
 
 

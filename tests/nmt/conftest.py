@@ -1,11 +1,14 @@
 """The tiny shared run's translator for the tests of nmt/ that decode with it (test_translator,
 test_translator_batches, test_source_pieces): one per module, so its traces are shared between a module's tests;
 and for the CTranslate2 tests (test_ctranslate2_export, test_ctranslate2_engine) the run's `ours`, its float32 and
-int8 `exports` (one pair per module) and a fresh `tokenizer`. A module with fixtures of these names uses its own."""
+int8 `exports` (one pair per module) and a fresh `tokenizer`; the C++ kernels' library (`ops`, test_kernels and
+test_losses). A module with fixtures of these names uses its own."""
 
 import pytest
 
 from data.tokenizer import Tokenizer
+from nmt import kernels
+from nmt.kernels import build
 from nmt.translator import Translator
 from tests.nmt.ctranslate2_helpers import export_float32_and_int8
 
@@ -42,3 +45,19 @@ def exports(ours, tmp_path_factory):
 def tokenizer(tiny_run_dir):
     # conftest reseeds TensorFlow before each test, which destroys the SentencePiece resources of older tokenizers
     return Tokenizer.load(tiny_run_dir / "tokenizer")
+
+
+@pytest.fixture(scope="module")
+def ops():
+    """The C++ kernels' op library (nmt.kernels), built here if `make install` has not (a machine without a C++
+    compiler skips)."""
+    try:
+        build.build()
+    except build.BuildError as error:
+        if "no C++ compiler" in str(error):
+            pytest.skip(str(error))
+        raise
+    kernels._load.cache_clear()
+    library = kernels.ops()
+    assert library is not None, kernels.unavailable()
+    return library

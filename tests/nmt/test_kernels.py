@@ -1,6 +1,7 @@
 """The C++ kernels (nmt.kernels) against the TensorFlow ops they replace: layer norm values and gradients
-against `layer_normalization` and float64 NumPy, dropout bit for bit; when the layers use them; the build's
-failure modes."""
+against `layer_normalization` and float64 NumPy, dropout bit for bit, the cross-entropy on bfloat16 logits against
+the TensorFlow path on their float32 values (tests/nmt/test_losses.py runs the float32 cases on both paths against
+NumPy); when the layers and the loss use them; the build's failure modes."""
 
 import subprocess
 import sys
@@ -11,24 +12,10 @@ import tensorflow as tf
 
 from nmt import kernels
 from nmt.kernels import build
+from nmt.losses import token_cross_entropy
 from transformer.dropout import dropout, random_halves
 from transformer.kernels import active, fused
 from transformer.layer_norm import LayerNorm, layer_normalization
-
-
-@pytest.fixture(scope="module")
-def ops():
-    """The op library, built here if `make install` has not (a machine without a C++ compiler skips)."""
-    try:
-        build.build()
-    except build.BuildError as error:
-        if "no C++ compiler" in str(error):
-            pytest.skip(str(error))
-        raise
-    kernels._load.cache_clear()
-    library = kernels.ops()
-    assert library is not None, kernels.unavailable()
-    return library
 
 
 def _numpy_layer_norm(x, gamma, beta, dy, epsilon):
@@ -147,6 +134,85 @@ def test_dropout_kernel_needs_one_draw_per_element(ops):
         ops.nmt_dropout(tf.ones([4, 4]), random_halves(15, tf.constant([1, 1])), threshold=10, scale=1.5)
 
 
+def _loss_and_gradient(logits, labels, d_loss, d_nll, library):
+    """(loss, nll, d logits) of `token_cross_entropy` traced inside ``fused(library)``."""
+
+    @tf.function
+    def f(logits):
+        with fused(library), tf.GradientTape() as tape:
+            tape.watch(logits)
+            loss, nll = token_cross_entropy(logits, labels, label_smoothing=0.1)
+            total = tf.reduce_sum(loss * d_loss) + tf.reduce_sum(nll * d_nll)
+        return loss, nll, tape.gradient(total, logits)
+
+    return f(logits)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_cross_entropy_kernel_reads_low_precision_logits_as_the_tensorflow_path_their_float32_cast(
+    ops, dtype
+):
+    """The kernels read bfloat16/float16 logits as they are; the TensorFlow path casts them to float32 first and
+    its float32 gradient back: the same values to float32 rounding, the gradient to one unit of the low
+    precision's last place where float32 rounding lands on the other side of a rounding boundary."""
+    rng = np.random.default_rng(3)
+    logits = tf.constant(rng.normal(0.0, 4.0, size=(70, 1003)), dtype)
+    labels = tf.constant(rng.integers(0, 1003, 70), tf.int32)
+    d_loss = tf.constant(rng.normal(size=70), tf.float32)
+    d_nll = tf.constant(rng.normal(size=70), tf.float32)
+    loss, nll, grad = _loss_and_gradient(logits, labels, d_loss, d_nll, ops)
+    assert grad.dtype == logits.dtype and loss.dtype == nll.dtype == tf.float32
+    want_loss, want_nll, want_grad = _loss_and_gradient(
+        tf.cast(logits, tf.float32), labels, d_loss, d_nll, None
+    )
+    np.testing.assert_allclose(loss.numpy(), want_loss.numpy(), rtol=2e-6)
+    np.testing.assert_allclose(nll.numpy(), want_nll.numpy(), rtol=2e-6, atol=1e-6)
+    want_grad = tf.cast(want_grad, logits.dtype)  # the TensorFlow path's Cast gradient
+    # one unit in the last place: relative, and float16's absolute one among its subnormals (under 2^-14)
+    ulp, tiny = (2.0**-7, 0.0) if dtype == "bfloat16" else (2.0**-10, 2.0**-24)
+    assert np.all(np.abs(_as_float(grad) - _as_float(want_grad)) <= ulp * np.abs(_as_float(want_grad)) + tiny)
+    assert np.mean(_as_float(grad) == _as_float(want_grad)) > 0.99
+
+
+def test_cross_entropy_kernels_give_the_same_bits_on_every_call(ops):
+    """Each row is reduced in one order whatever the thread, schedule or buffer address (an unaligned buffer
+    changed the order of Eigen's vectorised sums with its address)."""
+    rng = np.random.default_rng(8)
+    logits = tf.constant(rng.normal(0.0, 4.0, size=(50, 1003)), tf.bfloat16)
+    labels = tf.constant(rng.integers(0, 1003, 50), tf.int32)
+    d_loss = tf.constant(rng.normal(size=50), tf.float32)
+    first = None
+    for _ in range(20):
+        loss, nll, top, log_sum = ops.nmt_cross_entropy(logits, labels, label_smoothing=0.1)
+        grad = ops.nmt_cross_entropy_grad(logits, labels, top, log_sum, d_loss, d_loss, label_smoothing=0.1)
+        got = [t.numpy().tobytes() for t in (loss, nll, log_sum, tf.bitcast(grad, tf.uint16))]
+        first = first or got
+        assert got == first
+
+
+def test_cross_entropy_kernel_makes_a_row_with_a_nan_or_an_infinity_nan(ops):
+    """The step skips an update whose loss is not finite: a bad logit must not vanish in the max or the sum."""
+    logits = np.zeros((4, 9), np.float32)
+    logits[0, 2], logits[1, 5], logits[2, 0] = np.nan, np.inf, -np.inf
+    loss, nll, _, _ = ops.nmt_cross_entropy(
+        tf.constant(logits), tf.constant([1, 1, 1, 1]), label_smoothing=0.1
+    )
+    assert np.isnan(loss.numpy()[:2]).all() and np.isnan(nll.numpy()[:2]).all()
+    # -inf is a logit of probability 0 (the TensorFlow path's smoothing term is then inf too: log p = -inf)
+    assert np.isfinite(nll.numpy()[2:]).all() and np.isfinite(loss.numpy()[3])
+
+
+def test_cross_entropy_kernels_name_a_label_outside_the_vocabulary_and_a_wrong_shape(ops):
+    with pytest.raises(tf.errors.InvalidArgumentError, match="label 9 at row 1 is outside the vocabulary"):
+        ops.nmt_cross_entropy(tf.zeros([2, 9]), tf.constant([0, 9]), label_smoothing=0.0)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="one value per row"):
+        ops.nmt_cross_entropy_grad(
+            tf.zeros([2, 9]),
+            *[tf.constant([0, 1]), tf.zeros([2]), tf.zeros([2]), tf.zeros([3]), tf.zeros([2])],
+            label_smoothing=0.0,
+        )
+
+
 def _op_types(function, *args):
     return {op.type for op in function.get_concrete_function(*args).graph.get_operations()}
 
@@ -171,6 +237,22 @@ def test_layers_use_the_kernels_only_when_training_inside_fused(ops):
     # no float64 kernel: the TensorFlow ops
     x = tf.TensorSpec([None, 8], tf.float64)
     assert not any(op.startswith("Nmt") for op in traced(True, ops))
+
+
+def test_the_loss_uses_the_kernels_only_inside_fused(ops):
+    def traced(library, dtype):
+        @tf.function
+        def f(logits, labels):
+            with fused(library), tf.GradientTape() as tape:
+                tape.watch(logits)
+                loss, _ = token_cross_entropy(logits, labels, label_smoothing=0.1)
+            return tape.gradient(loss, logits)
+
+        return _op_types(f, tf.TensorSpec([None, 8], dtype), tf.TensorSpec([None], tf.int32))
+
+    assert {"NmtCrossEntropy", "NmtCrossEntropyGrad"} <= traced(ops, tf.bfloat16)
+    assert "Cast" not in traced(ops, tf.bfloat16)  # no float32 copy of the logits
+    assert not any(op.startswith("Nmt") for op in traced(None, tf.bfloat16) | traced(ops, tf.float64))
 
 
 def test_build_without_a_compiler_says_so_and_loses_nothing(tmp_path, monkeypatch):

@@ -1,10 +1,14 @@
-"""Label-smoothed cross-entropy against a NumPy reference, with padding excluded by weight."""
+"""Label-smoothed cross-entropy against a NumPy reference, with padding excluded by weight; the per-token loss on
+TensorFlow's ops and on the C++ kernels (`transformer.kernels.fused`, the training step on CPU without XLA)."""
+
+import contextlib
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from nmt.losses import smoothed_cross_entropy, token_cross_entropy
+from transformer.kernels import fused
 from transformer.vocab import PAD_ID
 
 VOCAB = 11
@@ -80,10 +84,25 @@ def numpy_gradients(logits: np.ndarray, labels: np.ndarray, eps: float, d_loss, 
     return (p - q) * d_loss[:, None] + (p - one_hot) * d_nll[:, None]
 
 
+def _path(request, name):
+    """A function of no arguments giving the context the loss is traced in: none (TensorFlow's ops) or `fused`
+    with the C++ kernels' library (which a machine without a C++ compiler skips)."""
+    if name != "kernels":
+        return contextlib.nullcontext
+    library = request.getfixturevalue("ops")
+    return lambda: fused(library)
+
+
+@pytest.fixture(params=["tensorflow", "kernels"])
+def loss_path(request):
+    return _path(request, request.param)
+
+
 @pytest.mark.parametrize("eps", [0.0, 0.1])
 @pytest.mark.parametrize("outputs", ["loss", "nll", "both"])
-@pytest.mark.parametrize("jit_compile", [False, True])
-def test_token_cross_entropy_values_and_written_out_gradient_match_numpy(eps, outputs, jit_compile):
+@pytest.mark.parametrize("path", ["tensorflow", "xla", "kernels"])  # the kernels are never traced under XLA
+def test_token_cross_entropy_values_and_written_out_gradient_match_numpy(eps, outputs, path, request):
+    loss_path, jit_compile = _path(request, path), path == "xla"
     logits, labels = example(5)
     logits, labels = logits.reshape(-1, VOCAB), labels.reshape(-1)  # every position counts here
     rng = np.random.default_rng(6)
@@ -92,7 +111,7 @@ def test_token_cross_entropy_values_and_written_out_gradient_match_numpy(eps, ou
 
     @tf.function(jit_compile=jit_compile)
     def run(x):
-        with tf.GradientTape() as tape:
+        with tf.GradientTape() as tape, loss_path():
             tape.watch(x)
             loss, nll = token_cross_entropy(x, tf.constant(labels), label_smoothing=eps)
             total = 0.0
@@ -129,14 +148,17 @@ def test_summed_padded_loss_equals_the_loss_of_the_real_tokens_alone():
     )
 
 
-def test_negative_log_likelihood_stays_exact_where_the_label_probability_underflows():
+def test_negative_log_likelihood_stays_exact_where_the_label_probability_underflows(loss_path):
     """A label 200 below the top logit has p = e^-200, 0 in float32: -log p must still be 200 (not inf), and the
     smoothed loss its float64 value, also with every logit shifted by 10,000."""
     logits = np.zeros((2, VOCAB), np.float32)
     logits[:, 3] = 200.0
     labels = np.array([5, 3], np.int32)
     for shift in (0.0, 1e4):
-        loss, nll = token_cross_entropy(tf.constant(logits + shift), tf.constant(labels), label_smoothing=0.1)
+        with loss_path():
+            loss, nll = token_cross_entropy(
+                tf.constant(logits + shift), tf.constant(labels), label_smoothing=0.1
+            )
         log_z = 200.0 + np.log1p((VOCAB - 1) * np.exp(-200.0))
         np.testing.assert_allclose(nll.numpy(), [log_z, log_z - 200.0], atol=1e-6 if shift == 0 else 2e-3)
         uniform = log_z - 200.0 / VOCAB

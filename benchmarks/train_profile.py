@@ -63,6 +63,8 @@ def categorize(node: str, op_type: str) -> str:
         return CLUSTERS
     if "dropout" in path:
         return DROPOUT
+    if "bias_grad" in path:  # the dense layers' bias (and ReLU) gradient kernels, named in their tape's scope
+        return OTHER
     if "MatMul" in op_type or "Einsum" in op_type:
         return PROJECTION if path.startswith("MatMul") else MATMULS  # the model's only matmul outside a layer
     if op_type == "Cast":

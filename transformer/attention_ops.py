@@ -3,8 +3,10 @@ the float32 masked softmax, and the chunk / band reshapes of the memory-efficien
 
 import math
 
+import keras
 import tensorflow as tf
 
+from transformer import kernels
 from transformer.dropout import dropout
 
 # Fill value for masked logits in the float32 softmax: finite, so differences never produce NaN.
@@ -18,8 +20,52 @@ def flat_dense(dense, x):
     prod, concat) adds about ten small ops per call: every projection of every decoding step pays them, and they
     lengthen tracing. The product is the same 2-D matmul either way (tensordot reshapes to it), so the values are
     unchanged; callers reshape the result back to the shape they need.
+
+    Inside `transformer.kernels.fused()` (the training step on CPU without XLA) a Dense with a bias and no
+    activation or ReLU computes the same ops by hand, so that the gradients of its bias (and ReLU) are one C++
+    kernel pass over the output gradient (`_fused_dense`).
     """
-    return dense(x if len(x.shape) == 2 else tf.reshape(x, [-1, x.shape[-1]]))  # NumPy inputs too
+    x = x if len(x.shape) == 2 else tf.reshape(x, [-1, x.shape[-1]])  # NumPy inputs too
+    ops = _fused_dense_ops(dense)
+    return dense(x) if ops is None else _fused_dense(dense, x, ops)
+
+
+def _fused_dense_ops(dense):
+    """The op library to compute ``dense`` with (see `flat_dense`), or None for Keras' own call."""
+    plain = getattr(dense, "quantization_mode", None) is None and dense.bias is not None and dense.built
+    if not plain or dense.activation not in (keras.activations.relu, keras.activations.linear):
+        return None
+    return kernels.active(tf.as_dtype(dense.compute_dtype))
+
+
+def _fused_dense(dense, x, ops):
+    """Keras' ``Dense.call`` (matmul, bias add, ReLU or none, as grappler fuses them into one oneDNN matmul) with
+    the gradients of the bias and the ReLU from ``ops``: ``nmt_relu_bias_grad(dy, y)`` gives dx and d bias in one
+    pass (TensorFlow: ReluGrad, then BiasAddGrad on its output), ``nmt_bias_grad(dy)`` d bias."""
+    dtype = tf.as_dtype(dense.compute_dtype)
+    relu = dense.activation is keras.activations.relu
+    # the variables read as Keras reads them in a call (autocast to the compute dtype inside a layer's call)
+    product = tf.matmul(tf.cast(x, dtype), tf.cast(dense.kernel, dtype))
+    bias = tf.convert_to_tensor(dense.bias)
+
+    @tf.custom_gradient
+    def bias_and_activation(product, bias):
+        y = tf.nn.bias_add(product, tf.cast(bias, product.dtype))
+        if relu:
+            y = tf.nn.relu(y)
+
+        def grad(dy):
+            with tf.name_scope("bias_grad"):
+                dy = tf.cast(dy, y.dtype)
+                if relu:
+                    d_product, d_bias = ops.nmt_relu_bias_grad(dy, y)
+                else:
+                    d_product, d_bias = dy, ops.nmt_bias_grad(dy)
+                return d_product, tf.cast(d_bias, bias.dtype)
+
+        return y, grad
+
+    return bias_and_activation(product, bias)
 
 
 def _is_auto(mask_fill):

@@ -24,7 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-SOURCES = ("cross_entropy.cc", "dropout.cc", "layer_norm.cc")
+SOURCES = ("bias_grad.cc", "cross_entropy.cc", "dropout.cc", "layer_norm.cc")
 HEADERS = ("common.h",)
 HERE = Path(__file__).resolve().parent
 DIR_ENV = "NMT_KERNELS_DIR"
@@ -76,6 +76,9 @@ def command(output: Path) -> list[str]:
         "-shared",
         "-fPIC",
         "-O3",
+        # lets the compiler turn a float comparison into a vector mask instead of a branch (the kernels never read
+        # the floating-point exception flags)
+        "-fno-trapping-math",
         *_vector_flags(),
         # TensorFlow's headers warn by the hundred
         "-w",

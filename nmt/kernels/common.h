@@ -66,6 +66,28 @@ inline Eigen::bfloat16 FromFloat(float f) {
   return v;
 }
 
+// A row of T widened to float, and narrowed back (rounded to nearest even); bfloat16 on its raw 16 bits, so that
+// the loops vectorise.
+template <typename T>
+inline void Widen(const T* __restrict in, float* __restrict out, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) out[j] = ToFloat(in[j]);
+}
+template <>
+inline void Widen(const Eigen::bfloat16* __restrict in, float* __restrict out, int64_t n) {
+  const uint16_t* __restrict raw = reinterpret_cast<const uint16_t*>(in);
+  for (int64_t j = 0; j < n; ++j) out[j] = __builtin_bit_cast(float, static_cast<uint32_t>(raw[j]) << 16);
+}
+
+template <typename T>
+inline void Narrow(const float* __restrict in, T* __restrict out, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) out[j] = FromFloat<T>(in[j]);
+}
+template <>
+inline void Narrow(const float* __restrict in, Eigen::bfloat16* __restrict out, int64_t n) {
+  uint16_t* __restrict raw = reinterpret_cast<uint16_t*>(out);
+  for (int64_t j = 0; j < n; ++j) raw[j] = BFloat16Bits(in[j]);
+}
+
 }  // namespace nmt
 
 #endif  // NMT_KERNELS_COMMON_H_

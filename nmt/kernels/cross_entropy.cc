@@ -84,27 +84,6 @@ tensorflow::Status CheckInputs(OpKernelContext* context, std::initializer_list<i
   return absl::OkStatus();
 }
 
-template <typename T>
-inline void Widen(const T* __restrict in, float* __restrict out, int64_t n) {
-  for (int64_t j = 0; j < n; ++j) out[j] = ToFloat(in[j]);
-}
-// bfloat16 on its raw 16 bits, so that the loop vectorises
-template <>
-inline void Widen(const Eigen::bfloat16* __restrict in, float* __restrict out, int64_t n) {
-  const uint16_t* __restrict raw = reinterpret_cast<const uint16_t*>(in);
-  for (int64_t j = 0; j < n; ++j) out[j] = __builtin_bit_cast(float, static_cast<uint32_t>(raw[j]) << 16);
-}
-
-template <typename T>
-inline void Narrow(const float* __restrict in, T* __restrict out, int64_t n) {
-  for (int64_t j = 0; j < n; ++j) out[j] = FromFloat<T>(in[j]);
-}
-template <>
-inline void Narrow(const float* __restrict in, Eigen::bfloat16* __restrict out, int64_t n) {
-  uint16_t* __restrict raw = reinterpret_cast<uint16_t*>(out);
-  for (int64_t j = 0; j < n; ++j) raw[j] = BFloat16Bits(in[j]);
-}
-
 }  // namespace
 
 template <typename T>

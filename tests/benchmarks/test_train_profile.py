@@ -2,7 +2,7 @@
 
 import pytest
 
-from benchmarks.train_profile import CLUSTERS, DROPOUT, LAYER_NORMS, PROJECTION, categorize
+from benchmarks.train_profile import CLUSTERS, DROPOUT, LAYER_NORMS, LOSS, OTHER, PROJECTION, categorize
 
 
 @pytest.mark.parametrize(
@@ -14,6 +14,12 @@ from benchmarks.train_profile import CLUSTERS, DROPOUT, LAYER_NORMS, PROJECTION,
         ("StatefulPartitionedCall/transformer/MatMul", "_MklMatMul", PROJECTION),
         ("gradient_tape/transformer/decoder_layer_1/ffn_norm/mul", "Mul", LAYER_NORMS),
         ("StatefulPartitionedCall/transformer/encoder_layer_0/ffn/Cast", "Cast", "casts"),
+        ("StatefulPartitionedCall/gradient_tape/bias_grad_3/NmtReluBiasGrad", "NmtReluBiasGrad", OTHER),
+        (
+            "StatefulPartitionedCall/gradient_tape/cross_entropy_grad/NmtCrossEntropyGrad",
+            "NmtCrossEntropyGrad",
+            LOSS,
+        ),
     ],
 )
 def test_op_events_fall_into_their_category(node, op_type, category):

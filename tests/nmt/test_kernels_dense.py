@@ -1,0 +1,90 @@
+"""The bias and ReLU gradient kernels (nmt/kernels/bias_grad.cc) against float64 NumPy and TensorFlow's ReluGrad,
+and `transformer.attention_ops.flat_dense` on them (inside `fused`) against Keras' Dense on TensorFlow's ops."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from transformer.attention_ops import flat_dense
+from transformer.kernels import fused
+
+
+def _as_float(t):
+    return tf.cast(t, tf.float32).numpy()
+
+
+def _same_bits(a, b):
+    """Bit for bit, a NaN matching any NaN (its sign and payload are not part of the contract)."""
+    bits = tf.uint16 if a.dtype != tf.float32 else tf.uint32
+    same = tf.bitcast(a, bits).numpy() == tf.bitcast(b, bits).numpy()
+    return np.all(same | (np.isnan(_as_float(a)) & np.isnan(_as_float(b))))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("shape", [(130, 7), (64, 1024), (1, 5), (0, 8)])
+def test_bias_gradient_kernels_match_relu_grad_bit_for_bit_and_float64_sums(ops, dtype, shape):
+    rng = np.random.default_rng(sum(shape))
+    dy = rng.normal(size=shape)
+    y = np.maximum(rng.normal(size=shape), 0.0)  # a ReLU's output: zeros and positives
+    if shape[0] > 1:
+        dy[0, :3] = [-1.5, np.nan, 2.0][: shape[1]]
+        y[0, :3] = [0.0, 0.0, 1.0][: shape[1]]  # -0 for a negative dy where y is 0, NaN kept
+    dy, y = tf.constant(dy, dtype), tf.constant(y, dtype)
+    dx, d_bias = ops.nmt_relu_bias_grad(dy, y)
+    assert dx.dtype == dy.dtype and d_bias.dtype == tf.float32 and d_bias.shape == (shape[1],)
+    assert _same_bits(dx, tf.raw_ops.ReluGrad(gradients=dy, features=y))
+    want = _as_float(dx).astype(np.float64).sum(0)
+    np.testing.assert_allclose(d_bias.numpy(), want, rtol=1e-5, atol=1e-5)
+    plain = ops.nmt_bias_grad(dy).numpy()
+    np.testing.assert_allclose(plain, _as_float(dy).astype(np.float64).sum(0), rtol=1e-5, atol=1e-5)
+    # fixed blocks summed in order: the same bits on every call
+    assert ops.nmt_bias_grad(dy).numpy().tobytes() == plain.tobytes()
+
+
+def test_relu_bias_gradient_kernel_names_a_shape_mismatch(ops):
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="shape|Dimension"):
+        ops.nmt_relu_bias_grad(tf.ones([4, 8]), tf.ones([4, 7]))
+
+
+def _dense_and_gradients(dense, x, dy, library):
+    @tf.function
+    def f(x):
+        with fused(library), tf.GradientTape() as tape:
+            tape.watch(x)
+            y = flat_dense(dense, x)
+        return [y, *tape.gradient(y, [x, *dense.trainable_variables], output_gradients=dy)]
+
+    return f(x), f.get_concrete_function(x).graph
+
+
+@pytest.mark.parametrize("activation", ["relu", None])
+@pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16"])
+def test_flat_dense_on_the_kernels_is_keras_dense_on_tensorflow_ops(ops, activation, policy):
+    """Same forward bits and the same input and kernel gradients (the same ops); the bias gradient the float64 sum
+    of the output gradient (through the ReLU) to float32 rounding. TensorFlow's BiasAddGrad sums bfloat16 with
+    bfloat16 rounding on the way (6% off here under mixed_bfloat16): it is compared at that precision only."""
+    dense = keras.layers.Dense(24, activation=activation, dtype=policy)
+    dense.build((None, 10))
+    rng = np.random.default_rng(4)
+    dense.bias.assign(rng.normal(size=24).astype(np.float32))
+    x = tf.constant(rng.normal(size=(3, 5, 10)), dense.compute_dtype)
+    dy = tf.constant(rng.normal(size=(15, 24)), dense.compute_dtype)
+    got, graph = _dense_and_gradients(dense, x, dy, ops)
+    want, plain_graph = _dense_and_gradients(dense, x, dy, None)
+    ops_used = {op.type for op in graph.get_operations()}
+    assert ("NmtReluBiasGrad" if activation else "NmtBiasGrad") in ops_used
+    assert not any(op.type.startswith("Nmt") for op in plain_graph.get_operations())
+    for a, b in zip(got[:3], want[:3]):  # y, dx, d kernel
+        assert a.dtype == b.dtype and _same_bits(a, b)
+    through = _as_float(dy).astype(np.float64) * ((_as_float(got[0]) > 0) if activation else 1.0)
+    np.testing.assert_allclose(got[3].numpy(), through.sum(0), rtol=1e-5, atol=1e-5)
+    tolerance = 0.1 if policy == "mixed_bfloat16" else 1e-5
+    np.testing.assert_allclose(want[3].numpy(), through.sum(0), rtol=tolerance, atol=tolerance)
+
+
+def test_flat_dense_keeps_keras_call_for_other_activations_and_without_a_bias(ops):
+    for dense in (keras.layers.Dense(4, activation="gelu"), keras.layers.Dense(4, use_bias=False)):
+        dense.build((None, 3))
+        _, graph = _dense_and_gradients(dense, tf.ones([2, 3]), tf.ones([2, 4]), ops)
+        assert not any(op.type.startswith("Nmt") for op in graph.get_operations())

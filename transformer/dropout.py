@@ -10,10 +10,11 @@ Xeon, forward and backward of one dropout ran 2.2x faster on ``(2048, 1024)`` an
 The masks are a pure function of the seed: with a ``keras.random.SeedGenerator`` (a variable that checkpoints with
 the model) a resumed run draws the masks an uninterrupted one would.
 
-Inside `transformer.kernels.fused()` (the training step on CPU without XLA) the mask and the multiply are one C++
-kernel pass over the activations, forward and backward, instead of three TensorFlow ops: same draws, same result bit
-for bit (but for the sign of a NaN, which TensorFlow's own bfloat16 multiply keeps in some positions and not in
-others).
+Inside `transformer.kernels.fused()` (the training step on CPU without XLA) the draws, the mask and the multiply
+are one C++ kernel pass over the activations, forward and backward, instead of four TensorFlow ops: the kernel runs
+TensorFlow's Philox generator itself (vectorised) from the key and counter `tf.random.stateless_uniform` would use,
+so the draws are the same and the result too, bit for bit (but for the sign of a NaN, which TensorFlow's own
+bfloat16 multiply keeps in some positions and not in others).
 """
 
 import keras
@@ -72,12 +73,14 @@ def dropout(x, rate, seed):
     threshold = drop_threshold(rate)
     if threshold == 0:
         return x
-    bits = tf.reshape(random_halves(tf.size(x), seed), tf.shape(x))
     ops = kernels.active(x.dtype)
     if ops is not None:
         # the scale as the TensorFlow path's constant holds it: rounded once, from the double, to x's dtype
         scale = float(np.asarray(keep_scale(rate), x.dtype.as_numpy_dtype))
-        return _fused_dropout(x, bits, threshold, scale, ops)
+        # the Philox key and counter `random_halves` draws with (tf.random.stateless_uniform on CPU)
+        key, counter = tf.raw_ops.StatelessRandomGetKeyCounter(seed=_seed(seed))
+        return _fused_dropout(x, key, counter, threshold, scale, ops)
+    bits = tf.reshape(random_halves(tf.size(x), seed), tf.shape(x))
     mask = tf.where(
         bits >= tf.constant(threshold, tf.uint16),
         tf.constant(keep_scale(rate), x.dtype),
@@ -86,16 +89,17 @@ def dropout(x, rate, seed):
     return x * mask  # the gradient is ``dy * mask``: the mask does not depend on x
 
 
-def _fused_dropout(x, bits, threshold, scale, ops):
-    """`dropout` by the C++ kernel: ``x * (bits >= threshold ? scale : 0)`` in ``x``'s dtype; its own gradient."""
+def _fused_dropout(x, key, counter, threshold, scale, ops):
+    """`dropout` by the C++ kernel, which makes `random_halves`' draws from the Philox key and counter itself:
+    ``x * (draw >= threshold ? scale : 0)`` in ``x``'s dtype; its own gradient (the same draws again)."""
 
     @tf.custom_gradient
     def dropped(x):
         def grad(dy):
             with tf.name_scope("dropout_grad"):
-                return ops.nmt_dropout(tf.cast(dy, x.dtype), bits, threshold=threshold, scale=scale)
+                return ops.nmt_dropout(tf.cast(dy, x.dtype), key, counter, threshold=threshold, scale=scale)
 
-        return ops.nmt_dropout(x, bits, threshold=threshold, scale=scale), grad
+        return ops.nmt_dropout(x, key, counter, threshold=threshold, scale=scale), grad
 
     return dropped(x)
 

@@ -13,7 +13,7 @@ import tensorflow as tf
 from nmt import kernels
 from nmt.kernels import build
 from nmt.losses import token_cross_entropy
-from transformer.dropout import dropout, random_halves
+from transformer.dropout import dropout
 from transformer.kernels import active, fused
 from transformer.layer_norm import LayerNorm, layer_normalization
 
@@ -129,9 +129,26 @@ def test_dropout_kernel_is_the_tensorflow_path_bit_for_bit(ops, dtype, rate):
         assert np.all(same | nan)
 
 
-def test_dropout_kernel_needs_one_draw_per_element(ops):
-    with pytest.raises(tf.errors.InvalidArgumentError, match="one draw per element"):
-        ops.nmt_dropout(tf.ones([4, 4]), random_halves(15, tf.constant([1, 1])), threshold=10, scale=1.5)
+def test_dropout_kernel_draws_tensorflows_philox_numbers_across_a_counter_carry(ops):
+    """The kernel's Philox against TensorFlow's on a counter whose low 64 bits overflow within the tensor (the
+    128-bit add of PhiloxRandom::Skip), on a size that is no multiple of the kernel's 64-element blocks."""
+    size, threshold = 1000, 30000
+    key = tf.constant([0x0123456789ABCDEF], tf.uint64)
+    counter = tf.constant([2**64 - 37, 2**32 - 1], tf.uint64)  # blocks 37.. carry into the high word
+    words = tf.raw_ops.StatelessRandomUniformFullIntV2(
+        shape=[size // 2], key=key, counter=counter, alg=1, dtype=tf.uint32
+    )
+    draws = tf.bitcast(words, tf.uint16).numpy().reshape(-1)
+    x = tf.constant(np.arange(1, size + 1), tf.float32)
+    y = ops.nmt_dropout(x, key, counter, threshold=threshold, scale=2.0).numpy()
+    np.testing.assert_array_equal(y, np.where(draws >= threshold, 2.0 * x.numpy(), 0.0))
+
+
+def test_dropout_kernel_names_a_wrong_key_or_counter(ops):
+    with pytest.raises(tf.errors.InvalidArgumentError, match="key and counter must be"):
+        ops.nmt_dropout(
+            tf.ones([4, 4]), tf.constant([1], tf.uint64), tf.constant([1], tf.uint64), threshold=10, scale=1.5
+        )
 
 
 def _loss_and_gradient(logits, labels, d_loss, d_nll, library):

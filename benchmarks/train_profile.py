@@ -45,9 +45,10 @@ MATMULS = "other matmuls (attention, FFN, fwd+bwd)"
 LOSS = "loss over the vocabulary (log-softmax, cross-entropy, gradient, gathers)"
 DROPOUT = "dropout (random masks, select)"
 LAYER_NORMS = "layer norms (fwd+bwd)"
+ATTENTION = "attention softmax, masks"
 OTHER = "other (bias, residual, ReLU, transposes, embedding lookup, update bookkeeping)"
 CLUSTERS = "XLA clusters (the fused ops of train.xla: fusible)"
-CATEGORIES = (PROJECTION, MATMULS, LOSS, DROPOUT, "casts", LAYER_NORMS, "attention softmax, masks",
+CATEGORIES = (PROJECTION, MATMULS, LOSS, DROPOUT, "casts", LAYER_NORMS, ATTENTION,
               "gradient sums (AddN)", "optimizer (Adam)", "gradient norms, clipping", "accumulator copies",
               OTHER, CLUSTERS)  # fmt: skip
 
@@ -65,6 +66,8 @@ def categorize(node: str, op_type: str) -> str:
         return DROPOUT
     if "bias_grad" in path:  # the dense layers' bias (and ReLU) gradient kernels, named in their tape's scope
         return OTHER
+    if "masked_softmax_grad" in path:  # the attention softmax's gradient kernel, likewise
+        return ATTENTION
     if "MatMul" in op_type or "Einsum" in op_type:
         return PROJECTION if path.startswith("MatMul") else MATMULS  # the model's only matmul outside a layer
     if op_type == "Cast":
@@ -80,7 +83,7 @@ def categorize(node: str, op_type: str) -> str:
     if "_norm" in path:
         return LAYER_NORMS
     if "attention" in path and ("oftmax" in op_type or "Select" in op_type):
-        return "attention softmax, masks"
+        return ATTENTION
     if node.startswith("StatefulPartitionedCall") and "_layer" not in path and "embedding" not in path:
         return LOSS
     return OTHER

@@ -29,6 +29,8 @@ from transformer.attention_ops import (
     _dim,
     _dropout,
     _expand_rank,
+    _fused_masked_softmax,
+    _fused_softmax_ops,
     _is_auto,
     _logits,
     _masked_softmax,
@@ -126,6 +128,12 @@ def scaled_dot_product_attention(
             dimensions), naming both shapes.
     """
     q, k, v = _convert_and_check(q, k, v)
+    ops = None if training and dropout_rate > 0.0 else _fused_softmax_ops(q, mask, mask_fill, soft_cap)
+    if (
+        ops is not None
+    ):  # the training step on CPU: the scores' softmax in one C++ kernel, weights in q's dtype
+        weights = _fused_masked_softmax(tf.matmul(_scaled_query(q, scale), k, transpose_b=True), mask, ops)
+        return tf.matmul(weights, v), weights
     logits = _logits(q, k, scale, soft_cap, mask=None if _is_auto(mask_fill) else mask, mask_fill=mask_fill)
     if _is_auto(mask_fill):
         weights = _masked_softmax(logits, mask)

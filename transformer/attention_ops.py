@@ -146,6 +146,36 @@ def _masked_softmax(logits, mask):
     return tf.where(mask, weights, 0.0)
 
 
+def _fused_softmax_ops(q, mask, mask_fill, soft_cap):
+    """The op library whose masked-softmax kernels compute `scaled_dot_product_attention`'s weights (inside
+    `transformer.kernels.fused()`: the training step on CPU without XLA), or None: the safe masking path
+    (``mask_fill="auto"``) of heads ``(B, H, Lq, Lk)`` with a ``(B or 1, 1, Lq or 1, Lk)`` mask, no logit cap."""
+    ops = kernels.active(q.dtype)
+    if ops is None or not _is_auto(mask_fill) or soft_cap is not None or mask is None:
+        return None
+    mask_shape = tf.TensorShape(mask.shape)  # NumPy masks too
+    return ops if q.shape.rank == 4 and mask_shape.rank == 4 and mask_shape[1] == 1 else None
+
+
+def _fused_masked_softmax(scores, mask, ops):
+    """`_masked_softmax` of ``scores`` by the C++ kernels: the weights in the scores' dtype (float32 math), and
+    their gradient recomputed from the scores and each row's saved max and log-sum."""
+    mask = tf.cast(mask, tf.bool)
+
+    @tf.custom_gradient
+    def softmax(scores):
+        weights, top, log_sum = ops.nmt_masked_softmax(scores, mask)
+
+        def grad(d_weights):
+            with tf.name_scope("masked_softmax_grad"):
+                d_weights = tf.cast(d_weights, scores.dtype)
+                return ops.nmt_masked_softmax_grad(d_weights, scores, mask, top, log_sum)
+
+        return weights, grad
+
+    return softmax(scores)
+
+
 def _dim(x, axis):
     """Static size of ``axis`` if known, else a scalar tensor."""
     d = x.shape[axis]

@@ -2,7 +2,16 @@
 
 import pytest
 
-from benchmarks.train_profile import CLUSTERS, DROPOUT, LAYER_NORMS, LOSS, OTHER, PROJECTION, categorize
+from benchmarks.train_profile import (
+    ATTENTION,
+    CLUSTERS,
+    DROPOUT,
+    LAYER_NORMS,
+    LOSS,
+    OTHER,
+    PROJECTION,
+    categorize,
+)
 
 
 @pytest.mark.parametrize(
@@ -19,6 +28,11 @@ from benchmarks.train_profile import CLUSTERS, DROPOUT, LAYER_NORMS, LOSS, OTHER
             "StatefulPartitionedCall/gradient_tape/cross_entropy_grad/NmtCrossEntropyGrad",
             "NmtCrossEntropyGrad",
             LOSS,
+        ),
+        (
+            "StatefulPartitionedCall/masked_softmax_grad/NmtMaskedSoftmaxGrad",
+            "NmtMaskedSoftmaxGrad",
+            ATTENTION,
         ),
     ],
 )

@@ -127,7 +127,7 @@ class TrainStep:
         self.apply = _function(self._apply_fn)
 
     def kernels_in_use(self) -> str:
-        """What the layer norms, dropouts and loss of the step run on, for the log."""
+        """What the step's layer norms, dropouts, loss, bias gradients and attention softmax run on, for the log."""
         if self.jit_compile or not self.on_cpu:
             return "TensorFlow ops (XLA or not CPU)"
         if kernels.ops() is None:

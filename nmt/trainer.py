@@ -126,7 +126,7 @@ class Trainer(TrainerCheckpoints, TrainerEvaluation):
                 loss_normaliser=cfg.data.batch_tokens,
                 autocluster=self.autocluster,
             )
-            log.info("layer norms, dropout and loss: %s", self.step_fn.kernels_in_use())
+            log.info("C++ kernels: %s", self.step_fn.kernels_in_use())
             self.elapsed = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="elapsed_seconds")
             self.best_bleu = tf.Variable(-1.0, dtype=tf.float64, trainable=False, name="best_bleu")
             self.evals_since_best = tf.Variable(0, dtype=tf.int64, trainable=False, name="evals_since_best")

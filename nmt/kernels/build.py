@@ -13,6 +13,7 @@ no library and is rebuilt by the next `make install`, never loaded stale. Nothin
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -67,13 +68,11 @@ def _vector_flags() -> list[str]:
     return list(VECTOR_FLAGS) if {"avx2", "fma", "f16c"} <= _cpu_flags() else []
 
 
-def command(output: Path) -> list[str]:
-    """The compiler command that builds the library into `output`."""
-    tf_dir = _tensorflow_dir()
+def _compile_command(source: str, output: Path) -> list[str]:
+    """The compiler command that compiles `source` (a file of this directory) into the object file `output`."""
     return [
         *_compiler(),
         "-std=c++17",
-        "-shared",
         "-fPIC",
         "-O3",
         # lets the compiler turn a float comparison into a vector mask instead of a branch (the kernels never read
@@ -84,13 +83,39 @@ def command(output: Path) -> list[str]:
         "-w",
         "-D_GLIBCXX_USE_CXX11_ABI=1",
         "-DEIGEN_MAX_ALIGN_BYTES=64",
-        f"-I{tf_dir / 'include'}",
-        *(str(HERE / source) for source in SOURCES),
+        f"-I{_tensorflow_dir() / 'include'}",
+        "-c",
+        str(HERE / source),
+        "-o",
+        str(output),
+    ]
+
+
+def _link_command(objects: list[Path], output: Path) -> list[str]:
+    """The command that links the object files into the library `output`."""
+    tf_dir = _tensorflow_dir()
+    return [
+        *_compiler(),
+        "-shared",
+        *map(str, objects),
         "-o",
         str(output),
         f"-L{tf_dir}",
         "-l:libtensorflow_framework.so.2",
     ]
+
+
+def _run(commands: list[list[str]]) -> list[str]:
+    """Runs the commands, as many at once as there are CPUs; the first error lines of those that failed."""
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
+        results = list(
+            pool.map(lambda run: subprocess.run(run, capture_output=True, text=True, check=False), commands)
+        )
+    errors = []
+    for result in results:
+        if result.returncode != 0:
+            errors += [line for line in result.stderr.splitlines() if "error" in line][:5] or ["(no message)"]
+    return errors
 
 
 def _tensorflow_version() -> str:
@@ -120,24 +145,22 @@ def library_path() -> Path:
 
 def build(force: bool = False) -> Path:
     """Builds the library unless it is there; returns its path. Raises `BuildError`. Concurrent builds are safe:
-    each compiles to a file of its own and renames it into place."""
+    each compiles in a directory of its own and renames the library into place."""
     path = library_path()
     if path.is_file() and not force:
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
-    handle, staging = tempfile.mkstemp(prefix=".staging-", suffix=".so", dir=path.parent)
-    os.close(handle)
-    try:
-        result = subprocess.run(command(Path(staging)), capture_output=True, text=True, check=False)
-        if result.returncode != 0:
-            errors = [line for line in result.stderr.splitlines() if "error" in line][:5]
-            raise BuildError(
-                f"compiling {', '.join(SOURCES)} failed: " + " | ".join(errors or ["(no message)"])
-            )
-        os.replace(staging, path)
-    finally:
-        if os.path.exists(staging):
-            os.unlink(staging)
+    # the sources compile in parallel (about 35 s in one compiler process on 2 cores, 20 s in parallel), each to an
+    # object file in a directory of this build's own, then link into a staging file renamed into place
+    with tempfile.TemporaryDirectory(prefix=".staging-", dir=path.parent) as staging_dir:
+        staging = Path(staging_dir)
+        objects = [staging / f"{Path(source).stem}.o" for source in SOURCES]
+        errors = _run([_compile_command(source, obj) for source, obj in zip(SOURCES, objects)])
+        if not errors:
+            errors = _run([_link_command(objects, staging / "library.so")])
+        if errors:
+            raise BuildError(f"compiling {', '.join(SOURCES)} failed: " + " | ".join(errors))
+        os.replace(staging / "library.so", path)
     return path
 
 

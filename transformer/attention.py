@@ -129,9 +129,8 @@ def scaled_dot_product_attention(
     """
     q, k, v = _convert_and_check(q, k, v)
     ops = None if training and dropout_rate > 0.0 else _fused_softmax_ops(q, mask, mask_fill, soft_cap)
-    if (
-        ops is not None
-    ):  # the training step on CPU: the scores' softmax in one C++ kernel, weights in q's dtype
+    # the training step on CPU: the scores' softmax in one C++ kernel, the weights in q's dtype
+    if ops is not None:
         weights = _fused_masked_softmax(tf.matmul(_scaled_query(q, scale), k, transpose_b=True), mask, ops)
         return tf.matmul(weights, v), weights
     logits = _logits(q, k, scale, soft_cap, mask=None if _is_auto(mask_fill) else mask, mask_fill=mask_fill)

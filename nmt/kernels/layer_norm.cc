@@ -133,7 +133,7 @@ class LayerNormOp : public OpKernel {
       std::vector<float> row(d);
       for (int64_t r = first * kBlockRows; r < std::min(rows, last * kBlockRows); ++r) {
         const T* in = xs + r * d;
-        for (int64_t j = 0; j < d; ++j) row[j] = ToFloat(in[j]);
+        Widen(in, row.data(), d);
         const float mu = Sum(row.data(), d) / d;
         for (int64_t j = 0; j < d; ++j) row[j] -= mu;
         const float inv = 1.f / std::sqrt(SumOfProducts(row.data(), row.data(), d) / d + epsilon);

@@ -22,8 +22,8 @@ def flat_dense(dense, x):
     unchanged; callers reshape the result back to the shape they need.
 
     Inside `transformer.kernels.fused()` (the training step on CPU without XLA) a Dense with a bias and no
-    activation or ReLU computes the same ops by hand, so that the gradients of its bias (and ReLU) are one C++
-    kernel pass over the output gradient (`_fused_dense`).
+    activation or ReLU computes the same ops by hand: the matmul alone, then the bias (and ReLU) in one C++ kernel
+    pass, and the gradients of the bias (and ReLU) in one pass over the output gradient (`_fused_dense`).
     """
     x = x if len(x.shape) == 2 else tf.reshape(x, [-1, x.shape[-1]])  # NumPy inputs too
     ops = _fused_dense_ops(dense)
@@ -39,9 +39,12 @@ def _fused_dense_ops(dense):
 
 
 def _fused_dense(dense, x, ops):
-    """Keras' ``Dense.call`` (matmul, bias add, ReLU or none, as grappler fuses them into one oneDNN matmul) with
-    the gradients of the bias and the ReLU from ``ops``: ``nmt_relu_bias_grad(dy, y)`` gives dx and d bias in one
-    pass (TensorFlow: ReluGrad, then BiasAddGrad on its output), ``nmt_bias_grad(dy)`` d bias."""
+    """Keras' ``Dense.call`` (matmul, bias add, ReLU or none) with the bias and ReLU from ``ops``:
+    ``nmt_bias_add(product, bias, relu=...)`` adds them to the product rounded to the compute dtype, as TensorFlow's
+    ops do one by one; grappler would fuse them into oneDNN's matmul, which in bfloat16 takes about twice the time
+    of the matmul alone on an AMX Xeon (one rounding there, two here). The gradients: ``nmt_relu_bias_grad(dy, y)``
+    gives dx and d bias in one pass (TensorFlow: ReluGrad, then BiasAddGrad on its output), ``nmt_bias_grad(dy)`` d
+    bias."""
     dtype = tf.as_dtype(dense.compute_dtype)
     relu = dense.activation is keras.activations.relu
     # the variables read as Keras reads them in a call (autocast to the compute dtype inside a layer's call)
@@ -50,9 +53,7 @@ def _fused_dense(dense, x, ops):
 
     @tf.custom_gradient
     def bias_and_activation(product, bias):
-        y = tf.nn.bias_add(product, tf.cast(bias, product.dtype))
-        if relu:
-            y = tf.nn.relu(y)
+        y = ops.nmt_bias_add(product, tf.cast(bias, product.dtype), relu=relu)
 
         def grad(dy):
             with tf.name_scope("bias_grad"):

@@ -1,8 +1,9 @@
 """Fused C++ kernels for the training step on CPU (`build` compiles them; `make install` runs it): layer
 normalisation forward and backward (`transformer.layer_norm`), dropout with its own Philox draws
 (`transformer.dropout`), the label-smoothed cross-entropy over the vocabulary with its gradient
-(`nmt.losses.token_cross_entropy`), the dense layers' bias and ReLU gradients (`transformer.attention_ops.flat_dense`)
-and the attention's masked softmax (`transformer.attention.scaled_dot_product_attention`).
+(`nmt.losses.token_cross_entropy`), the dense layers' bias add with its ReLU and their gradients
+(`transformer.attention_ops.flat_dense`) and the attention's masked softmax
+(`transformer.attention.scaled_dot_product_attention`).
 
 `ops()` loads the library built for this environment, or returns None when there is none (no compiler, a build
 that failed, another CPU kind since, or ``NMT_KERNELS=off`` in the environment): the layers then use TensorFlow's
@@ -42,7 +43,7 @@ def _load():
 
 def ops():
     """The loaded op library (``nmt_layer_norm``, ``nmt_layer_norm_grad``, ``nmt_dropout``, ``nmt_cross_entropy``,
-    ``nmt_cross_entropy_grad``, ``nmt_bias_grad``, ``nmt_relu_bias_grad``, ``nmt_masked_softmax``,
+    ``nmt_cross_entropy_grad``, ``nmt_bias_add``, ``nmt_bias_grad``, ``nmt_relu_bias_grad``, ``nmt_masked_softmax``,
     ``nmt_masked_softmax_grad``), or None."""
     return _load()[0]
 

@@ -1,5 +1,6 @@
-"""The bias and ReLU gradient kernels (nmt/kernels/bias_grad.cc) against float64 NumPy and TensorFlow's ReluGrad,
-and `transformer.attention_ops.flat_dense` on them (inside `fused`) against Keras' Dense on TensorFlow's ops."""
+"""The bias kernels (nmt/kernels/bias.cc: the bias add with its ReLU, and their gradients) against TensorFlow's
+BiasAdd, Relu and ReluGrad and float64 NumPy, and `transformer.attention_ops.flat_dense` on them (inside `fused`)
+against Keras' Dense on TensorFlow's ops."""
 
 import keras
 import numpy as np
@@ -19,6 +20,27 @@ def _same_bits(a, b):
     bits = tf.uint16 if a.dtype != tf.float32 else tf.uint32
     same = tf.bitcast(a, bits).numpy() == tf.bitcast(b, bits).numpy()
     return np.all(same | (np.isnan(_as_float(a)) & np.isnan(_as_float(b))))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("shape", [(130, 7), (64, 1024), (1, 5), (0, 8)])
+def test_bias_add_kernel_is_tensorflow_bias_add_and_relu_bit_for_bit(ops, dtype, shape):
+    rng = np.random.default_rng(sum(shape) + 1)
+    x, bias = rng.normal(size=shape), rng.normal(size=shape[1])
+    if shape[0] > 1:
+        # NaN, -0 + 0, a sum that cancels to 0, a product 0 with a negative bias, a tie to round
+        x[0, :5] = [np.nan, -0.0, 1.5, 0.0, 1.0 + 2**-8]
+        bias[:5] = [1.0, 0.0, -1.5, -2.0, 2**-9]
+    x, bias = tf.constant(x, dtype), tf.constant(bias, dtype)
+    added = ops.nmt_bias_add(x, bias)
+    assert added.dtype == x.dtype and added.shape == x.shape
+    assert _same_bits(added, tf.nn.bias_add(x, bias))
+    assert _same_bits(ops.nmt_bias_add(x, bias, relu=True), tf.nn.relu(tf.nn.bias_add(x, bias)))
+
+
+def test_bias_add_kernel_names_a_shape_mismatch(ops):
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="shape|Dimension|bias"):
+        ops.nmt_bias_add(tf.ones([4, 8]), tf.ones([7]))
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
@@ -47,23 +69,28 @@ def test_relu_bias_gradient_kernel_names_a_shape_mismatch(ops):
         ops.nmt_relu_bias_grad(tf.ones([4, 8]), tf.ones([4, 7]))
 
 
-def _dense_and_gradients(dense, x, dy, library):
-    @tf.function
+def _dense_and_gradients(dense, x, dy, library, eager=False):
+    """y, dx and the gradients of the kernel and bias; and the traced graph. ``eager``: the values eagerly, op by op
+    (the matmul's product rounded before its bias is added: no grappler fusing them), as the kernels compute."""
+
     def f(x):
         with fused(library), tf.GradientTape() as tape:
             tape.watch(x)
             y = flat_dense(dense, x)
         return [y, *tape.gradient(y, [x, *dense.trainable_variables], output_gradients=dy)]
 
-    return f(x), f.get_concrete_function(x).graph
+    traced = tf.function(f)
+    return (f(x) if eager else traced(x)), traced.get_concrete_function(x).graph
 
 
 @pytest.mark.parametrize("activation", ["relu", None])
 @pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16"])
 def test_flat_dense_on_the_kernels_is_keras_dense_on_tensorflow_ops(ops, activation, policy):
-    """Same forward bits and the same input and kernel gradients (the same ops); the bias gradient the float64 sum
-    of the output gradient (through the ReLU) to float32 rounding. TensorFlow's BiasAddGrad sums bfloat16 with
-    bfloat16 rounding on the way (6% off here under mixed_bfloat16): it is compared at that precision only."""
+    """Keras' Dense run eagerly, op by op: same forward bits and the same input and kernel gradients (the same
+    ops); the bias gradient the float64 sum of the output gradient (through the ReLU) to float32 rounding.
+    TensorFlow's BiasAddGrad sums bfloat16 with bfloat16 rounding on the way (6% off here under mixed_bfloat16): it
+    is compared at that precision only. Traced, grappler fuses Keras' bias into the matmul (one rounding of the sum
+    in bfloat16, two on the kernels): the same to one rounding."""
     dense = keras.layers.Dense(24, activation=activation, dtype=policy)
     dense.build((None, 10))
     rng = np.random.default_rng(4)
@@ -71,9 +98,12 @@ def test_flat_dense_on_the_kernels_is_keras_dense_on_tensorflow_ops(ops, activat
     x = tf.constant(rng.normal(size=(3, 5, 10)), dense.compute_dtype)
     dy = tf.constant(rng.normal(size=(15, 24)), dense.compute_dtype)
     got, graph = _dense_and_gradients(dense, x, dy, ops)
-    want, plain_graph = _dense_and_gradients(dense, x, dy, None)
+    want, plain_graph = _dense_and_gradients(dense, x, dy, None, eager=True)
+    traced, _ = _dense_and_gradients(dense, x, dy, None)
+    rounding = 2**-7 if policy == "mixed_bfloat16" else 1e-6
+    np.testing.assert_allclose(_as_float(got[0]), _as_float(traced[0]), rtol=rounding, atol=rounding)
     ops_used = {op.type for op in graph.get_operations()}
-    assert ("NmtReluBiasGrad" if activation else "NmtBiasGrad") in ops_used
+    assert {"NmtBiasAdd", "NmtReluBiasGrad" if activation else "NmtBiasGrad"} <= ops_used
     assert not any(op.type.startswith("Nmt") for op in plain_graph.get_operations())
     for a, b in zip(got[:3], want[:3]):  # y, dx, d kernel
         assert a.dtype == b.dtype and _same_bits(a, b)

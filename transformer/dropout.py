@@ -11,10 +11,10 @@ The masks are a pure function of the seed: with a ``keras.random.SeedGenerator``
 the model) a resumed run draws the masks an uninterrupted one would.
 
 Inside `transformer.kernels.fused()` (the training step on CPU without XLA) the draws, the mask and the multiply
-are one C++ kernel pass over the activations, forward and backward, instead of four TensorFlow ops: the kernel runs
-TensorFlow's Philox generator itself (vectorised) from the key and counter `tf.random.stateless_uniform` would use,
-so the draws are the same and the result too, bit for bit (but for the sign of a NaN, which TensorFlow's own
-bfloat16 multiply keeps in some positions and not in others).
+are one C++ kernel pass over the activations instead of four TensorFlow ops: the kernel runs TensorFlow's Philox
+generator itself (vectorised) from the key and counter `tf.random.stateless_uniform` would use, so the draws are the
+same and the result too, bit for bit (but for the sign of a NaN, which TensorFlow's own bfloat16 multiply keeps in
+some positions and not in others). It keeps the mask as bits, which the backward kernel multiplies by.
 """
 
 import keras
@@ -91,15 +91,18 @@ def dropout(x, rate, seed):
 
 def _fused_dropout(x, key, counter, threshold, scale, ops):
     """`dropout` by the C++ kernel, which makes `random_halves`' draws from the Philox key and counter itself:
-    ``x * (draw >= threshold ? scale : 0)`` in ``x``'s dtype; its own gradient (the same draws again)."""
+    ``x * (draw >= threshold ? scale : 0)`` in ``x``'s dtype, and the keep decisions as bits (1 per element); the
+    gradient ``dy * (kept ? scale : 0)`` from those bits."""
 
     @tf.custom_gradient
     def dropped(x):
+        y, mask = ops.nmt_dropout(x, key, counter, threshold=threshold, scale=scale)
+
         def grad(dy):
             with tf.name_scope("dropout_grad"):
-                return ops.nmt_dropout(tf.cast(dy, x.dtype), key, counter, threshold=threshold, scale=scale)
+                return ops.nmt_dropout_grad(tf.cast(dy, x.dtype), mask, scale=scale)
 
-        return ops.nmt_dropout(x, key, counter, threshold=threshold, scale=scale), grad
+        return y, grad
 
     return dropped(x)
 

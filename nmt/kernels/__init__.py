@@ -42,7 +42,7 @@ def _load():
 
 
 def ops():
-    """The loaded op library (``nmt_layer_norm``, ``nmt_layer_norm_grad``, ``nmt_dropout``, ``nmt_cross_entropy``,
+    """The loaded op library (``nmt_layer_norm``, ``nmt_layer_norm_grad``, ``nmt_dropout``, ``nmt_dropout_grad``, ``nmt_cross_entropy``,
     ``nmt_cross_entropy_grad``, ``nmt_bias_add``, ``nmt_bias_grad``, ``nmt_relu_bias_grad``, ``nmt_masked_softmax``,
     ``nmt_masked_softmax_grad``), or None."""
     return _load()[0]

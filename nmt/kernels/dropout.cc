@@ -9,8 +9,9 @@
 // word w % 4 of the Philox-4x32-10 block of counter + w / 4 under the key, both from
 // StatelessRandomGetKeyCounter(seed) (TensorFlow's FillPhiloxRandom: group g skips g blocks). Philox runs on 32
 // blocks at once in AVX2 registers (TensorFlow's generator, tsl::random::PhiloxRandom, one block at a time
-// otherwise). The mask does not depend on the input, so the same op is its own gradient (dx = dropout(dy) with
-// the same key and counter).
+// otherwise). The forward also writes the keep decisions as bits (element i: bit i % 8 of byte i / 8), for
+// NmtDropoutGrad: dx = dy * (kept ? scale : 0), the same product without drawing again (a third of a bit per
+// element against the Philox rounds; drawing again cost about as much as the forward).
 
 #include <algorithm>
 
@@ -28,8 +29,21 @@ REGISTER_OP("NmtDropout")
     .Input("key: uint64")
     .Input("counter: uint64")
     .Output("y: T")
+    .Output("mask: uint8")
     .Attr("T: {bfloat16, half, float}")
     .Attr("threshold: int")
+    .Attr("scale: float")
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->input(0));
+      c->set_output(1, c->Vector(InferenceContext::kUnknownDim));
+      return absl::OkStatus();
+    });
+
+REGISTER_OP("NmtDropoutGrad")
+    .Input("dy: T")
+    .Input("mask: uint8")
+    .Output("dx: T")
+    .Attr("T: {bfloat16, half, float}")
     .Attr("scale: float")
     .SetShapeFn([](InferenceContext* c) {
       c->set_output(0, c->input(0));
@@ -44,6 +58,18 @@ constexpr int kLanes = 8;                       // Philox blocks in one AVX2 reg
 constexpr int kSets = 4;                        // register sets per call, interleaved (the rounds are a chain)
 constexpr int kBlocks = kLanes * kSets;         // Philox blocks per call of PhiloxBlocks
 constexpr int64_t kBlockElements = kBlocks * 8;  // each Philox block: 4 words, 8 draws
+constexpr int64_t kBlockBytes = kBlockElements / 8;  // of the mask
+
+// The mask's bytes for `size` elements (the last byte's unused bits 0).
+inline int64_t MaskBytes(int64_t size) { return (size + 7) / 8; }
+
+// The attribute `scale` as the constant the TensorFlow path multiplies by: rounded to T (a no-op when the caller
+// rounded it so already).
+template <typename T>
+void GetScale(OpKernelConstruction* context, float* scale) {
+  OP_REQUIRES_OK(context, context->GetAttr("scale", scale));
+  *scale = static_cast<float>(static_cast<T>(*scale));
+}
 
 #ifdef __AVX2__
 // The high and low 32 bits of the 8 products m * c.
@@ -121,6 +147,26 @@ void PhiloxBlocks(const PhiloxRandom::Key& key, const PhiloxRandom::ResultType& 
 #endif
 }
 
+// out = in * (draws >= threshold ? scale : 0) over [0, n), rounded to T, as the TensorFlow path computes it (x * 0:
+// -0 for a negative x, NaN for a NaN or inf)
+template <typename T>
+void Range(const T* __restrict in, const uint16_t* __restrict draws, T* __restrict out, int64_t n,
+           uint16_t threshold, float scale) {
+  for (int64_t i = 0; i < n; ++i) out[i] = FromFloat<T>(ToFloat(in[i]) * (draws[i] >= threshold ? scale : 0.f));
+}
+
+// bfloat16 on its raw 16 bits (the loop vectorises; Eigen::bfloat16 loads do not)
+template <>
+void Range(const Eigen::bfloat16* __restrict in, const uint16_t* __restrict draws, Eigen::bfloat16* __restrict out,
+           int64_t n, uint16_t threshold, float scale) {
+  const uint16_t* __restrict raw_in = reinterpret_cast<const uint16_t*>(in);
+  uint16_t* __restrict raw_out = reinterpret_cast<uint16_t*>(out);
+  for (int64_t i = 0; i < n; ++i) {
+    const float value = __builtin_bit_cast(float, static_cast<uint32_t>(raw_in[i]) << 16);
+    raw_out[i] = BFloat16Bits(value * (draws[i] >= threshold ? scale : 0.f));
+  }
+}
+
 }  // namespace
 
 template <typename T>
@@ -132,10 +178,7 @@ class DropoutOp : public OpKernel {
     OP_REQUIRES(context, threshold >= 0 && threshold < 65536,
                 InvalidArgument("threshold must be in [0, 65536), got ", threshold));
     threshold_ = static_cast<uint16_t>(threshold);
-    float scale;
-    OP_REQUIRES_OK(context, context->GetAttr("scale", &scale));
-    // the constant the TensorFlow path multiplies by (a no-op when the caller rounded it to T already)
-    scale_ = static_cast<float>(static_cast<T>(scale));
+    GetScale<T>(context, &scale_);
   }
 
   void Compute(OpKernelContext* context) override {
@@ -146,8 +189,8 @@ class DropoutOp : public OpKernel {
                 InvalidArgument("key and counter must be StatelessRandomGetKeyCounter's (1 and 2 uint64), got ",
                                 key.NumElements(), " and ", counter.NumElements()));
     Tensor* y;
-    // in place when TensorFlow can give x's buffer away (the backward's dy, mostly): `in` and `out` may then be the
-    // same array, which the loops below read and write at the same index only, one element at a time
+    // in place when TensorFlow can give x's buffer away: `in` and `out` may then be the same array, which the loops
+    // below read and write at the same index only, one element at a time
     OP_REQUIRES_OK(context, context->forward_input_or_allocate_output({0}, 0, x.shape(), &y));
     const T* in = x.flat<T>().data();
     T* out = y->flat<T>().data();
@@ -163,6 +206,9 @@ class DropoutOp : public OpKernel {
       philox_counter[2 * i + 1] = static_cast<uint32_t>(word >> 32);
     }
     const int64_t size = x.NumElements();
+    Tensor* mask;
+    OP_REQUIRES_OK(context, context->allocate_output(1, TensorShape({MaskBytes(size)}), &mask));
+    uint8_t* bits = mask->flat<uint8_t>().data();
     const uint16_t threshold = threshold_;
     const float scale = scale_;
     Shard(context, (size + kBlockElements - 1) / kBlockElements, kBlockElements * 8,
@@ -171,18 +217,37 @@ class DropoutOp : public OpKernel {
             uint16_t draws[kBlockElements];
             for (int64_t block = first; block < last; ++block) {
               const int64_t start = block * kBlockElements;
+              const int64_t n = std::min(kBlockElements, size - start);
               PhiloxBlocks(philox_key, philox_counter, static_cast<uint64_t>(block) * kBlocks, draws);
-              Range(in + start, draws, out + start, 0, std::min(kBlockElements, size - start), threshold, scale);
+              Range(in + start, draws, out + start, n, threshold, scale);
+              PackKeeps(draws, n, threshold, bits + block * kBlockBytes);
             }
           });
   }
 
  private:
-  // x * 0 as the TensorFlow path computes it: -0 for a negative x, NaN for a NaN or inf
-  static void Range(const T* __restrict in, const uint16_t* __restrict draws, T* __restrict out, int64_t first,
-                    int64_t last, uint16_t threshold, float scale) {
-    for (int64_t i = first; i < last; ++i) {
-      out[i] = FromFloat<T>(ToFloat(in[i]) * (draws[i] >= threshold ? scale : 0.f));
+  // bit i % 8 of keep[i / 8]: draws[i] >= threshold, for i < n (the rest of the last byte 0)
+  static void PackKeeps(const uint16_t* __restrict draws, int64_t n, uint16_t threshold, uint8_t* __restrict keep) {
+    int64_t i = 0;
+#ifdef __AVX2__
+    // 16 draws at a time: unsigned d >= threshold as max(d, threshold) == d, narrowed to bytes in order, their
+    // sign bits gathered (bit j = element j)
+    const __m256i limit = _mm256_set1_epi16(static_cast<int16_t>(threshold));
+    for (; i + 16 <= n; i += 16) {
+      const __m256i d = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(draws + i));
+      const __m256i kept = _mm256_cmpeq_epi16(_mm256_max_epu16(d, limit), d);
+      const __m128i bytes = _mm_packs_epi16(_mm256_castsi256_si128(kept), _mm256_extracti128_si256(kept, 1));
+      const uint16_t bits = static_cast<uint16_t>(_mm_movemask_epi8(bytes));
+      keep[i / 8] = static_cast<uint8_t>(bits);
+      keep[i / 8 + 1] = static_cast<uint8_t>(bits >> 8);
+    }
+#endif
+    for (; i < n; i += 8) {
+      uint8_t packed = 0;
+      for (int bit = 0; bit < 8 && i + bit < n; ++bit) {
+        packed |= static_cast<uint8_t>(draws[i + bit] >= threshold) << bit;
+      }
+      keep[i / 8] = packed;
     }
   }
 
@@ -190,21 +255,70 @@ class DropoutOp : public OpKernel {
   float scale_;
 };
 
-// bfloat16 on its raw 16 bits (the loop vectorises; Eigen::bfloat16 loads do not)
+template <typename T>
+class DropoutGradOp : public OpKernel {
+ public:
+  explicit DropoutGradOp(OpKernelConstruction* context) : OpKernel(context) {
+    float scale;
+    GetScale<T>(context, &scale);
+    // each mask byte's 8 factors: scale where its bit is set, else 0
+    for (int byte = 0; byte < 256; ++byte) {
+      for (int bit = 0; bit < 8; ++bit) factors_[byte][bit] = ((byte >> bit) & 1) ? scale : 0.f;
+    }
+  }
+
+  void Compute(OpKernelContext* context) override {
+    const Tensor& dy = context->input(0);
+    const Tensor& mask = context->input(1);
+    const int64_t size = dy.NumElements();
+    OP_REQUIRES(context, mask.dims() == 1 && mask.NumElements() == MaskBytes(size),
+                InvalidArgument("mask must be NmtDropout's for ", size, " elements (", MaskBytes(size),
+                                " bytes), got shape ", mask.shape().DebugString()));
+    Tensor* dx;
+    // in place as the forward (dy's buffer, mostly)
+    OP_REQUIRES_OK(context, context->forward_input_or_allocate_output({0}, 0, dy.shape(), &dx));
+    const T* in = dy.flat<T>().data();
+    T* out = dx->flat<T>().data();
+    const uint8_t* bits = mask.flat<uint8_t>().data();
+    Shard(context, (size + kBlockElements - 1) / kBlockElements, kBlockElements * 3,
+          [&](int64_t first, int64_t last) {
+            // the block's factors, 8 per mask byte, then one vectorised multiply
+            alignas(32) float factors[kBlockElements];
+            for (int64_t block = first; block < last; ++block) {
+              const int64_t start = block * kBlockElements;
+              const int64_t n = std::min(kBlockElements, size - start);
+              const uint8_t* __restrict packed = bits + block * kBlockBytes;
+              for (int64_t byte = 0; byte < MaskBytes(n); ++byte) {
+                std::memcpy(factors + 8 * byte, factors_[packed[byte]], sizeof(factors_[0]));
+              }
+              Multiply(in + start, factors, out + start, n);
+            }
+          });
+  }
+
+ private:
+  // out[i] = in[i] * factors[i], i < n, rounded to T as the forward's multiply
+  static void Multiply(const T* __restrict in, const float* __restrict factors, T* __restrict out, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) out[i] = FromFloat<T>(ToFloat(in[i]) * factors[i]);
+  }
+
+  alignas(32) float factors_[256][8];
+};
+
+// bfloat16 on its raw 16 bits (vectorises)
 template <>
-void DropoutOp<Eigen::bfloat16>::Range(const Eigen::bfloat16* __restrict in, const uint16_t* __restrict draws,
-                                       Eigen::bfloat16* __restrict out, int64_t first, int64_t last,
-                                       uint16_t threshold, float scale) {
+void DropoutGradOp<Eigen::bfloat16>::Multiply(const Eigen::bfloat16* __restrict in, const float* __restrict factors,
+                                              Eigen::bfloat16* __restrict out, int64_t n) {
   const uint16_t* __restrict raw_in = reinterpret_cast<const uint16_t*>(in);
   uint16_t* __restrict raw_out = reinterpret_cast<uint16_t*>(out);
-  for (int64_t i = first; i < last; ++i) {
-    const float value = __builtin_bit_cast(float, static_cast<uint32_t>(raw_in[i]) << 16);
-    raw_out[i] = BFloat16Bits(value * (draws[i] >= threshold ? scale : 0.f));
+  for (int64_t i = 0; i < n; ++i) {
+    raw_out[i] = BFloat16Bits(__builtin_bit_cast(float, static_cast<uint32_t>(raw_in[i]) << 16) * factors[i]);
   }
 }
 
-#define REGISTER(T) \
-  REGISTER_KERNEL_BUILDER(Name("NmtDropout").Device(DEVICE_CPU).TypeConstraint<T>("T"), DropoutOp<T>);
+#define REGISTER(T)                                                                              \
+  REGISTER_KERNEL_BUILDER(Name("NmtDropout").Device(DEVICE_CPU).TypeConstraint<T>("T"), DropoutOp<T>); \
+  REGISTER_KERNEL_BUILDER(Name("NmtDropoutGrad").Device(DEVICE_CPU).TypeConstraint<T>("T"), DropoutGradOp<T>);
 
 REGISTER(float);
 REGISTER(Eigen::bfloat16);

@@ -131,8 +131,9 @@ def test_dropout_kernel_is_the_tensorflow_path_bit_for_bit(ops, dtype, rate):
 
 def test_dropout_kernel_draws_tensorflows_philox_numbers_across_a_counter_carry(ops):
     """The kernel's Philox against TensorFlow's on a counter whose low 64 bits overflow within the tensor (the
-    128-bit add of PhiloxRandom::Skip), on a size that is no multiple of the kernel's 64-element blocks."""
-    size, threshold = 1000, 30000
+    128-bit add of PhiloxRandom::Skip), on a size that is no multiple of the kernel's 256-element blocks nor of 8
+    (the mask's last byte partly used)."""
+    size, threshold = 1002, 30000
     key = tf.constant([0x0123456789ABCDEF], tf.uint64)
     counter = tf.constant([2**64 - 37, 2**32 - 1], tf.uint64)  # blocks 37.. carry into the high word
     words = tf.raw_ops.StatelessRandomUniformFullIntV2(
@@ -140,8 +141,22 @@ def test_dropout_kernel_draws_tensorflows_philox_numbers_across_a_counter_carry(
     )
     draws = tf.bitcast(words, tf.uint16).numpy().reshape(-1)
     x = tf.constant(np.arange(1, size + 1), tf.float32)
-    y = ops.nmt_dropout(x, key, counter, threshold=threshold, scale=2.0).numpy()
-    np.testing.assert_array_equal(y, np.where(draws >= threshold, 2.0 * x.numpy(), 0.0))
+    y, mask = ops.nmt_dropout(x, key, counter, threshold=threshold, scale=2.0)
+    keep = draws >= threshold
+    np.testing.assert_array_equal(y.numpy(), np.where(keep, 2.0 * x.numpy(), 0.0))
+    # the keep decisions as bits, element i at bit i % 8 of byte i / 8; the gradient kernel multiplies by them
+    np.testing.assert_array_equal(mask.numpy(), np.packbits(keep, bitorder="little"))
+    dy = tf.constant(np.arange(size, 0, -1), tf.float32)
+    dx = ops.nmt_dropout_grad(dy, mask, scale=2.0).numpy()
+    np.testing.assert_array_equal(dx, np.where(keep, 2.0 * dy.numpy(), 0.0))
+
+
+def test_dropout_gradient_kernel_names_a_mask_of_another_size(ops):
+    _, mask = ops.nmt_dropout(
+        tf.ones([10]), tf.constant([1], tf.uint64), tf.constant([1, 2], tf.uint64), threshold=10, scale=1.5
+    )
+    with pytest.raises(tf.errors.InvalidArgumentError, match="mask must be NmtDropout's for 17 elements"):
+        ops.nmt_dropout_grad(tf.ones([17]), mask, scale=1.5)
 
 
 def test_dropout_kernel_names_a_wrong_key_or_counter(ops):

@@ -35,6 +35,7 @@ from transformer.attention_ops import (
     _logits,
     _masked_softmax,
     _pad_axis,
+    _scale,
     _scaled_query,
     _split_chunks,
     _stat_dtype,
@@ -129,9 +130,12 @@ def scaled_dot_product_attention(
     """
     q, k, v = _convert_and_check(q, k, v)
     ops = None if training and dropout_rate > 0.0 else _fused_softmax_ops(q, mask, mask_fill, soft_cap)
-    # the training step on CPU: the scores' softmax in one C++ kernel, the weights in q's dtype
+    # the training step on CPU: the scores' softmax in one C++ kernel, the weights in q's dtype; the kernel scales
+    # the scores (not in float16, whose unscaled scores could overflow), which saves a pass over q both ways
     if ops is not None:
-        weights = _fused_masked_softmax(tf.matmul(_scaled_query(q, scale), k, transpose_b=True), mask, ops)
+        fold = q.dtype != tf.float16 and not tf.is_tensor(_scale(q, scale))
+        scores = tf.matmul(q if fold else _scaled_query(q, scale), k, transpose_b=True)
+        weights = _fused_masked_softmax(scores, mask, ops, scale=_scale(q, scale) if fold else 1.0)
         return tf.matmul(weights, v), weights
     logits = _logits(q, k, scale, soft_cap, mask=None if _is_auto(mask_fill) else mask, mask_fill=mask_fill)
     if _is_auto(mask_fill):

@@ -158,19 +158,20 @@ def _fused_softmax_ops(q, mask, mask_fill, soft_cap):
     return ops if q.shape.rank == 4 and mask_shape.rank == 4 and mask_shape[1] == 1 else None
 
 
-def _fused_masked_softmax(scores, mask, ops):
-    """`_masked_softmax` of ``scores`` by the C++ kernels: the weights in the scores' dtype (float32 math), and
-    their gradient recomputed from the scores and each row's saved max and log-sum."""
+def _fused_masked_softmax(scores, mask, ops, scale=1.0):
+    """`_masked_softmax` of ``scores * scale`` (a python float, applied in float32) by the C++ kernels: the weights
+    in the scores' dtype (float32 math), and their gradient recomputed from the scores and each row's saved max and
+    log-sum."""
     mask = tf.cast(mask, tf.bool)
 
     @tf.custom_gradient
     def softmax(scores):
-        weights, top, log_sum = ops.nmt_masked_softmax(scores, mask)
+        weights, top, log_sum = ops.nmt_masked_softmax(scores, mask, scale=scale)
 
         def grad(d_weights):
             with tf.name_scope("masked_softmax_grad"):
                 d_weights = tf.cast(d_weights, scores.dtype)
-                return ops.nmt_masked_softmax_grad(d_weights, scores, mask, top, log_sum)
+                return ops.nmt_masked_softmax_grad(d_weights, scores, mask, top, log_sum, scale=scale)
 
         return weights, grad
 

@@ -1,12 +1,14 @@
 // The attention weights' masked softmax, forward and backward, one pass over the scores each: the fused kernels
 // behind transformer.attention.scaled_dot_product_attention when the training step runs on CPU without XLA
 // (nmt/kernels builds and loads them). The math is that of its TensorFlow path (`_masked_softmax` on the scores
-// cast to float32, the weights cast back), in float32 whatever the scores' dtype:
+// cast to float32, the weights cast back), in float32 whatever the scores' dtype, on z = scores * scale (the
+// attention's 1 / sqrt(depth), which the caller then need not multiply the queries by: a pass over them forward and
+// one backward; a power of 2 gives the same bits either way):
 //
 //   forward:  over the allowed keys of a row, top = max z, log_sum = log(sum exp(z - top)),
 //             w = exp(z - top) / sum exp(z - top); w = 0 at masked keys, and everywhere in a row with none allowed
 //   backward: p = exp((z - top) - log_sum) at allowed keys (the float32 weights again, not the rounded ones),
-//             dz = p * (dw - sum_k dw_k p_k), 0 at masked keys
+//             dz = p * (dw - sum_k dw_k p_k), 0 at masked keys; d scores = scale * dz
 //
 // Scores are (B, H, Lq, Lk); the mask is bool (B or 1, 1, 1 or Lq, Lk), the model's padding and causal masks,
 // broadcast over heads (and queries). Rows are independent and each is reduced in one fixed order, so the results
@@ -29,6 +31,7 @@ REGISTER_OP("NmtMaskedSoftmax")
     .Output("top: float")
     .Output("log_sum: float")
     .Attr("T: {bfloat16, half, float}")
+    .Attr("scale: float = 1.0")
     .SetShapeFn([](InferenceContext* c) {
       ShapeHandle scores;
       TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 4, &scores));
@@ -46,6 +49,7 @@ REGISTER_OP("NmtMaskedSoftmaxGrad")
     .Input("log_sum: float")
     .Output("d_scores: T")
     .Attr("T: {bfloat16, half, float}")
+    .Attr("scale: float = 1.0")
     .SetShapeFn([](InferenceContext* c) {
       ShapeHandle scores;
       TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 4, &scores));
@@ -87,7 +91,9 @@ tensorflow::Status MakeLayout(const Tensor& scores, const Tensor& mask, Layout* 
 template <typename T>
 class MaskedSoftmaxOp : public OpKernel {
  public:
-  explicit MaskedSoftmaxOp(OpKernelConstruction* context) : OpKernel(context) {}
+  explicit MaskedSoftmaxOp(OpKernelConstruction* context) : OpKernel(context) {
+    OP_REQUIRES_OK(context, context->GetAttr("scale", &scale_));
+  }
 
   void Compute(OpKernelContext* context) override {
     const Tensor& scores = context->input(0);
@@ -104,11 +110,13 @@ class MaskedSoftmaxOp : public OpKernel {
     T* ws = weights->flat<T>().data();
     float* tops = top->flat<float>().data();
     float* log_sums = log_sum->flat<float>().data();
+    const float scale = scale_;
     Shard(context, layout.rows, keys * 40, [&](int64_t first, int64_t last) {
       Eigen::ArrayXf z(keys);  // Eigen's allocation: aligned, so the reductions' order is fixed
       for (int64_t r = first; r < last; ++r) {
         const bool* allowed = layout.MaskRow(allowed_all, r);
         Widen(zs + r * keys, z.data(), keys);
+        if (scale != 1.f) z *= scale;
         float row_top = -std::numeric_limits<float>::infinity();
         bool any = false;
         for (int64_t j = 0; j < keys; ++j) {
@@ -129,12 +137,17 @@ class MaskedSoftmaxOp : public OpKernel {
       }
     });
   }
+
+ private:
+  float scale_;
 };
 
 template <typename T>
 class MaskedSoftmaxGradOp : public OpKernel {
  public:
-  explicit MaskedSoftmaxGradOp(OpKernelConstruction* context) : OpKernel(context) {}
+  explicit MaskedSoftmaxGradOp(OpKernelConstruction* context) : OpKernel(context) {
+    OP_REQUIRES_OK(context, context->GetAttr("scale", &scale_));
+  }
 
   void Compute(OpKernelContext* context) override {
     const Tensor& d_weights = context->input(0);
@@ -158,12 +171,14 @@ class MaskedSoftmaxGradOp : public OpKernel {
     const float* tops = top.flat<float>().data();
     const float* log_sums = log_sum.flat<float>().data();
     T* out = d_scores->flat<T>().data();
+    const float scale = scale_;
     Shard(context, layout.rows, keys * 40, [&](int64_t first, int64_t last) {
       Eigen::ArrayXf p(keys), g(keys);
       for (int64_t r = first; r < last; ++r) {
         const bool* allowed = layout.MaskRow(allowed_all, r);
         Widen(zs + r * keys, p.data(), keys);
         Widen(dws + r * keys, g.data(), keys);
+        if (scale != 1.f) p *= scale;
         p = ((p - tops[r]) - log_sums[r]).exp();
         // masked keys: no weight and no gradient reaching it (the TensorFlow path's two tf.where)
         for (int64_t j = 0; j < keys; ++j) {
@@ -172,10 +187,14 @@ class MaskedSoftmaxGradOp : public OpKernel {
         }
         const float dot = (g * p).sum();
         p *= g - dot;
+        if (scale != 1.f) p *= scale;
         Narrow(p.data(), out + r * keys, keys);
       }
     });
   }
+
+ private:
+  float scale_;
 };
 
 #define REGISTER(T)                                                                                  \

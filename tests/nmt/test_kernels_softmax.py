@@ -30,32 +30,36 @@ def _attention(q, k, v, mask, dy, library, **kwargs):
     return f(q, k, v), f.get_concrete_function(q, k, v).graph
 
 
-def _numpy_attention(q, k, v, mask, dy):
-    """Float64 output, weights and gradients of softmax(q k^T / sqrt(d)) v over the allowed keys."""
+def _numpy_attention(q, k, v, mask, dy, scale=None):
+    """Float64 output, weights and gradients of softmax(q k^T * scale) v over the allowed keys (scale: 1 / sqrt(d)
+    by default)."""
     q, k, v, dy = (x.astype(np.float64) for x in (q, k, v, dy))
-    z = q @ k.swapaxes(-1, -2) / np.sqrt(q.shape[-1])
+    scale = 1.0 / np.sqrt(q.shape[-1]) if scale is None else scale
+    z = q @ k.swapaxes(-1, -2) * scale
     mask = np.broadcast_to(mask, z.shape)
     top = np.where(mask, z, -np.inf).max(-1, keepdims=True)
     e = np.where(mask, np.exp(np.where(mask, z - np.where(np.isfinite(top), top, 0.0), 0.0)), 0.0)
     w = e / np.maximum(e.sum(-1, keepdims=True), 1e-300)
     dw = dy @ v.swapaxes(-1, -2)
     dz = w * (dw - (dw * w).sum(-1, keepdims=True))
-    dq = dz @ k / np.sqrt(q.shape[-1])
-    dk = dz.swapaxes(-1, -2) @ q / np.sqrt(q.shape[-1])
+    dq = dz @ k * scale
+    dk = dz.swapaxes(-1, -2) @ q * scale
     return [w @ v, w, dq, dk, w.swapaxes(-1, -2) @ dy]
 
 
+# scale: the default 1 / sqrt(8), and a given one (both applied inside the kernel)
+@pytest.mark.parametrize("scale", [None, 0.3])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_the_attention_on_the_masked_softmax_kernels_matches_numpy_and_the_tensorflow_path(
-    ops, dtype, causal
+    ops, dtype, causal, scale
 ):
     rng = np.random.default_rng(7)
     batch, heads, length, depth = 3, 2, 9, 8
     q, k, v, dy = (rng.normal(0.0, 2.0, size=(batch, heads, length, depth)) for _ in range(4))
     mask = _masks(batch, length, length, causal)
     args = [tf.constant(x, dtype) for x in (q, k, v)]
-    got, graph = _attention(*args, mask, tf.constant(dy, dtype), ops)
+    got, graph = _attention(*args, mask, tf.constant(dy, dtype), ops, scale=scale)
     assert {"NmtMaskedSoftmax", "NmtMaskedSoftmaxGrad"} <= {op.type for op in graph.get_operations()}
     weights = got[1].numpy().astype(np.float32)
     full = np.broadcast_to(mask, weights.shape)
@@ -63,13 +67,25 @@ def test_the_attention_on_the_masked_softmax_kernels_matches_numpy_and_the_tenso
     assert np.all(got[2].numpy()[1] == 0) and np.all(got[3].numpy()[1] == 0)
     if dtype == "float32":
         inputs = [tf.cast(x, tf.float32).numpy() for x in args]
-        for a, b in zip(got, _numpy_attention(*inputs, mask, dy)):
+        for a, b in zip(got, _numpy_attention(*inputs, mask, dy, scale)):
             np.testing.assert_allclose(a.numpy(), b, rtol=1e-4, atol=1e-5)
     else:  # the TensorFlow path on the same bfloat16 inputs: one rounding of float32 values apart
-        want, _ = _attention(*args, mask, tf.constant(dy, dtype), None)
+        want, _ = _attention(*args, mask, tf.constant(dy, dtype), None, scale=scale)
         for a, b in zip(got, want):
             a, b = tf.cast(a, tf.float32).numpy(), tf.cast(b, tf.float32).numpy()
             np.testing.assert_allclose(a, b, rtol=2**-6, atol=2**-6 * np.abs(b).max())
+
+
+def test_the_kernel_scales_the_scores_except_in_float16(ops):
+    """The scale moves into the softmax kernel (no multiply of the queries either way); float16 keeps the queries
+    scaled before the product, as on the TensorFlow path, where unscaled scores could overflow."""
+    mask = _masks(2, 4, 4, causal=False)
+    for dtype, kernel_scale in (("bfloat16", 0.25), ("float32", 0.25), ("float16", 1.0)):
+        q = tf.ones([2, 2, 4, 16], dtype)
+        (_, graph) = _attention(q, q, q, mask, tf.ones([2, 2, 4, 16], dtype), ops)
+        kernels = [op for op in graph.get_operations() if op.type.startswith("NmtMaskedSoftmax")]
+        assert len(kernels) == 2 and all(op.get_attr("scale") == kernel_scale for op in kernels), dtype
+        assert any(op.type == "Mul" for op in graph.get_operations()) == (dtype == "float16"), dtype
 
 
 def test_other_attention_settings_keep_the_tensorflow_path(ops):

@@ -30,6 +30,45 @@ def flat_dense(dense, x):
     return dense(x) if ops is None else _fused_dense(dense, x, ops)
 
 
+def dense_heads(dense, x, heads):
+    """``dense`` over ``x (B, L, d)`` split into ``heads``: ``(B, heads, L, units / heads)``, an attention's
+    projection of queries, keys or values.
+
+    `flat_dense`, then a reshape and a transpose; inside `transformer.kernels.fused()`, for a Dense with a bias and
+    no activation, the matmul alone and then one C++ kernel pass that adds the bias and writes the heads, and one
+    pass back for the gradients of both (`_fused_dense_heads`)."""
+    batch, length = tf.shape(x)[0], tf.shape(x)[1]
+    ops = _fused_dense_ops(dense)
+    if ops is not None and dense.activation is keras.activations.linear and len(x.shape) == 3:
+        return _fused_dense_heads(dense, x, heads, ops)
+    y = tf.reshape(flat_dense(dense, x), [batch, length, heads, dense.units // heads])
+    return tf.transpose(y, [0, 2, 1, 3])
+
+
+def _fused_dense_heads(dense, x, heads, ops):
+    """`dense_heads` with ``nmt_bias_add_heads`` (the bias added to the product rounded to the compute dtype, as
+    in `_fused_dense`, written head by head) and ``nmt_heads_bias_grad`` (the product's gradient, transposed back,
+    and the bias' in float32, one pass)."""
+    dtype = tf.as_dtype(dense.compute_dtype)
+    batch, length = tf.shape(x)[0], tf.shape(x)[1]
+    product = tf.matmul(tf.reshape(tf.cast(x, dtype), [-1, x.shape[-1]]), tf.cast(dense.kernel, dtype))
+    product = tf.reshape(product, [batch, length, dense.units])
+    bias = tf.convert_to_tensor(dense.bias)
+
+    @tf.custom_gradient
+    def bias_and_heads(product, bias):
+        y = ops.nmt_bias_add_heads(product, tf.cast(bias, product.dtype), heads=heads)
+
+        def grad(dy):
+            with tf.name_scope("bias_grad"):
+                d_product, d_bias = ops.nmt_heads_bias_grad(tf.cast(dy, y.dtype))
+                return d_product, tf.cast(d_bias, bias.dtype)
+
+        return y, grad
+
+    return bias_and_heads(product, bias)
+
+
 def _fused_dense_ops(dense):
     """The op library to compute ``dense`` with (see `flat_dense`), or None for Keras' own call."""
     plain = getattr(dense, "quantization_mode", None) is None and dense.bias is not None and dense.built

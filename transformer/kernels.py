@@ -1,11 +1,11 @@
 """Which fused op library the layers trace with, if any.
 
-`transformer.layer_norm`, `transformer.dropout`, the dense layers' bias and its gradients (`attention_ops.flat_dense`),
-the attention's masked softmax (and the training loss, `nmt.losses.token_cross_entropy`) compute through the C++
-kernels of an op library (built and loaded by `nmt.kernels`) only while traced inside `fused(library)`, which the
-training step enters on CPU without XLA. Everything else (inference, exports, XLA, GPUs) traces TensorFlow's ops,
-so a SavedModel never depends on the library. Both paths compute the same function (dropout bit for bit, the rest
-to float32 rounding).
+`transformer.layer_norm`, `transformer.dropout`, the dense layers' bias and its gradients (`attention_ops.flat_dense`,
+`dense_heads`), the attention's masked softmax (and the training loss, `nmt.losses.token_cross_entropy`) compute
+through the C++ kernels of an op library (built and loaded by `nmt.kernels`) only while traced inside
+`fused(library)`, which the training step enters on CPU without XLA. Everything else (inference, exports, XLA,
+GPUs) traces TensorFlow's ops, so a SavedModel never depends on the library. Both paths compute the same function
+(dropout bit for bit, the rest to float32 rounding).
 """
 
 import contextlib

@@ -4,7 +4,7 @@ import keras
 import tensorflow as tf
 
 from transformer.attention import chunked_attention, local_attention, scaled_dot_product_attention
-from transformer.attention_ops import flat_dense
+from transformer.attention_ops import dense_heads, flat_dense
 
 SHARE_QKV = ("none", "qk", "all")
 ATTENTION = ("full", "chunked", "local")
@@ -149,11 +149,8 @@ class MultiHeadAttention(keras.layers.Layer):
     def project(self, dense, x):
         """Project ``x (B, L, d_model)`` with ``dense`` and split heads -> ``(B, heads, L, depth)``.
 
-        The projection is one 2-D matmul over the ``B * L`` rows (`flat_dense`)."""
-        batch, length = tf.shape(x)[0], tf.shape(x)[1]
-        x = flat_dense(dense, x)  # (batch * len, d_model)
-        x = tf.reshape(x, [batch, length, self.num_heads, self.depth])  # (batch, len, heads, depth)
-        return tf.transpose(x, [0, 2, 1, 3])  # (batch, heads, len, depth)
+        The projection is one 2-D matmul over the ``B * L`` rows (`dense_heads`)."""
+        return dense_heads(dense, x, self.num_heads)
 
     def project_key_value(self, key, value=None):
         """Project cross-attention memory once: ``{"k", "v"}``, each ``(B, heads, Lk, depth)``."""

@@ -2,7 +2,8 @@
 normalisation forward and backward (`transformer.layer_norm`), dropout with its own Philox draws
 (`transformer.dropout`), the label-smoothed cross-entropy over the vocabulary with its gradient
 (`nmt.losses.token_cross_entropy`), the dense layers' bias add with its ReLU and their gradients
-(`transformer.attention_ops.flat_dense`) and the attention's masked softmax
+(`transformer.attention_ops.flat_dense`), the attention projections' bias add with the head split
+(`transformer.attention_ops.dense_heads`) and the attention's masked softmax
 (`transformer.attention.scaled_dot_product_attention`).
 
 `ops()` loads the library built for this environment, or returns None when there is none (no compiler, a build
@@ -42,9 +43,9 @@ def _load():
 
 
 def ops():
-    """The loaded op library (``nmt_layer_norm``, ``nmt_layer_norm_grad``, ``nmt_dropout``, ``nmt_dropout_grad``, ``nmt_cross_entropy``,
-    ``nmt_cross_entropy_grad``, ``nmt_bias_add``, ``nmt_bias_grad``, ``nmt_relu_bias_grad``, ``nmt_masked_softmax``,
-    ``nmt_masked_softmax_grad``), or None."""
+    """The loaded op library (``nmt_layer_norm``, ``nmt_layer_norm_grad``, ``nmt_dropout``, ``nmt_dropout_grad``,
+    ``nmt_cross_entropy``, ``nmt_cross_entropy_grad``, ``nmt_bias_add``, ``nmt_bias_grad``, ``nmt_relu_bias_grad``,
+    ``nmt_bias_add_heads``, ``nmt_heads_bias_grad``, ``nmt_masked_softmax``, ``nmt_masked_softmax_grad``), or None."""
     return _load()[0]
 
 

@@ -25,7 +25,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-SOURCES = ("bias.cc", "cross_entropy.cc", "dropout.cc", "layer_norm.cc", "masked_softmax.cc")
+SOURCES = ("bias.cc", "cross_entropy.cc", "dropout.cc", "heads.cc", "layer_norm.cc", "masked_softmax.cc")
 HEADERS = ("common.h",)
 HERE = Path(__file__).resolve().parent
 DIR_ENV = "NMT_KERNELS_DIR"

@@ -1,13 +1,14 @@
-"""The bias kernels (nmt/kernels/bias.cc: the bias add with its ReLU, and their gradients) against TensorFlow's
-BiasAdd, Relu and ReluGrad and float64 NumPy, and `transformer.attention_ops.flat_dense` on them (inside `fused`)
-against Keras' Dense on TensorFlow's ops."""
+"""The bias kernels (nmt/kernels/bias.cc: the bias add with its ReLU, and their gradients; heads.cc: the bias add
+with the attention's head split, and its gradient) against TensorFlow's BiasAdd, Relu, ReluGrad and transpose and
+float64 NumPy, and `transformer.attention_ops.flat_dense` and `dense_heads` on them (inside `fused`) against Keras'
+Dense on TensorFlow's ops."""
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from transformer.attention_ops import flat_dense
+from transformer.attention_ops import dense_heads, flat_dense
 from transformer.kernels import fused
 
 
@@ -118,3 +119,65 @@ def test_flat_dense_keeps_keras_call_for_other_activations_and_without_a_bias(op
         dense.build((None, 3))
         _, graph = _dense_and_gradients(dense, tf.ones([2, 3]), tf.ones([2, 4]), ops)
         assert not any(op.type.startswith("Nmt") for op in graph.get_operations())
+
+
+def _split(x, heads):
+    """TensorFlow's head split: (B, L, D) -> (B, heads, L, D / heads)."""
+    batch, length, units = x.shape
+    return tf.transpose(tf.reshape(x, [batch, length, heads, units // heads]), [0, 2, 1, 3])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize(
+    ("shape", "heads"), [((3, 5, 12), 4), ((2, 1, 8), 2), ((1, 70, 6), 1), ((0, 4, 8), 2)]
+)
+def test_head_split_kernels_are_bias_add_and_transpose_bit_for_bit(ops, dtype, shape, heads):
+    rng = np.random.default_rng(sum(shape) + heads)
+    x = tf.constant(rng.normal(size=shape), dtype)
+    bias = tf.constant(rng.normal(size=shape[-1]), dtype)
+    y = ops.nmt_bias_add_heads(x, bias, heads=heads)
+    want = _split(tf.nn.bias_add(x, bias), heads)
+    assert y.dtype == x.dtype and y.shape == want.shape and _same_bits(y, want)
+    dy = tf.constant(rng.normal(size=want.shape), dtype)
+    dx, d_bias = ops.nmt_heads_bias_grad(dy)
+    back = tf.reshape(tf.transpose(dy, [0, 2, 1, 3]), shape)  # the transpose's gradient
+    assert dx.dtype == dy.dtype and dx.shape == shape and _same_bits(dx, back)
+    assert d_bias.dtype == tf.float32
+    want_bias = _as_float(back).astype(np.float64).reshape(-1, shape[-1]).sum(0)
+    np.testing.assert_allclose(d_bias.numpy(), want_bias, rtol=1e-5, atol=1e-5)
+
+
+def test_head_split_kernel_names_units_that_do_not_split(ops):
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="multiple of heads|divisible"):
+        ops.nmt_bias_add_heads(tf.ones([2, 3, 10]), tf.ones([10]), heads=4)
+
+
+@pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16"])
+def test_dense_heads_on_the_kernels_is_the_tensorflow_projection_and_split(ops, policy):
+    """As `flat_dense` above, for an attention projection split into heads: the same forward bits and input and
+    kernel gradients as TensorFlow's ops run one by one, the bias gradient the float64 sum."""
+    dense = keras.layers.Dense(12, dtype=policy)
+    dense.build((None, 10))
+    rng = np.random.default_rng(6)
+    dense.bias.assign(rng.normal(size=12).astype(np.float32))
+    x = tf.constant(rng.normal(size=(3, 5, 10)), dense.compute_dtype)
+    dy = tf.constant(rng.normal(size=(3, 4, 5, 3)), dense.compute_dtype)
+
+    def run(library, eager=False):
+        def f(x):
+            with fused(library), tf.GradientTape() as tape:
+                tape.watch(x)
+                y = dense_heads(dense, x, 4)
+            return [y, *tape.gradient(y, [x, *dense.trainable_variables], output_gradients=dy)]
+
+        traced = tf.function(f)
+        return (f(x) if eager else traced(x)), traced.get_concrete_function(x).graph
+
+    got, graph = run(ops)
+    want, plain_graph = run(None, eager=True)
+    assert {"NmtBiasAddHeads", "NmtHeadsBiasGrad"} <= {op.type for op in graph.get_operations()}
+    assert not any(op.type.startswith("Nmt") for op in plain_graph.get_operations())
+    for a, b in zip(got[:3], want[:3]):  # y, dx, d kernel
+        assert a.dtype == b.dtype and a.shape == b.shape and _same_bits(a, b)
+    through = _as_float(dy).astype(np.float64).transpose(0, 2, 1, 3).reshape(-1, 12)
+    np.testing.assert_allclose(got[3].numpy(), through.sum(0), rtol=1e-5, atol=1e-5)

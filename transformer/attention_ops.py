@@ -49,24 +49,40 @@ def _fused_dense_heads(dense, x, heads, ops):
     """`dense_heads` with ``nmt_bias_add_heads`` (the bias added to the product rounded to the compute dtype, as
     in `_fused_dense`, written head by head) and ``nmt_heads_bias_grad`` (the product's gradient, transposed back,
     and the bias' in float32, one pass)."""
-    dtype = tf.as_dtype(dense.compute_dtype)
     batch, length = tf.shape(x)[0], tf.shape(x)[1]
-    product = tf.matmul(tf.reshape(tf.cast(x, dtype), [-1, x.shape[-1]]), tf.cast(dense.kernel, dtype))
-    product = tf.reshape(product, [batch, length, dense.units])
-    bias = tf.convert_to_tensor(dense.bias)
+    product = tf.reshape(_product(dense, tf.reshape(x, [-1, x.shape[-1]])), [batch, length, dense.units])
+    return _with_bias(
+        product,
+        dense.bias,
+        lambda product, bias: ops.nmt_bias_add_heads(product, bias, heads=heads),
+        lambda dy, y: ops.nmt_heads_bias_grad(dy),
+    )
+
+
+def _product(dense, x):
+    """``x (rows, d) @ kernel`` in the compute dtype, the variables read as Keras reads them in a call (autocast to
+    the compute dtype inside a layer's call)."""
+    dtype = tf.as_dtype(dense.compute_dtype)
+    return tf.matmul(tf.cast(x, dtype), tf.cast(dense.kernel, dtype))
+
+
+def _with_bias(product, bias, forward, backward):
+    """``forward(product, bias)`` (the bias in the product's dtype) with the gradient ``backward(dy, y)`` -> (d
+    product, d bias in float32), named ``bias_grad`` in the profile."""
+    bias = tf.convert_to_tensor(bias)
 
     @tf.custom_gradient
-    def bias_and_heads(product, bias):
-        y = ops.nmt_bias_add_heads(product, tf.cast(bias, product.dtype), heads=heads)
+    def biased(product, bias):
+        y = forward(product, tf.cast(bias, product.dtype))
 
         def grad(dy):
             with tf.name_scope("bias_grad"):
-                d_product, d_bias = ops.nmt_heads_bias_grad(tf.cast(dy, y.dtype))
+                d_product, d_bias = backward(tf.cast(dy, y.dtype), y)
                 return d_product, tf.cast(d_bias, bias.dtype)
 
         return y, grad
 
-    return bias_and_heads(product, bias)
+    return biased(product, bias)
 
 
 def _fused_dense_ops(dense):
@@ -84,28 +100,17 @@ def _fused_dense(dense, x, ops):
     of the matmul alone on an AMX Xeon (one rounding there, two here). The gradients: ``nmt_relu_bias_grad(dy, y)``
     gives dx and d bias in one pass (TensorFlow: ReluGrad, then BiasAddGrad on its output), ``nmt_bias_grad(dy)`` d
     bias."""
-    dtype = tf.as_dtype(dense.compute_dtype)
     relu = dense.activation is keras.activations.relu
-    # the variables read as Keras reads them in a call (autocast to the compute dtype inside a layer's call)
-    product = tf.matmul(tf.cast(x, dtype), tf.cast(dense.kernel, dtype))
-    bias = tf.convert_to_tensor(dense.bias)
 
-    @tf.custom_gradient
-    def bias_and_activation(product, bias):
-        y = ops.nmt_bias_add(product, tf.cast(bias, product.dtype), relu=relu)
+    def backward(dy, y):
+        return ops.nmt_relu_bias_grad(dy, y) if relu else (dy, ops.nmt_bias_grad(dy))
 
-        def grad(dy):
-            with tf.name_scope("bias_grad"):
-                dy = tf.cast(dy, y.dtype)
-                if relu:
-                    d_product, d_bias = ops.nmt_relu_bias_grad(dy, y)
-                else:
-                    d_product, d_bias = dy, ops.nmt_bias_grad(dy)
-                return d_product, tf.cast(d_bias, bias.dtype)
-
-        return y, grad
-
-    return bias_and_activation(product, bias)
+    return _with_bias(
+        _product(dense, x),
+        dense.bias,
+        lambda product, bias: ops.nmt_bias_add(product, bias, relu=relu),
+        backward,
+    )
 
 
 def _is_auto(mask_fill):

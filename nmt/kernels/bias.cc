@@ -156,12 +156,7 @@ class BiasGradOp : public OpKernel {
         }
       }
     });
-    float* db = d_bias->flat<float>().data();
-    std::fill(db, db + d, 0.f);
-    for (int64_t block = 0; block < blocks; ++block) {
-      const float* sums = partials + block * d;
-      for (int64_t j = 0; j < d; ++j) db[j] += sums[j];
-    }
+    SumBlocks(partials, blocks, d, d_bias->flat<float>().data());
   }
 
  private:

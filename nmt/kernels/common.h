@@ -88,6 +88,16 @@ inline void Narrow(const float* __restrict in, Eigen::bfloat16* __restrict out, 
   for (int64_t j = 0; j < n; ++j) raw[j] = BFloat16Bits(in[j]);
 }
 
+// out[j] = the sum over blocks b of partials[b * d + j], in block order: a fixed order, so per-block partial sums
+// computed by any threads in any schedule add up to the same bits.
+inline void SumBlocks(const float* partials, int64_t blocks, int64_t d, float* out) {
+  for (int64_t j = 0; j < d; ++j) out[j] = 0.f;
+  for (int64_t block = 0; block < blocks; ++block) {
+    const float* sums = partials + block * d;
+    for (int64_t j = 0; j < d; ++j) out[j] += sums[j];
+  }
+}
+
 }  // namespace nmt
 
 #endif  // NMT_KERNELS_COMMON_H_

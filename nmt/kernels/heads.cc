@@ -137,12 +137,7 @@ class HeadsBiasGradOp : public OpKernel {
         }
       }
     });
-    float* db = d_bias->flat<float>().data();
-    std::fill(db, db + units, 0.f);
-    for (int64_t block = 0; block < blocks; ++block) {
-      const float* sums = partials + block * units;
-      for (int64_t j = 0; j < units; ++j) db[j] += sums[j];
-    }
+    SumBlocks(partials, blocks, units, d_bias->flat<float>().data());
   }
 };
 

@@ -37,10 +37,10 @@ def dense_heads(dense, x, heads):
     `flat_dense`, then a reshape and a transpose; inside `transformer.kernels.fused()`, for a Dense with a bias and
     no activation, the matmul alone and then one C++ kernel pass that adds the bias and writes the heads, and one
     pass back for the gradients of both (`_fused_dense_heads`)."""
-    batch, length = tf.shape(x)[0], tf.shape(x)[1]
     ops = _fused_dense_ops(dense)
     if ops is not None and dense.activation is keras.activations.linear and len(x.shape) == 3:
         return _fused_dense_heads(dense, x, heads, ops)
+    batch, length = tf.shape(x)[0], tf.shape(x)[1]
     y = tf.reshape(flat_dense(dense, x), [batch, length, heads, dense.units // heads])
     return tf.transpose(y, [0, 2, 1, 3])
 

@@ -5,7 +5,8 @@
 through the C++ kernels of an op library (built and loaded by `nmt.kernels`) only while traced inside
 `fused(library)`, which the training step enters on CPU without XLA. Everything else (inference, exports, XLA,
 GPUs) traces TensorFlow's ops, so a SavedModel never depends on the library. Both paths compute the same function
-(dropout bit for bit, the rest to float32 rounding).
+(dropout bit for bit, the rest to float rounding: float32's, and one rounding of the compute dtype where grappler
+fuses a dense layer's bias into its matmul and the kernels add it to the rounded product).
 """
 
 import contextlib

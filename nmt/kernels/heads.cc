@@ -69,7 +69,8 @@ class BiasAddHeadsOp : public OpKernel {
   void Compute(OpKernelContext* context) override {
     const Tensor& x = context->input(0);
     const Tensor& bias = context->input(1);
-    OP_REQUIRES(context, x.dims() == 3, InvalidArgument("x must be (batch, length, units), got ", x.shape().DebugString()));
+    OP_REQUIRES(context, x.dims() == 3,
+                InvalidArgument("x must be (batch, length, units), got ", x.shape().DebugString()));
     const int64_t batch = x.dim_size(0), length = x.dim_size(1), units = x.dim_size(2), heads = heads_;
     OP_REQUIRES(context, bias.dims() == 1 && bias.dim_size(0) == units,
                 InvalidArgument("bias ", bias.shape().DebugString(), " must be (units,) for x ",

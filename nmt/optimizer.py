@@ -8,6 +8,11 @@ same slot variables (checkpoints of either load in the other). One difference: a
 (IndexedSlices) is summed per row before the update, where Keras' Adam squares a repeated row's pieces apart
 for its second moment. Measured in a mixed_bfloat16 training step on a
 2-core AMX Xeon: docs/profile-train-step-amx-2026-12-02.md.
+
+`FusedAdam.apply_scaled` applies ``grads * factor`` (the training step's normalisation and clipping factor). Given
+the C++ kernels (`nmt.kernels.ops()`, on CPU) under the default strategy it runs the multiply and the update of every
+variable as one `NmtApplyAdam` op, TensorFlow's arithmetic bit for bit (nmt/kernels/adam.cc): one pass over the
+memory and one op instead of ~130 Muls and ~130 `ResourceApplyAdam`s. Otherwise it multiplies and applies as Keras.
 """
 
 from __future__ import annotations
@@ -26,14 +31,58 @@ class FusedAdam(keras.optimizers.Adam):
 
     def __init__(self, *args, name="adam", **kwargs):
         super().__init__(*args, name=name, **kwargs)
+        self._scaling = _Scaling()
+
+    def apply_scaled(self, grads, factor, trainable_variables, kernels=None):
+        """`apply([g * factor for g in grads], trainable_variables)`, in one `NmtApplyAdam` op when `kernels` (the
+        op library) is given, the update is Adam's own (no AMSGrad) and runs under the default strategy (a
+        distributed variable's update runs per replica: Keras' path); `factor` a float32 scalar."""
+        if self.clipnorm or self.clipvalue or self.global_clipnorm or self.gradient_accumulation_steps:
+            # Keras clips (or accumulates) the gradients it is given: give it the scaled ones
+            return self.apply([g * factor for g in grads], trainable_variables)
+        self._scaling.factor, self._scaling.kernels = factor, kernels
+        try:
+            return self.apply(grads, trainable_variables)
+        finally:
+            self._scaling.factor = self._scaling.kernels = None
+
+    def _backend_update_step(self, grads, trainable_variables, learning_rate):
+        factor, library = self._scaling.factor, self._scaling.kernels
+        if factor is None:
+            return super()._backend_update_step(grads, trainable_variables, learning_rate)
+        if (
+            library is None
+            or self.amsgrad
+            or tf.distribute.has_strategy()
+            or any(isinstance(_value(v), tf.distribute.DistributedValues) for v in trainable_variables)
+            or any(v.dtype != "float32" for v in trainable_variables)
+        ):
+            grads = [g * factor for g in grads]
+            return super()._backend_update_step(grads, trainable_variables, learning_rate)
+        indices = [self._get_variable_index(v) for v in trainable_variables]
+        beta_1, beta_2, step = self._betas_and_step(tf.float32)
+        library.nmt_apply_adam(
+            var=[_handle(v) for v in trainable_variables],
+            m=[_handle(self._momentums[i]) for i in indices],
+            v=[_handle(self._velocities[i]) for i in indices],
+            grad=[tf.cast(tf.convert_to_tensor(g), tf.float32) for g in grads],
+            factor=tf.cast(factor, tf.float32),
+            beta1_power=tf.pow(beta_1, step),
+            beta2_power=tf.pow(beta_2, step),
+            lr=tf.cast(learning_rate, tf.float32),
+            beta1=beta_1,
+            beta2=beta_2,
+            epsilon=tf.cast(self.epsilon, tf.float32),
+        )
+
+    def _betas_and_step(self, dtype):
+        return tf.cast(self.beta_1, dtype), tf.cast(self.beta_2, dtype), tf.cast(self.iterations + 1, dtype)
 
     def update_step(self, gradient, variable, learning_rate):
         if self.amsgrad:
             return super().update_step(gradient, variable, learning_rate)
         dtype = variable.dtype
-        step = tf.cast(self.iterations + 1, dtype)
-        beta_1 = tf.cast(self.beta_1, dtype)
-        beta_2 = tf.cast(self.beta_2, dtype)
+        beta_1, beta_2, step = self._betas_and_step(dtype)
         index = self._get_variable_index(variable)
         tf.raw_ops.ResourceApplyAdam(
             var=_handle(variable),
@@ -49,11 +98,21 @@ class FusedAdam(keras.optimizers.Adam):
         )
 
 
+class _Scaling:
+    """`apply_scaled`'s factor and kernels while its `apply` runs (a plain object: no checkpoint dependency)."""
+
+    factor = None
+    kernels = None
+
+
+def _value(variable):
+    """The TensorFlow variable of a Keras or TensorFlow variable."""
+    return variable.value if isinstance(variable, keras.Variable) else variable
+
+
 def _handle(variable):
     """The resource handle of a Keras or TensorFlow variable (inside a strategy's update: this replica's copy)."""
-    if isinstance(variable, keras.Variable):
-        variable = variable.value
-    return variable.handle
+    return _value(variable).handle
 
 
 def adam(train, learning_rate) -> keras.optimizers.Adam:

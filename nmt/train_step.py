@@ -44,6 +44,7 @@ import tensorflow as tf
 
 from nmt import kernels
 from nmt.losses import smoothed_cross_entropy, token_cross_entropy
+from nmt.optimizer import FusedAdam
 from nmt.xla import autoclustering
 from transformer.kernels import fused
 from transformer.vocab import PAD_ID
@@ -127,7 +128,7 @@ class TrainStep:
         self.apply = _function(self._apply_fn)
 
     def kernels_in_use(self) -> str:
-        """What the step's layer norms, dropouts, loss, bias gradients and attention softmax run on, for the log."""
+        """What the step's layer norms, dropouts, loss, bias gradients, attention softmax and Adam run on, for the log."""
         if self.jit_compile or not self.on_cpu:
             return "TensorFlow ops (XLA or not CPU)"
         if kernels.ops() is None:
@@ -234,7 +235,7 @@ class TrainStep:
         # the summed, loss-scaled gradient times `factor` is the real one (token-normalised, unscaled)
         factor = self.loss_normaliser / (tf.maximum(tokens, 1.0) * self.loss_scale)
         # tf.linalg.global_norm's arithmetic on the real gradient, keeping the per-variable terms for the per-layer
-        # norms: sum((factor g)^2) / 2 = factor^2 sum(g^2) / 2, so the gradients are scaled once, below, by
+        # norms: sum((factor g)^2) / 2 = factor^2 sum(g^2) / 2, so the gradients are scaled once, in the update, by
         # factor and the clipping factor together (one pass over them instead of two).
         half_squares = tf.stack([tf.nn.l2_loss(g) for g in grads]) * tf.square(factor)  # (variables,)
         grad_norm = tf.sqrt(tf.reduce_sum(half_squares) * 2.0)
@@ -243,10 +244,15 @@ class TrainStep:
             # tf.clip_by_global_norm's factor, clipnorm / max(norm, clipnorm)
             safe_norm = tf.where(finite, grad_norm, 1.0)
             factor *= self.clipnorm * tf.minimum(1.0 / safe_norm, 1.0 / self.clipnorm)
-        grads = [g * factor for g in grads]
 
         def apply_update():
-            self.optimizer.apply(grads, self.variables)
+            if isinstance(self.optimizer, FusedAdam):
+                # the multiply inside the update: one C++ op for all variables on CPU (nmt.optimizer)
+                self.optimizer.apply_scaled(
+                    grads, factor, self.variables, kernels.ops() if self.on_cpu else None
+                )
+            else:
+                self.optimizer.apply([g * factor for g in grads], self.variables)
             self.bad_steps.assign(0)
             if self.loss_scaling:
                 grow = tf.equal(self.good_steps + 1, self.loss_scale_growth_steps)

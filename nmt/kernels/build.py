@@ -25,7 +25,15 @@ import sys
 import tempfile
 from pathlib import Path
 
-SOURCES = ("bias.cc", "cross_entropy.cc", "dropout.cc", "heads.cc", "layer_norm.cc", "masked_softmax.cc")
+SOURCES = (
+    "adam.cc",
+    "bias.cc",
+    "cross_entropy.cc",
+    "dropout.cc",
+    "heads.cc",
+    "layer_norm.cc",
+    "masked_softmax.cc",
+)
 HEADERS = ("common.h",)
 HERE = Path(__file__).resolve().parent
 DIR_ENV = "NMT_KERNELS_DIR"

@@ -237,12 +237,7 @@ class TrainStep:
         # tf.linalg.global_norm's arithmetic on the real gradient, keeping the per-variable terms for the per-layer
         # norms: sum((factor g)^2) / 2 = factor^2 sum(g^2) / 2, so the gradients are scaled once, in the update, by
         # factor and the clipping factor together (one pass over them instead of two).
-        library = kernels.ops() if self.on_cpu else None
-        if library is not None:  # one C++ op for all variables (nmt/kernels/norms.cc)
-            half_squares = library.nmt_half_squares(grads)
-        else:
-            half_squares = tf.stack([tf.nn.l2_loss(g) for g in grads])
-        half_squares *= tf.square(factor)  # (variables,)
+        half_squares = tf.stack([tf.nn.l2_loss(g) for g in grads]) * tf.square(factor)  # (variables,)
         grad_norm = tf.sqrt(tf.reduce_sum(half_squares) * 2.0)
         finite = tf.logical_and(tf.math.is_finite(grad_norm), tf.math.is_finite(loss_sum))
         if self.clipnorm > 0:
@@ -253,7 +248,9 @@ class TrainStep:
         def apply_update():
             if isinstance(self.optimizer, FusedAdam):
                 # the multiply inside the update: one C++ op for all variables on CPU (nmt.optimizer)
-                self.optimizer.apply_scaled(grads, factor, self.variables, library)
+                self.optimizer.apply_scaled(
+                    grads, factor, self.variables, kernels.ops() if self.on_cpu else None
+                )
             else:
                 self.optimizer.apply([g * factor for g in grads], self.variables)
             self.bad_steps.assign(0)

@@ -4,14 +4,14 @@ normalisation forward and backward (`transformer.layer_norm`), dropout with its 
 (`nmt.losses.token_cross_entropy`), the dense layers' bias add with its ReLU and their gradients
 (`transformer.attention_ops.flat_dense`), the attention projections' bias add with the head split
 (`transformer.attention_ops.dense_heads`), the attention's masked softmax
-(`transformer.attention.scaled_dot_product_attention`), and the optimizer's part of the step, each one op for all
-variables: the gradient's squared norms (`nmt.train_step`) and the Adam update (`nmt.optimizer.FusedAdam.apply_scaled`).
+(`transformer.attention.scaled_dot_product_attention`) and the optimizer update of all variables in one op
+(`nmt.optimizer.FusedAdam.apply_scaled`).
 
 `ops()` loads the library built for this environment, or returns None when there is none (no compiler, a build
 that failed, another CPU kind since, or ``NMT_KERNELS=off`` in the environment): the layers then use TensorFlow's
 own ops, same math, slower. `unavailable()` says why, for the log. The training step hands the library to the
-layers with `transformer.kernels.fused(ops())` while it traces, on CPU without XLA only, and to the update
-(norms and Adam) on CPU, which is never XLA-compiled.
+layers with `transformer.kernels.fused(ops())` while it traces, on CPU without XLA only, and to the optimizer's
+update on CPU (never XLA-compiled).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def ops():
     """The loaded op library (``nmt_layer_norm``, ``nmt_layer_norm_grad``, ``nmt_dropout``, ``nmt_dropout_grad``,
     ``nmt_cross_entropy``, ``nmt_cross_entropy_grad``, ``nmt_bias_add``, ``nmt_bias_grad``, ``nmt_relu_bias_grad``,
     ``nmt_bias_add_heads``, ``nmt_heads_bias_grad``, ``nmt_masked_softmax``, ``nmt_masked_softmax_grad``,
-    ``nmt_half_squares``, ``nmt_apply_adam``), or None."""
+    ``nmt_apply_adam``), or None."""
     return _load()[0]
 
 

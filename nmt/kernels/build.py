@@ -33,7 +33,6 @@ SOURCES = (
     "heads.cc",
     "layer_norm.cc",
     "masked_softmax.cc",
-    "norms.cc",
 )
 HEADERS = ("common.h",)
 HERE = Path(__file__).resolve().parent

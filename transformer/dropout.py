@@ -14,7 +14,8 @@ Inside `transformer.kernels.fused()` (the training step on CPU without XLA) the 
 are one C++ kernel pass over the activations instead of four TensorFlow ops: the kernel runs TensorFlow's Philox
 generator itself (vectorised) from the key and counter `tf.random.stateless_uniform` would use, so the draws are the
 same and the result too, bit for bit (but for the sign of a NaN, which TensorFlow's own bfloat16 multiply keeps in
-some positions and not in others). It keeps the mask as bits, which the backward kernel multiplies by.
+some positions and not in others). It keeps the mask as bits, which the backward kernel multiplies by. A residual connection's add
+(`Dropout.add_to`) runs in the same pass.
 """
 
 import keras
@@ -59,34 +60,41 @@ def random_halves(size, seed):
     return halves[:size]
 
 
-def dropout(x, rate, seed):
-    """Inverted dropout of ``x`` (any shape and float dtype).
+def dropout(x, rate, seed, residual=None):
+    """Inverted dropout of ``x`` (any shape and float dtype), added to ``residual`` when given.
 
     Args:
         x: the activations.
         rate: float in [0, 1), the probability of dropping an element (quantised to 1/65,536).
         seed: a ``keras.random.SeedGenerator`` (advanced by one draw) or an int32 ``[2]`` seed.
+        residual: optional, of ``x``'s shape: the result is ``residual + dropout(x)`` in ``residual``'s dtype (a
+            residual connection; one kernel pass with the C++ kernels when the two dtypes are one).
 
     Returns:
-        ``x`` with each element zeroed with probability ``rate`` and the rest scaled by `keep_scale`.
+        ``x`` with each element zeroed with probability ``rate`` and the rest scaled by `keep_scale` (plus
+        ``residual``).
     """
     threshold = drop_threshold(rate)
-    if threshold == 0:
-        return x
-    ops = kernels.active(x.dtype)
+    ops = kernels.active(x.dtype) if threshold else None
     if ops is not None:
         # the scale as the TensorFlow path's constant holds it: rounded once, from the double, to x's dtype
         scale = float(np.asarray(keep_scale(rate), x.dtype.as_numpy_dtype))
         # the Philox key and counter `random_halves` draws with (tf.random.stateless_uniform on CPU)
         key, counter = tf.raw_ops.StatelessRandomGetKeyCounter(seed=_seed(seed))
-        return _fused_dropout(x, key, counter, threshold, scale, ops)
-    bits = tf.reshape(random_halves(tf.size(x), seed), tf.shape(x))
-    mask = tf.where(
-        bits >= tf.constant(threshold, tf.uint16),
-        tf.constant(keep_scale(rate), x.dtype),
-        tf.constant(0.0, x.dtype),
-    )
-    return x * mask  # the gradient is ``dy * mask``: the mask does not depend on x
+        if residual is not None and residual.dtype == x.dtype:
+            return _fused_dropout_add(x, residual, key, counter, threshold, scale, ops)
+        y = _fused_dropout(x, key, counter, threshold, scale, ops)
+    elif threshold:
+        bits = tf.reshape(random_halves(tf.size(x), seed), tf.shape(x))
+        mask = tf.where(
+            bits >= tf.constant(threshold, tf.uint16),
+            tf.constant(keep_scale(rate), x.dtype),
+            tf.constant(0.0, x.dtype),
+        )
+        y = x * mask  # the gradient is ``dy * mask``: the mask does not depend on x
+    else:
+        y = x
+    return y if residual is None else residual + tf.cast(y, residual.dtype)
 
 
 def _fused_dropout(x, key, counter, threshold, scale, ops):
@@ -105,6 +113,24 @@ def _fused_dropout(x, key, counter, threshold, scale, ops):
         return y, grad
 
     return dropped(x)
+
+
+def _fused_dropout_add(x, residual, key, counter, threshold, scale, ops):
+    """``residual + dropout(x)`` by one C++ kernel pass (x and residual of one dtype), the same bits as the
+    TensorFlow path's multiply then add; the gradient is ``dy`` for the residual and `_fused_dropout`'s for x."""
+
+    @tf.custom_gradient
+    def added(x, residual):
+        y, mask = ops.nmt_dropout_add(x, residual, key, counter, threshold=threshold, scale=scale)
+
+        def grad(dy):
+            with tf.name_scope("dropout_grad"):
+                dy = tf.cast(dy, x.dtype)
+                return ops.nmt_dropout_grad(dy, mask, scale=scale), dy
+
+        return y, grad
+
+    return added(x, residual)
 
 
 @keras.saving.register_keras_serializable(package="transformer")
@@ -132,3 +158,14 @@ class Dropout(keras.layers.Dropout):
         if training and self.rate > 0:
             return dropout(inputs, self.rate, self.seed_generator)
         return inputs
+
+    def add_to(self, residual, inputs, training=False):
+        """``residual + self(inputs, training)`` in ``residual``'s dtype: a residual connection, whose add the
+        C++ kernels do in the dropout's pass. ``inputs`` are cast to the layer's compute dtype, as a call casts
+        them."""
+        with tf.name_scope(self.name):
+            if self.autocast and inputs.dtype.is_floating:
+                inputs = tf.cast(inputs, self.compute_dtype)
+            if training and self.rate > 0:
+                return dropout(inputs, self.rate, self.seed_generator, residual=residual)
+            return residual + tf.cast(inputs, residual.dtype)

@@ -42,9 +42,10 @@ def residual_sublayer(x, sublayer, *, norm_layer, dropout_layer, norm="post", re
     """
     h = normalize(norm_layer, x) if norm == "pre" else x
     y, extra = sublayer(h)
-    y = dropout_layer(y, training=training)
     if residual:
-        y = x + tf.cast(y, x.dtype)
+        y = dropout_layer.add_to(x, y, training=training)  # x + dropout(y), in x's dtype
+    else:
+        y = dropout_layer(y, training=training)
     if norm == "post":
         y = normalize(norm_layer, y)
     return y, extra

@@ -34,7 +34,7 @@ SOURCES = (
     "layer_norm.cc",
     "masked_softmax.cc",
 )
-HEADERS = ("common.h",)
+HEADERS = ("common.h", "philox.h")
 HERE = Path(__file__).resolve().parent
 DIR_ENV = "NMT_KERNELS_DIR"
 # AVX2 and FMA where the CPU has them (every machine this project has run on); not -march=native: TensorFlow's

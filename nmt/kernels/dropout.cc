@@ -7,9 +7,8 @@
 // The draws are those of transformer.dropout.random_halves, made here instead of read: element i gets the 16-bit
 // half i % 2 (low first) of 32-bit word i / 2 of tf.random.stateless_uniform(dtype=uint32), which on CPU is
 // word w % 4 of the Philox-4x32-10 block of counter + w / 4 under the key, both from
-// StatelessRandomGetKeyCounter(seed) (TensorFlow's FillPhiloxRandom: group g skips g blocks). Philox runs on 32
-// blocks at once in AVX2 registers, or in AVX-512 registers where the CPU has them (picked at run time; the
-// library is built for AVX2), TensorFlow's generator (tsl::random::PhiloxRandom) one block at a time without AVX2.
+// StatelessRandomGetKeyCounter(seed) (TensorFlow's FillPhiloxRandom: group g skips g blocks), vectorised in
+// philox.h.
 // The forward also writes the keep decisions as bits (element i: bit i % 8 of byte i / 8), for NmtDropoutGrad:
 // dx = dy * (kept ? scale : 0), the same product without drawing again (1 bit per element kept between the passes;
 // on 2048 x 1024 bfloat16 on the AMX Xeon the backward took 0.9 ms against the forward's 1.4, which drawing again
@@ -20,7 +19,7 @@
 #include <type_traits>
 
 #include "common.h"
-#include "xla/tsl/lib/random/philox_random.h"
+#include "philox.h"
 
 #ifdef __AVX2__
 #include <immintrin.h>
@@ -43,6 +42,25 @@ REGISTER_OP("NmtDropout")
       return absl::OkStatus();
     });
 
+// residual + NmtDropout(x) in one pass (the residual connection's add, rounded to T as TensorFlow's add rounds it)
+REGISTER_OP("NmtDropoutAdd")
+    .Input("x: T")
+    .Input("residual: T")
+    .Input("key: uint64")
+    .Input("counter: uint64")
+    .Output("y: T")
+    .Output("mask: uint8")
+    .Attr("T: {bfloat16, half, float}")
+    .Attr("threshold: int")
+    .Attr("scale: float")
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle shape;
+      TF_RETURN_IF_ERROR(c->Merge(c->input(0), c->input(1), &shape));
+      c->set_output(0, shape);
+      c->set_output(1, c->Vector(InferenceContext::kUnknownDim));
+      return absl::OkStatus();
+    });
+
 REGISTER_OP("NmtDropoutGrad")
     .Input("dy: T")
     .Input("mask: uint8")
@@ -56,12 +74,6 @@ REGISTER_OP("NmtDropoutGrad")
 
 namespace {
 
-using tsl::random::PhiloxRandom;
-
-constexpr int kLanes = 8;                       // Philox blocks in one AVX2 register set
-constexpr int kSets = 4;                        // register sets per call, interleaved (the rounds are a chain)
-constexpr int kBlocks = kLanes * kSets;         // Philox blocks per call of PhiloxBlocks
-constexpr int64_t kBlockElements = kBlocks * 8;  // each Philox block: 4 words, 8 draws
 constexpr int64_t kBlockBytes = kBlockElements / 8;  // of the mask
 
 // The mask's bytes for `size` elements (the last byte's unused bits 0).
@@ -75,162 +87,6 @@ void GetScale(OpKernelConstruction* context, float* scale) {
   *scale = static_cast<float>(static_cast<T>(*scale));
 }
 
-#ifdef __AVX2__
-// The high and low 32 bits of the 8 products m * c.
-inline void MulHiLo(__m256i c, __m256i m, __m256i* hi, __m256i* lo) {
-  const __m256i even = _mm256_mul_epu32(c, m);
-  const __m256i odd = _mm256_mul_epu32(_mm256_srli_epi64(c, 32), m);
-  *lo = _mm256_blend_epi32(even, _mm256_slli_epi64(odd, 32), 0xAA);
-  *hi = _mm256_blend_epi32(_mm256_srli_epi64(even, 32), odd, 0xAA);
-}
-#endif
-
-// a word's two 16-bit halves, low first
-inline void Halves(uint32_t word, uint16_t* __restrict pair) {
-  pair[0] = static_cast<uint16_t>(word);
-  pair[1] = static_cast<uint16_t>(word >> 16);
-}
-
-// The counters of blocks first + b, b < kBlocks, by word: c[j][b] = word j (PhiloxRandom::Skip's 128-bit sum).
-void Counters(const PhiloxRandom::ResultType& counter, uint64_t first, uint32_t (*c)[kBlocks]) {
-  const uint64_t low = counter[0] | (static_cast<uint64_t>(counter[1]) << 32);
-  const uint64_t high = counter[2] | (static_cast<uint64_t>(counter[3]) << 32);
-  for (int b = 0; b < kBlocks; ++b) {
-    const uint64_t sum = low + (first + b);
-    const uint64_t top = high + (sum < low ? 1 : 0);
-    c[0][b] = static_cast<uint32_t>(sum);
-    c[1][b] = static_cast<uint32_t>(sum >> 32);
-    c[2][b] = static_cast<uint32_t>(top);
-    c[3][b] = static_cast<uint32_t>(top >> 32);
-  }
-}
-
-#ifdef __AVX2__
-// PhiloxBlocks on AVX-512 (16 blocks per register, picked at run time where the CPU has it): the same rounds and
-// the same draws.
-__attribute__((target("avx512f"))) inline void MulHiLo512(__m512i c, __m512i m, __m512i* hi, __m512i* lo) {
-  const __m512i even = _mm512_mul_epu32(c, m);
-  const __m512i odd = _mm512_mul_epu32(_mm512_srli_epi64(c, 32), m);
-  *lo = _mm512_mask_blend_epi32(0xAAAA, even, _mm512_slli_epi64(odd, 32));
-  *hi = _mm512_mask_blend_epi32(0xAAAA, _mm512_srli_epi64(even, 32), odd);
-}
-
-__attribute__((target("avx512f"))) void PhiloxBlocks512(const PhiloxRandom::Key& key,
-                                                        const PhiloxRandom::ResultType& counter, uint64_t first,
-                                                        uint16_t* __restrict draws) {
-  constexpr int kLanes512 = 16, kSets512 = kBlocks / kLanes512;
-  alignas(64) uint32_t c[4][kBlocks];
-  Counters(counter, first, c);
-  __m512i c0[kSets512], c1[kSets512], c2[kSets512], c3[kSets512];
-  for (int s = 0; s < kSets512; ++s) {
-    c0[s] = _mm512_load_si512(c[0] + s * kLanes512);
-    c1[s] = _mm512_load_si512(c[1] + s * kLanes512);
-    c2[s] = _mm512_load_si512(c[2] + s * kLanes512);
-    c3[s] = _mm512_load_si512(c[3] + s * kLanes512);
-  }
-  const __m512i ma = _mm512_set1_epi32(static_cast<int>(0xD2511F53u));
-  const __m512i mb = _mm512_set1_epi32(static_cast<int>(0xCD9E8D57u));
-  uint32_t k0 = key[0], k1 = key[1];
-  for (int round = 0; round < 10; ++round) {
-    const __m512i key0 = _mm512_set1_epi32(static_cast<int>(k0));
-    const __m512i key1 = _mm512_set1_epi32(static_cast<int>(k1));
-    for (int s = 0; s < kSets512; ++s) {
-      __m512i hi0, lo0, hi1, lo1;
-      MulHiLo512(c0[s], ma, &hi0, &lo0);
-      MulHiLo512(c2[s], mb, &hi1, &lo1);
-      c0[s] = _mm512_xor_si512(_mm512_xor_si512(hi1, c1[s]), key0);
-      c2[s] = _mm512_xor_si512(_mm512_xor_si512(hi0, c3[s]), key1);
-      c1[s] = lo1;
-      c3[s] = lo0;
-    }
-    k0 += 0x9E3779B9u;
-    k1 += 0xBB67AE85u;
-  }
-  // the 4 x 16 transpose: per 128-bit quarter q, blocks 4q..4q+3 after the unpacks, then the quarters in order
-  __m512i* out = reinterpret_cast<__m512i*>(draws);
-  const __m512i low_quarters = _mm512_set_epi64(11, 10, 3, 2, 9, 8, 1, 0);
-  const __m512i high_quarters = _mm512_set_epi64(15, 14, 7, 6, 13, 12, 5, 4);
-  for (int s = 0; s < kSets512; ++s) {
-    const __m512i t0 = _mm512_unpacklo_epi32(c0[s], c1[s]);
-    const __m512i t1 = _mm512_unpackhi_epi32(c0[s], c1[s]);
-    const __m512i t2 = _mm512_unpacklo_epi32(c2[s], c3[s]);
-    const __m512i t3 = _mm512_unpackhi_epi32(c2[s], c3[s]);
-    const __m512i u0 = _mm512_unpacklo_epi64(t0, t2);  // in quarter q: block 4 q
-    const __m512i u1 = _mm512_unpackhi_epi64(t0, t2);  // 4 q + 1
-    const __m512i u2 = _mm512_unpacklo_epi64(t1, t3);  // 4 q + 2
-    const __m512i u3 = _mm512_unpackhi_epi64(t1, t3);  // 4 q + 3
-    const __m512i b0145 = _mm512_permutex2var_epi64(u0, low_quarters, u1);
-    const __m512i b8_9_12_13 = _mm512_permutex2var_epi64(u0, high_quarters, u1);
-    const __m512i b2367 = _mm512_permutex2var_epi64(u2, low_quarters, u3);
-    const __m512i b10_11_14_15 = _mm512_permutex2var_epi64(u2, high_quarters, u3);
-    _mm512_storeu_si512(out + 4 * s + 0, _mm512_shuffle_i64x2(b0145, b2367, 0x44));
-    _mm512_storeu_si512(out + 4 * s + 1, _mm512_shuffle_i64x2(b0145, b2367, 0xEE));
-    _mm512_storeu_si512(out + 4 * s + 2, _mm512_shuffle_i64x2(b8_9_12_13, b10_11_14_15, 0x44));
-    _mm512_storeu_si512(out + 4 * s + 3, _mm512_shuffle_i64x2(b8_9_12_13, b10_11_14_15, 0xEE));
-  }
-}
-
-const bool kAvx512 = __builtin_cpu_supports("avx512f");
-#endif
-
-// The 16-bit halves (low first) of the words of the Philox blocks of `counter` + first + b under `key`, b <
-// kBlocks: draws[8 b + 2 j + h] = half h of word j of block b. PhiloxRandom's rounds, on kBlocks blocks at a time.
-void PhiloxBlocks(const PhiloxRandom::Key& key, const PhiloxRandom::ResultType& counter, uint64_t first,
-                  uint16_t* __restrict draws) {
-#ifdef __AVX2__
-  if (kAvx512) return PhiloxBlocks512(key, counter, first, draws);
-  alignas(32) uint32_t c[4][kBlocks];
-  Counters(counter, first, c);
-  __m256i c0[kSets], c1[kSets], c2[kSets], c3[kSets];
-  for (int s = 0; s < kSets; ++s) {
-    c0[s] = _mm256_load_si256(reinterpret_cast<const __m256i*>(c[0] + s * kLanes));
-    c1[s] = _mm256_load_si256(reinterpret_cast<const __m256i*>(c[1] + s * kLanes));
-    c2[s] = _mm256_load_si256(reinterpret_cast<const __m256i*>(c[2] + s * kLanes));
-    c3[s] = _mm256_load_si256(reinterpret_cast<const __m256i*>(c[3] + s * kLanes));
-  }
-  const __m256i ma = _mm256_set1_epi32(static_cast<int>(0xD2511F53u));
-  const __m256i mb = _mm256_set1_epi32(static_cast<int>(0xCD9E8D57u));
-  uint32_t k0 = key[0], k1 = key[1];
-  for (int round = 0; round < 10; ++round) {
-    const __m256i key0 = _mm256_set1_epi32(static_cast<int>(k0));
-    const __m256i key1 = _mm256_set1_epi32(static_cast<int>(k1));
-    for (int s = 0; s < kSets; ++s) {
-      __m256i hi0, lo0, hi1, lo1;
-      MulHiLo(c0[s], ma, &hi0, &lo0);
-      MulHiLo(c2[s], mb, &hi1, &lo1);
-      c0[s] = _mm256_xor_si256(_mm256_xor_si256(hi1, c1[s]), key0);
-      c2[s] = _mm256_xor_si256(_mm256_xor_si256(hi0, c3[s]), key1);
-      c1[s] = lo1;
-      c3[s] = lo0;
-    }
-    k0 += 0x9E3779B9u;
-    k1 += 0xBB67AE85u;
-  }
-  // words 4 b + j of the draws = word j of block b: a 4 x 8 transpose of each register set
-  __m256i* out = reinterpret_cast<__m256i*>(draws);
-  for (int s = 0; s < kSets; ++s) {
-    const __m256i t0 = _mm256_unpacklo_epi32(c0[s], c1[s]);  // (c0, c1) of blocks 0, 1 | 4, 5
-    const __m256i t1 = _mm256_unpackhi_epi32(c0[s], c1[s]);  // 2, 3 | 6, 7
-    const __m256i t2 = _mm256_unpacklo_epi32(c2[s], c3[s]);
-    const __m256i t3 = _mm256_unpackhi_epi32(c2[s], c3[s]);
-    const __m256i u0 = _mm256_unpacklo_epi64(t0, t2);  // block 0 | 4
-    const __m256i u1 = _mm256_unpackhi_epi64(t0, t2);  // 1 | 5
-    const __m256i u2 = _mm256_unpacklo_epi64(t1, t3);  // 2 | 6
-    const __m256i u3 = _mm256_unpackhi_epi64(t1, t3);  // 3 | 7
-    _mm256_storeu_si256(out + 4 * s + 0, _mm256_permute2x128_si256(u0, u1, 0x20));
-    _mm256_storeu_si256(out + 4 * s + 1, _mm256_permute2x128_si256(u2, u3, 0x20));
-    _mm256_storeu_si256(out + 4 * s + 2, _mm256_permute2x128_si256(u0, u1, 0x31));
-    _mm256_storeu_si256(out + 4 * s + 3, _mm256_permute2x128_si256(u2, u3, 0x31));
-  }
-#else
-  for (int b = 0; b < kBlocks; ++b) {
-    PhiloxRandom generator(counter, key);
-    generator.Skip(first + b);
-    const PhiloxRandom::ResultType block = generator();
-    for (int j = 0; j < 4; ++j) Halves(block[j], draws + 8 * b + 2 * j);
-  }
-#endif
-}
 
 // out = in * (draws >= threshold ? scale : 0) over [0, n), rounded to T, as the TensorFlow path computes it (x * 0:
 // -0 for a negative x, NaN for a NaN or inf)
@@ -312,9 +168,28 @@ __attribute__((target("avx512f"))) int64_t Multiply512(const Eigen::bfloat16* in
 }
 #endif
 
+// out[i] = residual[i] + out[i], rounded to T, i < n
+template <typename T>
+void AddInto(const T* __restrict residual, T* __restrict out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = FromFloat<T>(ToFloat(residual[i]) + ToFloat(out[i]));
+}
+
+// bfloat16 on its raw 16 bits (vectorises)
+template <>
+void AddInto(const Eigen::bfloat16* __restrict residual, Eigen::bfloat16* __restrict out, int64_t n) {
+  const uint16_t* __restrict raw_residual = reinterpret_cast<const uint16_t*>(residual);
+  uint16_t* __restrict raw_out = reinterpret_cast<uint16_t*>(out);
+  for (int64_t i = 0; i < n; ++i) {
+    const float sum = __builtin_bit_cast(float, static_cast<uint32_t>(raw_residual[i]) << 16) +
+                      __builtin_bit_cast(float, static_cast<uint32_t>(raw_out[i]) << 16);
+    raw_out[i] = BFloat16Bits(sum);
+  }
+}
+
 }  // namespace
 
-template <typename T>
+// NmtDropout, and NmtDropoutAdd with `kResidual` (its input 1 the residual)
+template <typename T, bool kResidual>
 class DropoutOp : public OpKernel {
  public:
   explicit DropoutOp(OpKernelConstruction* context) : OpKernel(context) {
@@ -328,8 +203,16 @@ class DropoutOp : public OpKernel {
 
   void Compute(OpKernelContext* context) override {
     const Tensor& x = context->input(0);
-    const Tensor& key = context->input(1);
-    const Tensor& counter = context->input(2);
+    const Tensor& key = context->input(kResidual ? 2 : 1);
+    const Tensor& counter = context->input(kResidual ? 3 : 2);
+    const T* residual = nullptr;
+    if (kResidual) {
+      const Tensor& tensor = context->input(1);
+      OP_REQUIRES(context, tensor.shape() == x.shape(),
+                  InvalidArgument("x and residual must have one shape, got ", x.shape().DebugString(), " and ",
+                                  tensor.shape().DebugString()));
+      residual = tensor.flat<T>().data();
+    }
     OP_REQUIRES(context, key.NumElements() == 1 && counter.NumElements() == 2,
                 InvalidArgument("key and counter must be StatelessRandomGetKeyCounter's (1 and 2 uint64), got ",
                                 key.NumElements(), " and ", counter.NumElements()));
@@ -365,12 +248,13 @@ class DropoutOp : public OpKernel {
               const int64_t n = std::min(kBlockElements, size - start);
               PhiloxBlocks(philox_key, philox_counter, static_cast<uint64_t>(block) * kBlocks, draws);
               RangeKeeps(in + start, draws, out + start, bits + block * kBlockBytes, n, threshold, scale);
+              // x's buffer may be out's, never residual's (only input 0 is forwarded)
+              if (kResidual) AddInto(residual + start, out + start, n);
             }
           });
   }
 
  private:
-  // bit i % 8 of keep[i / 8]: draws[i] >= threshold, for i < n (the rest of the last byte 0)
   // Range and PackKeeps (bfloat16 on AVX-512: both in one pass)
   static void RangeKeeps(const T* in, const uint16_t* draws, T* out, uint8_t* keep, int64_t n, uint16_t threshold,
                          float scale) {
@@ -384,6 +268,7 @@ class DropoutOp : public OpKernel {
     PackKeeps(draws + done, n - done, threshold, keep + done / 8);
   }
 
+  // bit i % 8 of keep[i / 8]: draws[i] >= threshold, for i < n (the rest of the last byte 0)
   static void PackKeeps(const uint16_t* __restrict draws, int64_t n, uint16_t threshold, uint8_t* __restrict keep) {
     int64_t i = 0;
 #ifdef __AVX2__
@@ -482,7 +367,8 @@ void DropoutGradOp<Eigen::bfloat16>::Multiply(const Eigen::bfloat16* __restrict 
 }
 
 #define REGISTER(T)                                                                              \
-  REGISTER_KERNEL_BUILDER(Name("NmtDropout").Device(DEVICE_CPU).TypeConstraint<T>("T"), DropoutOp<T>); \
+  REGISTER_KERNEL_BUILDER(Name("NmtDropout").Device(DEVICE_CPU).TypeConstraint<T>("T"), DropoutOp<T, false>); \
+  REGISTER_KERNEL_BUILDER(Name("NmtDropoutAdd").Device(DEVICE_CPU).TypeConstraint<T>("T"), DropoutOp<T, true>); \
   REGISTER_KERNEL_BUILDER(Name("NmtDropoutGrad").Device(DEVICE_CPU).TypeConstraint<T>("T"), DropoutGradOp<T>);
 
 REGISTER(float);

@@ -129,6 +129,45 @@ def test_dropout_kernel_is_the_tensorflow_path_bit_for_bit(ops, dtype, rate):
         assert np.all(same | nan)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_dropout_add_kernel_is_the_tensorflow_path_bit_for_bit(ops, dtype):
+    """residual + dropout(x) in one pass (the residual connection): value and both gradients as the TensorFlow
+    path's multiply then add, with inf and -inf in x (a NaN's sign aside, as above); a residual of another dtype
+    keeps the separate add."""
+    x = np.random.default_rng(6).normal(size=(33, 65)) * 4
+    x[0, :3] = [np.inf, -np.inf, -0.5]
+    x = tf.constant(x, dtype)
+    residual = tf.cast(tf.random.stateless_normal([33, 65], seed=[5, 5]), dtype)
+    dy = tf.cast(tf.random.stateless_normal([33, 65], seed=[4, 4]), dtype)
+
+    def run(library, residual=residual):
+        @tf.function
+        def f(x, residual, dy):
+            with fused(library), tf.GradientTape() as tape:
+                tape.watch([x, residual])
+                y = dropout(x, 0.1, tf.constant([9, 1]), residual=residual)
+            return (y, *tape.gradient(y, [x, residual], output_gradients=tf.cast(dy, y.dtype)))
+
+        ops_used = {op.type for op in f.get_concrete_function(x, residual, dy).graph.get_operations()}
+        return f(x, residual, dy), ops_used
+
+    (tf_path, tf_ops), (kernel_path, kernel_ops) = run(None), run(ops)
+    assert "NmtDropoutAdd" in kernel_ops and "NmtDropoutAdd" not in tf_ops
+    bits = tf.uint16 if dtype != "float32" else tf.uint32
+    for a, b in zip(tf_path, kernel_path):
+        assert a.dtype == b.dtype
+        nan = np.isnan(_as_float(a)) & np.isnan(_as_float(b))
+        assert np.all((tf.bitcast(a, bits).numpy() == tf.bitcast(b, bits).numpy()) | nan)
+    wide = tf.cast(residual, tf.float64)
+    (wide_tf, _), (wide_kernel, wide_ops) = run(None, residual=wide), run(ops, residual=wide)
+    assert "NmtDropoutAdd" not in wide_ops and "NmtDropout" in wide_ops
+    for a, b in zip(wide_tf, wide_kernel):
+        np.testing.assert_array_equal(
+            _as_float(a) if a.dtype != tf.float64 else a.numpy(),
+            b.numpy() if b.dtype == tf.float64 else _as_float(b),
+        )
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_dropout_kernel_draws_tensorflows_philox_numbers_across_a_counter_carry(ops, dtype):
     """The kernel's Philox against TensorFlow's on a counter whose low 64 bits overflow within the tensor (the

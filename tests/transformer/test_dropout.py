@@ -94,3 +94,32 @@ def test_inside_a_tf_function_with_unknown_shape():
     )
     x = np.random.RandomState(4).randn(3, 5).astype(np.float32)
     np.testing.assert_allclose(fn(tf.constant(x)).numpy(), _numpy_dropout(x, 0.2, SEED)[0], rtol=1e-6)
+
+
+@pytest.mark.parametrize("rate", [0.0, 0.3])
+def test_residual_is_added_in_its_dtype_with_the_gradient_passing_to_both(rate):
+    x = np.random.RandomState(4).randn(3, 7).astype(np.float32)
+    residual = tf.constant(np.random.RandomState(5).randn(3, 7), tf.float64)
+    dy = tf.constant(np.random.RandomState(6).randn(3, 7), tf.float64)
+    x_tensor = tf.constant(x)
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch([x_tensor, residual])
+        y = dropout(x_tensor, rate, SEED, residual=residual)
+    assert y.dtype == tf.float64
+    expected, keep = _numpy_dropout(x, rate, SEED) if rate else (x, np.ones_like(x, bool))
+    np.testing.assert_allclose(y.numpy(), residual.numpy() + expected.astype(np.float32), rtol=1e-6)
+    np.testing.assert_array_equal(tape.gradient(y, residual, output_gradients=dy).numpy(), dy.numpy())
+    scale = 1.0 / (1.0 - round(rate * 65536) / 65536)
+    np.testing.assert_allclose(
+        tape.gradient(y, x_tensor, output_gradients=dy).numpy(), dy.numpy() * keep * scale, rtol=1e-6
+    )
+
+
+def test_layer_add_to_is_the_residual_plus_its_call():
+    layer = Dropout(0.5, seed=12)
+    x, residual = tf.ones((4, 16)), tf.fill((4, 16), 2.0)
+    state = layer.seed_generator.state.numpy()
+    called = layer(x, training=True).numpy()
+    layer.seed_generator.state.assign(state)
+    np.testing.assert_array_equal(layer.add_to(residual, x, training=True).numpy(), 2.0 + called)
+    np.testing.assert_array_equal(layer.add_to(residual, x, training=False).numpy(), 3.0 + np.zeros((4, 16)))

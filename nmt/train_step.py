@@ -128,7 +128,8 @@ class TrainStep:
         self.apply = _function(self._apply_fn)
 
     def kernels_in_use(self) -> str:
-        """What the step's layer norms, dropouts, loss, bias gradients, attention softmax and Adam run on, for the log."""
+        """What the step's layer norms, dropouts, loss, bias gradients and attention softmax run on, for the log (on
+        CPU, Adam's update runs on the kernels under XLA too: the update is never compiled)."""
         if self.jit_compile or not self.on_cpu:
             return "TensorFlow ops (XLA or not CPU)"
         if kernels.ops() is None:

@@ -14,8 +14,8 @@ Inside `transformer.kernels.fused()` (the training step on CPU without XLA) the 
 are one C++ kernel pass over the activations instead of four TensorFlow ops: the kernel runs TensorFlow's Philox
 generator itself (vectorised) from the key and counter `tf.random.stateless_uniform` would use, so the draws are the
 same and the result too, bit for bit (but for the sign of a NaN, which TensorFlow's own bfloat16 multiply keeps in
-some positions and not in others). It keeps the mask as bits, which the backward kernel multiplies by. A residual connection's add
-(`Dropout.add_to`) runs in the same pass.
+some positions and not in others). It keeps the mask as bits, which the backward kernel multiplies by. A residual
+connection's add (`Dropout.add_to`) runs in the same pass.
 """
 
 import keras

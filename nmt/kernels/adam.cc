@@ -6,10 +6,10 @@
 //                   m += (g - m) (1 - beta1);  v += (g g - v) (1 - beta2);  var -= (m alpha) / (sqrt(v) + epsilon)
 //                 with alpha = lr sqrt(1 - beta2_power) / (1 - beta1_power).
 //
-// TensorFlow runs this as one Mul per gradient and one ResourceApplyAdam per variable: ~130 ops per step for the
-// base model, each a separate pass and a separate launch (a tenth of the ResourceApplyAdam ops' time went to the
-// ~100 variables of under 1,000 elements on the AMX Xeon). Here it is one pass over all of them, split into chunks
-// of kChunk elements across the intra-op threads. The same float operations in the same order, each rounded (this
+// TensorFlow runs this as one Mul per gradient and one ResourceApplyAdam per variable: 127 of each per step for the
+// base model, each a separate pass over memory and a separate launch. Here it is one pass over all of them, split
+// into chunks of kChunk elements across the intra-op threads (the base model's update alone on the AMX Xeon: 12.9 ->
+// 8.3 ms, docs/amx-2026-12-07j/micro/). The same float operations in the same order, each rounded (this
 // file is compiled without contracting a * b + c into a fused multiply-add, as TensorFlow's Eigen kernel computes
 // it), so the results are TensorFlow's bit for bit. Variables are locked (each mutex once, in address order) and
 // copied first where TensorFlow's PrepareToUpdateVariable would copy them: a buffer some read still holds, or a
@@ -55,7 +55,7 @@ REGISTER_OP("NmtApplyAdam")
 
 namespace {
 
-// The update of n elements (TensorFlow's ApplyAdamNonCuda, without nesterov, after the gradient's Mul).
+// One element's update (TensorFlow's ApplyAdamNonCuda, without nesterov, after the gradient's Mul).
 inline void UpdateOne(float* __restrict var, float* __restrict m, float* __restrict v, float grad, float factor,
                       float alpha, float one_minus_beta1, float one_minus_beta2, float epsilon) {
   const float g = grad * factor;
@@ -64,6 +64,7 @@ inline void UpdateOne(float* __restrict var, float* __restrict m, float* __restr
   *var = *var - (*m * alpha) / (std::sqrt(*v) + epsilon);
 }
 
+// n elements' update
 void Update(float* __restrict var, float* __restrict m, float* __restrict v, const float* __restrict grad, int64_t n,
             float factor, float alpha, float one_minus_beta1, float one_minus_beta2, float epsilon) {
   int64_t j = 0;
@@ -115,6 +116,10 @@ class ApplyAdamOp : public OpKernel {
     for (const auto& var : vars) mutexes.push_back(var->mu());
     std::sort(mutexes.begin(), mutexes.end());
     mutexes.erase(std::unique(mutexes.begin(), mutexes.end()), mutexes.end());
+    // a variable twice would be written by two threads at once
+    OP_REQUIRES(context, static_cast<int>(mutexes.size()) == 3 * n,
+                InvalidArgument("NmtApplyAdam: the ", 3 * n, " var, m and v inputs must be distinct variables, got ",
+                                mutexes.size()));
     std::vector<tensorflow::mutex_lock> locks;
     locks.reserve(mutexes.size());
     for (tensorflow::mutex* mu : mutexes) locks.emplace_back(*mu);

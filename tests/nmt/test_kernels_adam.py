@@ -69,7 +69,7 @@ def test_apply_adam_is_tensorflows_mul_and_resource_apply_adam_bit_for_bit_and_f
     assert not np.array_equal(ours[1].numpy(), _variables(0)[1].numpy())
 
 
-def test_apply_adam_refuses_a_mismatched_gradient_and_a_non_scalar(ops):
+def test_apply_adam_refuses_a_mismatched_gradient_a_non_scalar_and_a_variable_twice(ops):
     w, (m, v) = [tf.Variable(tf.ones([4]))], ([tf.Variable(tf.zeros([4]))], [tf.Variable(tf.zeros([4]))])
     handles = dict(var=[w[0].handle], m=[m[0].handle], v=[v[0].handle])
     scalars = dict(beta1_power=0.9, beta2_power=0.98, lr=LR, beta1=BETA1, beta2=BETA2, epsilon=EPSILON)
@@ -79,6 +79,10 @@ def test_apply_adam_refuses_a_mismatched_gradient_and_a_non_scalar(ops):
         ops.nmt_apply_adam(grad=[tf.ones([5])], factor=1.0, **handles, **scalars)
     with pytest.raises(tf.errors.InvalidArgumentError, match="factor must be a scalar"):
         ops.nmt_apply_adam(grad=[tf.ones([4])], factor=[1.0, 2.0], **handles, **scalars)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="must be distinct variables, got 2"):
+        ops.nmt_apply_adam(
+            grad=[tf.ones([4])], factor=1.0, var=[w[0].handle], m=[m[0].handle], v=[m[0].handle], **scalars
+        )
     np.testing.assert_array_equal(w[0].numpy(), np.ones(4))
 
 

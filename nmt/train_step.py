@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import os
 
 import numpy as np
 import tensorflow as tf
@@ -128,13 +129,24 @@ class TrainStep:
         self.apply = _function(self._apply_fn)
 
     def kernels_in_use(self) -> str:
-        """What the step's layer norms, dropouts, loss, bias gradients and attention softmax run on, for the log (on
-        CPU, Adam's update runs on the kernels under XLA too: the update is never compiled)."""
-        if self.jit_compile or not self.on_cpu:
-            return "TensorFlow ops (XLA or not CPU)"
+        """What the step's layer norms, dropouts, loss, bias gradients, attention softmax and Adam update run on,
+        for the log: under XLA the step's ops are TensorFlow's, and Adam's update (never compiled) still runs on
+        the kernels under the default strategy (`FusedAdam.apply_scaled`)."""
+        if not self.on_cpu:
+            return "TensorFlow ops (not CPU)"
         if kernels.ops() is None:
             return f"TensorFlow ops (C++ kernels unavailable: {kernels.unavailable()})"
-        return "C++ kernels (nmt.kernels)"
+        isa = (
+            " with the AVX2 paths (NMT_KERNELS_ISA=avx2)" if os.environ.get(kernels.ISA_ENV) == "avx2" else ""
+        )
+        if not self.jit_compile:
+            return f"C++ kernels (nmt.kernels){isa}"
+        update = (
+            isinstance(self.optimizer, FusedAdam)
+            and not self.optimizer.amsgrad
+            and self.strategy is tf.distribute.get_strategy()
+        )
+        return "TensorFlow ops under XLA" + (f"; Adam's update on the C++ kernels{isa}" if update else "")
 
     def set_jit_compile(self, jit_compile: bool) -> None:
         """Turns XLA on or off for the gradient computation (traced again on the next step).

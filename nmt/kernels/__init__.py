@@ -12,6 +12,9 @@ that failed, another CPU kind since, or ``NMT_KERNELS=off`` in the environment):
 own ops, same math, slower. `unavailable()` says why, for the log. The training step hands the library to the
 layers with `transformer.kernels.fused(ops())` while it traces, on CPU without XLA only, and to the optimizer's
 update on CPU (never XLA-compiled).
+
+The dropout kernels take AVX-512 paths where the CPU has AVX-512F; ``NMT_KERNELS_ISA=avx2`` makes them take the
+AVX2 paths an AVX2-only CPU runs (read at each kernel call: the tests of both paths, measuring an AVX2 CPU's code).
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ import functools
 import os
 
 SWITCH_ENV = "NMT_KERNELS"
+ISA_ENV = "NMT_KERNELS_ISA"
+ISAS = ("", "native", "avx2")
 
 
 @functools.cache
@@ -28,6 +33,9 @@ def _load():
 
     if os.environ.get(SWITCH_ENV, "").lower() in ("off", "0", "false"):
         return None, f"{SWITCH_ENV}={os.environ[SWITCH_ENV]}"
+    isa = os.environ.get(ISA_ENV, "")
+    if isa not in ISAS:
+        raise ValueError(f"{ISA_ENV}={isa!r}: expected avx2 or native (unset: native)")
 
     try:
         path = library_path()

@@ -239,6 +239,7 @@ class DropoutOp : public OpKernel {
     uint8_t* bits = mask->flat<uint8_t>().data();
     const uint16_t threshold = threshold_;
     const float scale = scale_;
+    const bool avx512 = UseAvx512();
     Shard(context, (size + kBlockElements - 1) / kBlockElements, kBlockElements * 8,
           [&](int64_t first, int64_t last) {
             // element e of a block: half e % 2 of word e / 2
@@ -246,8 +247,8 @@ class DropoutOp : public OpKernel {
             for (int64_t block = first; block < last; ++block) {
               const int64_t start = block * kBlockElements;
               const int64_t n = std::min(kBlockElements, size - start);
-              PhiloxBlocks(philox_key, philox_counter, static_cast<uint64_t>(block) * kBlocks, draws);
-              RangeKeeps(in + start, draws, out + start, bits + block * kBlockBytes, n, threshold, scale);
+              PhiloxBlocks(philox_key, philox_counter, static_cast<uint64_t>(block) * kBlocks, draws, avx512);
+              RangeKeeps(in + start, draws, out + start, bits + block * kBlockBytes, n, threshold, scale, avx512);
               // x's buffer may be out's, never residual's (only input 0 is forwarded)
               if (kResidual) AddInto(residual + start, out + start, n);
             }
@@ -257,11 +258,11 @@ class DropoutOp : public OpKernel {
  private:
   // Range and PackKeeps (bfloat16 on AVX-512: both in one pass)
   static void RangeKeeps(const T* in, const uint16_t* draws, T* out, uint8_t* keep, int64_t n, uint16_t threshold,
-                         float scale) {
+                         float scale, bool avx512) {
     int64_t done = 0;
 #ifdef __AVX2__
     if constexpr (std::is_same_v<T, Eigen::bfloat16>) {
-      if (kAvx512) done = RangeKeeps512(in, draws, out, keep, n, threshold, scale);
+      if (avx512) done = RangeKeeps512(in, draws, out, keep, n, threshold, scale);
     }
 #endif
     Range(in + done, draws + done, out + done, n - done, threshold, scale);
@@ -323,6 +324,7 @@ class DropoutGradOp : public OpKernel {
     const T* in = dy.flat<T>().data();
     T* out = dx->flat<T>().data();
     const uint8_t* bits = mask.flat<uint8_t>().data();
+    [[maybe_unused]] const bool avx512 = UseAvx512();
     Shard(context, (size + kBlockElements - 1) / kBlockElements, kBlockElements * 3,
           [&](int64_t first, int64_t last) {
             // the block's factors, 8 per mask byte, then one vectorised multiply
@@ -334,7 +336,7 @@ class DropoutGradOp : public OpKernel {
               int64_t done = 0;
 #ifdef __AVX2__
               if constexpr (std::is_same_v<T, Eigen::bfloat16>) {
-                if (kAvx512) done = Multiply512(in + start, packed, out + start, n, scale_);
+                if (avx512) done = Multiply512(in + start, packed, out + start, n, scale_);
               }
 #endif
               for (int64_t byte = done / 8; byte < MaskBytes(n); ++byte) {

@@ -7,6 +7,8 @@
 #define NMT_KERNELS_PHILOX_H_
 
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 #include "xla/tsl/lib/random/philox_random.h"
 
@@ -118,15 +120,27 @@ __attribute__((target("avx512f"))) inline void PhiloxBlocks512(const PhiloxRando
   }
 }
 
-const bool kAvx512 = __builtin_cpu_supports("avx512f");
 #endif
+
+// Whether the kernels take their AVX-512 paths: the CPU has AVX-512F and NMT_KERNELS_ISA is not "avx2" (which runs
+// the AVX2 paths an AVX2 CPU runs, on an AVX-512 one: for the tests of both paths, and for measuring them). Read
+// once per kernel call, not per block.
+inline bool UseAvx512() {
+#ifdef __AVX2__
+  static const bool cpu = __builtin_cpu_supports("avx512f");
+  const char* isa = std::getenv("NMT_KERNELS_ISA");
+  return cpu && (isa == nullptr || std::strcmp(isa, "avx2") != 0);
+#else
+  return false;
+#endif
+}
 
 // The 16-bit halves (low first) of the words of the Philox blocks of `counter` + first + b under `key`, b <
 // kBlocks: draws[8 b + 2 j + h] = half h of word j of block b. PhiloxRandom's rounds, on kBlocks blocks at a time.
 inline void PhiloxBlocks(const PhiloxRandom::Key& key, const PhiloxRandom::ResultType& counter, uint64_t first,
-                  uint16_t* __restrict draws) {
+                  uint16_t* __restrict draws, bool avx512) {
 #ifdef __AVX2__
-  if (kAvx512) return PhiloxBlocks512(key, counter, first, draws);
+  if (avx512) return PhiloxBlocks512(key, counter, first, draws);
   alignas(32) uint32_t c[4][kBlocks];
   Counters(counter, first, c);
   __m256i c0[kSets], c1[kSets], c2[kSets], c3[kSets];

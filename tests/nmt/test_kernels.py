@@ -100,10 +100,18 @@ def test_layer_norm_kernel_names_a_wrong_gamma(ops):
         ops.nmt_layer_norm(tf.ones([4, 8]), tf.ones([7]), tf.zeros([8]), epsilon=1e-6)
 
 
+@pytest.fixture(params=["native", "avx2"])
+def isa(request, monkeypatch):
+    """The dropout kernels' AVX-512 paths where this CPU has them ("native"), and the AVX2 paths an AVX2-only CPU
+    runs (``NMT_KERNELS_ISA=avx2``, read at each kernel call): both tested on any x86 machine."""
+    monkeypatch.setenv(kernels.ISA_ENV, request.param)
+    return request.param
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
 # 0.2533721923828125: a float16 scale that rounds differently through float32 than straight from the double
 @pytest.mark.parametrize("rate", [0.1, 0.5, 0.2533721923828125])
-def test_dropout_kernel_is_the_tensorflow_path_bit_for_bit(ops, dtype, rate):
+def test_dropout_kernel_is_the_tensorflow_path_bit_for_bit(ops, isa, dtype, rate):
     """Forward and gradient, traced as the training step traces them, with inf, -inf and negative values among
     the inputs (x * 0 keeps -0; a NaN's sign is the one exception, see transformer.dropout)."""
     x = np.random.default_rng(5).normal(size=(33, 65)) * 4
@@ -130,7 +138,7 @@ def test_dropout_kernel_is_the_tensorflow_path_bit_for_bit(ops, dtype, rate):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
-def test_dropout_add_kernel_is_the_tensorflow_path_bit_for_bit(ops, dtype):
+def test_dropout_add_kernel_is_the_tensorflow_path_bit_for_bit(ops, isa, dtype):
     """residual + dropout(x) in one pass (the residual connection): value and both gradients as the TensorFlow
     path's multiply then add, with inf and -inf in x (a NaN's sign aside, as above); a residual of another dtype
     keeps the separate add."""
@@ -169,7 +177,7 @@ def test_dropout_add_kernel_is_the_tensorflow_path_bit_for_bit(ops, dtype):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_dropout_kernel_draws_tensorflows_philox_numbers_across_a_counter_carry(ops, dtype):
+def test_dropout_kernel_draws_tensorflows_philox_numbers_across_a_counter_carry(ops, isa, dtype):
     """The kernel's Philox against TensorFlow's on a counter whose low 64 bits overflow within the tensor (the
     128-bit add of PhiloxRandom::Skip), on a size that is no multiple of the kernel's 256-element blocks nor of 8
     (the mask's last byte partly used); bfloat16 runs 16 elements a step on AVX-512 (the rest one by one)."""
@@ -363,5 +371,15 @@ def test_a_broken_library_file_is_reported_and_not_loaded(tmp_path, monkeypatch)
     kernels._load.cache_clear()
     try:
         assert kernels.ops() is None and "does not load" in kernels.unavailable()
+    finally:
+        kernels._load.cache_clear()
+
+
+def test_an_unknown_isa_is_named_not_ignored(monkeypatch):
+    monkeypatch.setenv(kernels.ISA_ENV, "avx3")
+    kernels._load.cache_clear()
+    try:
+        with pytest.raises(ValueError, match="NMT_KERNELS_ISA='avx3': expected avx2 or native"):
+            kernels.ops()
     finally:
         kernels._load.cache_clear()

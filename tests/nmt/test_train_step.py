@@ -422,3 +422,27 @@ def test_the_step_on_the_cpp_kernels_equals_the_step_on_tensorflow_ops():
     np.testing.assert_allclose(loss, tf_loss, rtol=1e-6)
     for a, b in zip(fused, plain):
         np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+def test_the_log_says_what_the_step_runs_on(monkeypatch):
+    """The `C++ kernels:` log line: the kernels, or under XLA TensorFlow's ops with Adam's update (never compiled)
+    on the kernels when the optimizer is FusedAdam under the default strategy; the AVX2 switch named."""
+    from nmt import kernels
+    from nmt.optimizer import FusedAdam
+
+    if kernels.ops() is None:
+        pytest.skip(f"kernels not built: {kernels.unavailable()}")
+    monkeypatch.delenv(kernels.ISA_ENV, raising=False)
+    model = tiny_model()
+    sgd = make_step(model)
+    assert sgd.kernels_in_use() == "C++ kernels (nmt.kernels)"
+    sgd.set_jit_compile(True)
+    assert sgd.kernels_in_use() == "TensorFlow ops under XLA"
+    adam = make_step(model, optimizer=FusedAdam(), jit_compile=True)
+    assert adam.kernels_in_use() == "TensorFlow ops under XLA; Adam's update on the C++ kernels"
+    monkeypatch.setenv(kernels.ISA_ENV, "avx2")
+    assert adam.kernels_in_use().endswith(
+        "Adam's update on the C++ kernels with the AVX2 paths (NMT_KERNELS_ISA=avx2)"
+    )
+    adam.on_cpu = False
+    assert adam.kernels_in_use() == "TensorFlow ops (not CPU)"

@@ -32,6 +32,11 @@ def _memory_gib() -> int | None:
 ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile")
 
 
+# Environment variables that change which kernels run on the same CPU: oneDNN capped to an instruction set (e.g.
+# AVX2 on an AMX Xeon, the code an AVX2 CPU runs), our C++ kernels off or on their AVX2 paths (nmt.kernels)
+KERNEL_ENV = ("ONEDNN_MAX_CPU_ISA", "NMT_KERNELS", "NMT_KERNELS_ISA")
+
+
 def _number(text: str | None) -> int | None:
     try:
         return int(text) if text is not None else None
@@ -41,13 +46,14 @@ def _number(text: str | None) -> int | None:
 
 def machine_facts() -> dict:
     """{"cpu_model", "cpu_vendor", "cpu_family", "cpu_model_number", "cpu_stepping", "cpus", one bool per `ISA_FLAGS`,
-    "memory_gib", "gpu", "load_average", "onednn"}.
+    "memory_gib", "gpu", "load_average", "onednn", "kernel_env"}.
 
     `cpu_model`: the full model name /proc/cpuinfo gives (a virtual machine may give little: "AMD EPYC"), so the
     family / model / stepping numbers tell the generation; `cpus`: the cores this process may use; the ISA flags:
     whether the CPU reports each; `gpu`: the first GPU's name (None without one); `load_average`: the 1-minute load
     when called (an idle machine shows about 0; measurements under load are not comparable); `onednn`: whether this
-    process runs TensorFlow's oneDNN kernels (`nmt.cli.onednn_enabled`).
+    process runs TensorFlow's oneDNN kernels (`nmt.cli.onednn_enabled`); `kernel_env`: those of `KERNEL_ENV` set in
+    this process's environment, with their values (a row measured under ``ONEDNN_MAX_CPU_ISA=AVX2`` says so).
     """
     import tensorflow as tf
 
@@ -69,4 +75,5 @@ def machine_facts() -> dict:
         "gpu": tf.config.experimental.get_device_details(gpus[0]).get("device_name", "GPU") if gpus else None,
         "load_average": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
         "onednn": onednn_enabled(),
+        "kernel_env": {name: os.environ[name] for name in KERNEL_ENV if name in os.environ},
     }

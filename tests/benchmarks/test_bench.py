@@ -292,6 +292,18 @@ def _check_header(header, config, options):
     assert "load_average" not in machine and isinstance(machine["load_average_at_start"], NUMBER)
 
 
+def test_the_machine_record_names_the_environment_that_caps_the_kernels(monkeypatch):
+    """A row measured with oneDNN capped to AVX2 on an AVX-512 CPU (the AVX2 kind's code) must say so."""
+    from benchmarks.machine import KERNEL_ENV, machine_facts
+
+    for name in KERNEL_ENV:
+        monkeypatch.delenv(name, raising=False)
+    assert machine_facts()["kernel_env"] == {}
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    monkeypatch.setenv("NMT_KERNELS_ISA", "avx2")
+    assert machine_facts()["kernel_env"] == {"ONEDNN_MAX_CPU_ISA": "AVX2", "NMT_KERNELS_ISA": "avx2"}
+
+
 def test_decode_row_names_tell_every_setting_apart():
     """Rows are looked up by name (baselines, the bootstrap's `against`): the uncached row had the cached one's."""
     from benchmarks.decode_speed import row_name

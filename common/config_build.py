@@ -206,7 +206,8 @@ def build(cls: type, tree: Any, path: str = ""):
         dotted = f"{path}{name}"
         annotation = hints[name]
         if dataclasses.is_dataclass(annotation):
-            kwargs[name] = build(annotation, value, f"{dotted}.")
+            # an empty section (`train:` with its keys commented out): its defaults
+            kwargs[name] = build(annotation, {} if value is None else value, f"{dotted}.")
             continue
         ok, converted = _type_ok(value, annotation)
         if not ok:

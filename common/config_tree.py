@@ -143,11 +143,22 @@ def _read_yaml(path: Path) -> dict:
     return data
 
 
-def _merge(base: dict, override: dict) -> dict:
+def _merge(base: dict, override: dict, path: Path, dotted: str = "") -> dict:
+    """`override` (the file `path`'s tree) over `base` (its base's), section by section. An empty section
+    (``train:`` with its keys commented out) keeps the base's; anything else in place of a section is refused,
+    naming the file."""
     merged = dict(base)
     for key, value in override.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = _merge(merged[key], value)
+        name = f"{dotted}{key}"
+        if isinstance(merged.get(key), dict):
+            if value is None:
+                continue
+            if not isinstance(value, dict):
+                raise ConfigError(
+                    f"{path}: {name}: expected a mapping (a section, as in its base:), got "
+                    f"{type(value).__name__} {value!r}"
+                )
+            merged[key] = _merge(merged[key], value, path, f"{name}.")
         else:
             merged[key] = value
     return merged
@@ -170,7 +181,7 @@ def _load_file(path: Path, seen: tuple[Path, ...] = ()) -> dict:
         # which file's base: is missing (in a chain a -> b -> missing, b's)
         raise ConfigError(f"{path}: base: {err}") from None
     parent = _load_file(found, (*seen, path))
-    return _merge(parent, tree)
+    return _merge(parent, tree, path)
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:

@@ -35,6 +35,24 @@ def test_inheritance_and_override_order(tmp_path):
     assert config.model.d_ff == Config().model.d_ff  # untouched default
 
 
+def test_an_empty_section_keeps_its_defaults_and_a_section_replaced_by_a_value_names_the_file(tmp_path):
+    """`train:` with its keys commented out keeps the base's (or the defaults); `train: 5` under a base that has
+    the section names the file that wrote it (before 2026-12-08 neither: "train: expected a mapping, got
+    NoneType")."""
+    write(tmp_path / "parent.yaml", "train:\n  seed: 7\n  warmup_steps: 10\n")
+    empty = write(tmp_path / "empty.yaml", "base: parent.yaml\ntrain:\n  # seed: 8\nmodel:\n")
+    config = load_config(empty)
+    assert (config.train.seed, config.train.warmup_steps) == (7, 10)
+    assert config.model == Config().model
+    assert load_config(write(tmp_path / "plain.yaml", "train:\n")).train == Config().train
+    write(tmp_path / "middle.yaml", "base: parent.yaml\ntrain: 5\n")
+    child = write(tmp_path / "child.yaml", "base: middle.yaml\n")
+    with pytest.raises(
+        ConfigError, match=re.escape(f"{tmp_path / 'middle.yaml'}: train: expected a mapping")
+    ):
+        load_config(child)
+
+
 def test_base_is_found_next_to_the_file_then_in_configs_never_in_the_current_directory(tmp_path, monkeypatch):
     """A `base.yaml` in the current directory must not replace the one next to the config (or configs/base.yaml
     for a shipped config): every shipped config says `base: base.yaml`."""

@@ -37,6 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
+from common.os_errors import naming
 from common.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from nmt.checkpoints import checkpoint_digest
 from nmt.ctranslate2_format import (  # noqa: F401 - re-exported: callers import them from here
@@ -303,13 +304,21 @@ def export_ctranslate2(
             return spec
 
     try:
-        _Converter().convert(str(staging), quantization=COMPUTE_TYPES[quantization])
-        tokenizer.save(staging)  # spm.model (joint) or spm.source.model + spm.target.model
-        record = _metadata(
-            model, tokenizer, quantization, eval_config=eval_config, data_config=data_config, weights=weights
-        )
-        (staging / METADATA).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-        publish_directory(staging, output, last=METADATA)
+        with naming(output):  # the converter's writes name no file: a full disk said only "[Errno 28] ..."
+            _Converter().convert(str(staging), quantization=COMPUTE_TYPES[quantization])
+            tokenizer.save(staging)  # spm.model (joint) or spm.source.model + spm.target.model
+            record = _metadata(
+                model,
+                tokenizer,
+                quantization,
+                eval_config=eval_config,
+                data_config=data_config,
+                weights=weights,
+            )
+            (staging / METADATA).write_text(
+                json.dumps(record, indent=2, sort_keys=True) + "\n", encoding="utf-8"
+            )
+            publish_directory(staging, output, last=METADATA)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     log.info("wrote the CTranslate2 model %s (%s)", output, quantization)

@@ -25,6 +25,7 @@ with other settings, or any non-empty folder that is not a distillation's, is re
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import json
@@ -35,6 +36,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from common.os_errors import naming
 from data.cleaning import DropCounts
 from data.config import DataConfig
 from data.folder import FILE_NAME
@@ -217,9 +219,12 @@ def _distill(translator, data, output, settings, beam_size, chunk_size, progress
                     translations = translator.translate(
                         chunk, beam_size=beam_size, on_truncated=truncated, first_line=done
                     )
-                    handle.write(b"".join(one_line(text).encode("utf-8") + b"\n" for text in translations))
-                    handle.flush()
-                    os.fsync(handle.fileno())
+                    with naming(partial):  # a full disk's error names no file
+                        handle.write(
+                            b"".join(one_line(text).encode("utf-8") + b"\n" for text in translations)
+                        )
+                        handle.flush()
+                        os.fsync(handle.fileno())
                     done += len(chunk)
                     manifest.update(
                         translated=done,
@@ -293,8 +298,9 @@ def _copy_split(data: DataConfig, split: str, output: Path, name: str) -> int:
     warners = [warner(path.name) for path in paths]
     try:
         for pair in stream_pairs(data, split):
-            for handle, chunk, warn in zip(handles, pair, warners):
-                handle.write(b"".join(_line(raw, count + i + 1, warn) for i, raw in enumerate(chunk)))
+            for handle, chunk, warn, path in zip(handles, pair, warners, paths):
+                with naming(path):  # a full disk's error names no file
+                    handle.write(b"".join(_line(raw, count + i + 1, warn) for i, raw in enumerate(chunk)))
             sources += sum(1 for raw in pair[0] if raw.strip())
             count += len(pair[0])
         invalid = set().union(*(lines for (kind, _), lines in damaged.items() if kind == "utf8"))  # pairs
@@ -305,12 +311,14 @@ def _copy_split(data: DataConfig, split: str, output: Path, name: str) -> int:
             raise DistillError(
                 f"split {split!r} of the corpus has no source sentence to translate ({count} lines)"
             )
-        for handle in handles:
-            handle.flush()
-            os.fsync(handle.fileno())
+        for handle, path in zip(handles, paths):
+            with naming(path):
+                handle.flush()
+                os.fsync(handle.fileno())
     except BaseException:
         for handle, tmp in zip(handles, temporary):
-            handle.close()
+            with contextlib.suppress(OSError):  # its buffer's flush fails again on a full disk
+                handle.close()
             tmp.unlink(missing_ok=True)
         raise
     for handle in handles:

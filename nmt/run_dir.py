@@ -25,6 +25,7 @@ from pathlib import Path
 
 import yaml
 
+from common.os_errors import named
 from nmt.checkpoint_state import latest_checkpoint, saved_step
 from nmt.config import Config, ConfigError, load_config
 
@@ -295,8 +296,8 @@ def write_atomic(path: Path, text: str) -> None:
     except OSError as err:
         Path(tmp).unlink(missing_ok=True)
         # a failed write (a full disk) carries no file name: the file it was for
-        if err.filename is None:
-            raise type(err)(err.errno, err.strerror, str(path)) from err
+        if (error := named(err, path)) is not err:
+            raise error from err
         raise
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -17,6 +17,8 @@ import sys
 from collections.abc import Callable, Iterable, Iterator
 from typing import BinaryIO, TypeVar
 
+from common.os_errors import named
+
 T = TypeVar("T")
 
 # Everything str.splitlines() (and so most line readers) would treat as a line break.
@@ -246,8 +248,8 @@ class LineWriter:
 
     def _raise_named(self, err: OSError) -> None:
         """A failed write (a full disk) raised again naming the output, which the OS error of a write does not."""
-        if err.filename is None and self.path is not None:
-            raise type(err)(err.errno, err.strerror, self.path) from err
+        if self.path is not None and (error := named(err, self.path)) is not err:
+            raise error from err
 
     def close(self, success: bool = True) -> None:
         if self._borrowed:

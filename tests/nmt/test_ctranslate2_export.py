@@ -9,6 +9,8 @@ shared Q/K, 2 layers. The engine's searches against ours: test_ctranslate2_engin
 
 import dataclasses
 import json
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -159,6 +161,23 @@ def test_export_refuses_to_overwrite_something_else(ours, tokenizer, exports, tm
     (again / "nmt_export.json").write_text(json.dumps({**metadata, "compute_type": None, "version": 0}))
     export_ctranslate2(ours.model, tokenizer, again)
     assert read_export_metadata(again)["quantization"] == "float32"
+
+
+def test_a_full_disk_names_the_export_and_leaves_nothing(ours, tokenizer, exports, tmp_path, monkeypatch):
+    """The converter's write fails with ENOSPC and no file name (as it did on a 300 KB tmpfs: a bare "[Errno 28] No
+    space left on device"): the error names the export, and neither it nor its staging directory is left."""
+    import errno
+
+    def full(self, output_dir):
+        (Path(output_dir) / "model.bin").write_bytes(b"half")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(ctranslate2.specs.ModelSpec, "save", full)
+    target = tmp_path / "export"
+    with pytest.raises(OSError, match=re.escape(f"No space left on device: '{target}'")) as caught:
+        export_ctranslate2(ours.model, tokenizer, target)
+    assert caught.value.errno == errno.ENOSPC
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_export_refuses_what_ctranslate2_cannot_run(ours, tokenizer, tmp_path):

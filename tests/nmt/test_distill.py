@@ -1,6 +1,9 @@
 """nmt.distill: the folder corpus of a teacher's translations, checked against `Translator.translate`; resume."""
 
+import errno
 import json
+import os
+import re
 
 import pytest
 
@@ -332,3 +335,30 @@ def test_a_folder_left_by_a_crash_during_the_first_manifest_write_is_still_ours(
     (output / "notes.txt").touch()
     with pytest.raises(DistillError, match="not a distillation's folder"):
         check_output(output)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc/self/fd to tell the files apart")
+@pytest.mark.parametrize(
+    ("failing", "named"), [(".en.train.txt.tmp", "en.train.txt"), (".partial", ".partial")]
+)
+def test_a_full_disk_names_the_file_and_a_rerun_completes(
+    translator, corpus, tmp_path, monkeypatch, failing, named
+):
+    """The copy of the sources, then the translations: their writes' ENOSPC names no file (distill.py said only
+    "[Errno 28] No space left on device"); the error names it, no temporary file stays, and a rerun with space
+    completes the folder."""
+    real_fsync = os.fsync
+
+    def full_disk(fd):
+        if os.readlink(f"/proc/self/fd/{fd}").endswith(failing):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", full_disk)
+    output = tmp_path / "kd"
+    with pytest.raises(OSError, match=f"No space left on device: '.*/kd/.*{re.escape(named)}'"):
+        run(translator, corpus, output)
+    assert not list(output.glob("*.tmp"))
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    assert run(translator, corpus, output).lines == len(SOURCES)
+    assert len((output / "de.train.txt").read_text().splitlines()) == len(SOURCES)

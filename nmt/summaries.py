@@ -30,8 +30,10 @@ def peak_memory_mb() -> float:
 def write_train_summaries(
     writer, step: int, metrics: dict, lr: float, tokens_per_sec: float | None, skipped, layer_grad_norms: dict
 ) -> None:
-    """train/ scalars; `grad_norm` and `grad_norm/<layer>` (`layer_grad_norms`, from `TrainStep.layer_grad_norms`)
-    are norms of the unclipped gradient; `tokens_per_sec` None (step 1's window, the trace) is not written."""
+    """train/ scalars; `loss` and `nll` as `metrics` gives them (the trainer's: means over the steps since the last
+    logged one, per target token); `grad_norm` and `grad_norm/<layer>` (`layer_grad_norms`, from
+    `TrainStep.layer_grad_norms`) are norms of the step's unclipped gradient; `tokens_per_sec` None (step 1's
+    window, the trace) is not written."""
     with writer.as_default(step=step):
         tf.summary.scalar("loss", metrics["loss"])
         tf.summary.scalar("nll", metrics["nll"])

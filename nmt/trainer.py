@@ -256,6 +256,9 @@ class Trainer(TrainerCheckpoints, TrainerEvaluation):
         # the window. Step 1's (the trace) is left out of TensorBoard; a resumed process's first window is written
         # (with its trace), so an interrupted run's events are at the steps of the uninterrupted run's
         window_tokens, window_seconds, traced_window = 0.0, 0.0, self.step == 0
+        # loss and nll summed per target token over the window's applied steps: the logged loss is the window's
+        # token-weighted mean (as fairseq and OpenNMT-tf log it), not one batch's
+        window_loss, window_nll = 0.0, 0.0
         # the progress bar shows no tokens/s for the first window (a resumed process' trace is in it too)
         first_window = True
         try:
@@ -298,20 +301,26 @@ class Trainer(TrainerCheckpoints, TrainerEvaluation):
                             f"stopping; the last good checkpoint ({self.manager.latest_checkpoint}) is intact"
                         )
                     continue
-                window_tokens += float(metrics["tokens"].numpy())
+                tokens = float(metrics["tokens"].numpy())
+                window_tokens += tokens
+                window_loss += float(metrics["loss"].numpy()) * tokens
+                window_nll += float(metrics["nll"].numpy()) * tokens
                 bar.update(1)
                 if step % cfg.log_every == 0 or step == 1:
                     tokens_per_sec = window_tokens / max(window_seconds, 1e-9)
                     logged_rate = None if traced_window else tokens_per_sec
                     shown_rate = None if first_window else tokens_per_sec  # the first has this process' trace
+                    counted = max(window_tokens, 1.0)  # as the step's own mean (nmt.train_step)
+                    means = {"loss": window_loss / counted, "nll": window_nll / counted}
                     window_tokens, window_seconds, traced_window, first_window = 0.0, 0.0, False, False
+                    window_loss, window_nll = 0.0, 0.0
                     lr = float(self.schedule(step - 1))
-                    loss = float(metrics["loss"].numpy())
+                    loss = means["loss"]
                     rate = {} if shown_rate is None else {"tok_s": f"{shown_rate:,.0f}"}
                     bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", **rate)
                     if writer is not None:
                         write_train_summaries(
-                            writer, step, metrics, lr, logged_rate, self.step_fn.skipped_steps,
+                            writer, step, {**metrics, **means}, lr, logged_rate, self.step_fn.skipped_steps,
                             self.step_fn.layer_grad_norms(metrics),  # grouped only on logged steps
                         )  # fmt: skip
                 # After the step's log: its learning rate is the one its update used, before a (re-)plan moves it.

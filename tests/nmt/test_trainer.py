@@ -221,6 +221,51 @@ def test_tensorboard_train_scalars_read_back(run):
         assert 0 < series["loss"][step] < 10 and 0 < series["nll"][step] < 10  # ln(64) = 4.2 at the start
 
 
+def test_the_logged_train_loss_is_the_token_weighted_mean_of_the_steps_since_the_last_log(
+    tmp_path, monkeypatch, corpus
+):
+    """train/loss and train/nll at a logged step: the steps since the last logged one, each weighted by its target
+    tokens (before 2026-12-08 the logged step's batch alone), against the step metrics recorded around the trainer's
+    own step function."""
+    tree = tiny_config_tree(corpus[0])
+    tree["data"].update(bucket_boundaries=[8, 16, 32], batch_tokens=256)  # batches of differing token counts
+    tree["model"].update(d_model=16, d_ff=32, num_heads=NUM_HEADS)
+    tree["train"] = {
+        "max_steps": 7, "precision": "float32", "xla": False, "log_every": 3, "eval_every": 100,
+        "bleu_every": 100, "bleu_max_sentences": 3, "average_last": 0,
+    }  # fmt: skip
+    config = config_from_dict(tree)
+    run_dir = RunDir(tmp_path / "run")
+    run_dir.path.mkdir()
+    write_atomic(run_dir.config_path, config.to_yaml())
+    monkeypatch.setenv("NMT_DATA_CACHE", str(corpus[1]))
+    trainer = Trainer(config, run_dir, scorer=ScriptedScorer([FINAL_BLEU]))
+    trainer.setup()
+    steps, step = [], trainer.step_fn.step
+
+    def recorded(batches):
+        metrics = step(batches)
+        steps.append({key: float(metrics[key].numpy()) for key in ("loss", "nll", "tokens")})
+        return metrics
+
+    monkeypatch.setattr(trainer.step_fn, "step", recorded)
+    assert trainer.train().status == "done" and len(steps) == 7
+    events, _ = read_events(run_dir.path / "tensorboard" / "train")
+    windows = {1: [1], 3: [2, 3], 6: [4, 5, 6]}  # step 7 is logged by no window's end
+    for tag in ("loss", "nll"):
+        logged = {step: float(value) for step, value in events[tag]}
+        assert sorted(logged) == sorted(windows)
+        for end, window in windows.items():
+            tokens = np.array([steps[s - 1]["tokens"] for s in window])
+            values = np.array([steps[s - 1][tag] for s in window])
+            assert logged[end] == pytest.approx(np.sum(values * tokens) / np.sum(tokens), rel=1e-6), (
+                tag,
+                end,
+            )
+    assert len({steps[s - 1]["tokens"] for s in range(1, 7)}) > 1  # the weights matter: token counts differ
+    assert logged[6] != pytest.approx(steps[5]["nll"], rel=1e-6)  # not the last step's alone
+
+
 @pytest.mark.parametrize("tag", ["validation", "final"])
 def test_tensorboard_validation_scalars_and_attention_images_read_back(run, tag):
     """The scheduled evaluations in tensorboard/validation, the final weights' in tensorboard/final (a run of its

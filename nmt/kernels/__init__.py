@@ -8,10 +8,10 @@ normalisation forward and backward (`transformer.layer_norm`), dropout with its 
 (`nmt.optimizer.FusedAdam.apply_scaled`).
 
 `ops()` loads the library built for this environment, or returns None when there is none (no compiler, a build
-that failed, another CPU kind since, or ``NMT_KERNELS=off`` in the environment): the layers then use TensorFlow's
-own ops, same math, slower. `unavailable()` says why, for the log. The training step hands the library to the
-layers with `transformer.kernels.fused(ops())` while it traces, on CPU without XLA only, and to the optimizer's
-update on CPU (never XLA-compiled).
+that failed, another CPU kind since, ``NMT_KERNELS=off`` in the environment, or an ``NMT_KERNELS_ISA`` it does not
+know): the layers then use TensorFlow's own ops, same math, slower. `unavailable()` says why, for the log. The
+training step hands the library to the layers with `transformer.kernels.fused(ops())` while it traces, on CPU
+without XLA only, and to the optimizer's update on CPU (never XLA-compiled).
 
 The dropout kernels take AVX-512 paths where the CPU has AVX-512F; ``NMT_KERNELS_ISA=avx2`` makes them take the
 AVX2 paths an AVX2-only CPU runs (read at each kernel call: the tests of both paths, measuring an AVX2 CPU's code).
@@ -34,8 +34,8 @@ def _load():
     if os.environ.get(SWITCH_ENV, "").lower() in ("off", "0", "false"):
         return None, f"{SWITCH_ENV}={os.environ[SWITCH_ENV]}"
     isa = os.environ.get(ISA_ENV, "")
-    if isa not in ISAS:
-        raise ValueError(f"{ISA_ENV}={isa!r}: expected avx2 or native (unset: native)")
+    if isa not in ISAS:  # a typo: TensorFlow's ops, the log's "C++ kernels:" line says why
+        return None, f"{ISA_ENV}={isa!r} is none of avx2 or native (unset: native)"
 
     try:
         path = library_path()

@@ -32,6 +32,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 FILES = [
     "tests/nmt/test_translator.py",
+    "tests/nmt/test_translator_batches.py",
+    "tests/nmt/test_translator_sampling.py",
     "tests/nmt/test_export.py",
     "tests/nmt/test_evaluation.py",
     "tests/test_cli_translate.py",

@@ -279,6 +279,7 @@ _SOURCES = (
     "tests/run_fixture.py",
     "transformer",
     "data",
+    "common",  # special ids, the config machinery: both shape the fixture
     "nmt/config.py",
     "nmt/config_checks.py",
     "nmt/run_dir.py",

@@ -124,6 +124,29 @@ def saved_weights(run: Run, name: str) -> tuple[str, dict[str, np.ndarray]]:
     return Path(prefix).name, model_weights(run, prefix)
 
 
+def small_trainer(corpus, tmp_path, monkeypatch, train: dict, scores, boundaries=(32,)):
+    """(Trainer set up, RunDir) of a float32 run of the module's corpus in tmp_path/run, with `train` over the
+    defaults here and BLEU scripted as `scores`; one bucket unless `boundaries` says otherwise."""
+    tree = tiny_config_tree(corpus[0])
+    tree["data"].update(bucket_boundaries=list(boundaries), batch_tokens=256)
+    tree["model"].update(d_model=16, d_ff=32, num_heads=NUM_HEADS)
+    tree["train"] = {
+        "precision": "float32",
+        "xla": False,
+        "bleu_max_sentences": 3,
+        "average_last": 0,
+        **train,
+    }
+    config = config_from_dict(tree)
+    run_dir = RunDir(tmp_path / "run")
+    run_dir.path.mkdir()
+    write_atomic(run_dir.config_path, config.to_yaml())
+    monkeypatch.setenv("NMT_DATA_CACHE", str(corpus[1]))
+    trainer = Trainer(config, run_dir, scorer=ScriptedScorer(scores))
+    trainer.setup()
+    return trainer, run_dir
+
+
 def test_early_stopping_after_patience_evaluations_without_improvement(run, corpus):
     assert run.result.status == "early_stopped" and run.result.step == STOP_STEP, run.result
     # the best validation BLEU and the final weights' scores, each named (before 2026-12-07c: "validation BLEU
@@ -227,20 +250,11 @@ def test_the_logged_train_loss_is_the_token_weighted_mean_of_the_steps_since_the
     """train/loss and train/nll at a logged step: the steps since the last logged one, each weighted by its target
     tokens (before 2026-12-08 the logged step's batch alone), against the step metrics recorded around the trainer's
     own step function."""
-    tree = tiny_config_tree(corpus[0])
-    tree["data"].update(bucket_boundaries=[8, 16, 32], batch_tokens=256)  # batches of differing token counts
-    tree["model"].update(d_model=16, d_ff=32, num_heads=NUM_HEADS)
-    tree["train"] = {
-        "max_steps": 7, "precision": "float32", "xla": False, "log_every": 3, "eval_every": 100,
-        "bleu_every": 100, "bleu_max_sentences": 3, "average_last": 0,
-    }  # fmt: skip
-    config = config_from_dict(tree)
-    run_dir = RunDir(tmp_path / "run")
-    run_dir.path.mkdir()
-    write_atomic(run_dir.config_path, config.to_yaml())
-    monkeypatch.setenv("NMT_DATA_CACHE", str(corpus[1]))
-    trainer = Trainer(config, run_dir, scorer=ScriptedScorer([FINAL_BLEU]))
-    trainer.setup()
+    train = {"max_steps": 7, "log_every": 3, "eval_every": 100, "bleu_every": 100}
+    # several buckets: batches of differing token counts
+    trainer, run_dir = small_trainer(
+        corpus, tmp_path, monkeypatch, train, [FINAL_BLEU], boundaries=[8, 16, 32]
+    )
     steps, step = [], trainer.step_fn.step
 
     def recorded(batches):
@@ -319,22 +333,12 @@ def test_the_evaluation_due_at_the_last_step_runs_and_its_weights_can_be_best(
     """The last step is evaluated, then the final evaluation: with max_steps a multiple of bleu_every (before
     2026-12-06 the final evaluation replaced it, so the last weights never competed for best/) and off the schedule
     (before, the curve ended at the last multiple and those weights never competed either)."""
-    tree = tiny_config_tree(corpus[0])
-    tree["data"].update(bucket_boundaries=[32], batch_tokens=256)
-    tree["model"].update(d_model=16, d_ff=32, num_heads=NUM_HEADS)
-    tree["train"] = {
-        "max_steps": steps, "precision": "float32", "xla": False, "learning_rate": PEAK,
-        "warmup_steps": WARMUP, "eval_every": EVAL_EVERY, "bleu_every": EVAL_EVERY, "bleu_max_sentences": 3,
-        "average_last": 0,
+    train = {
+        "max_steps": steps, "learning_rate": PEAK, "warmup_steps": WARMUP, "eval_every": EVAL_EVERY,
+        "bleu_every": EVAL_EVERY,
     }  # fmt: skip
-    config = config_from_dict(tree)
-    run_dir = RunDir(tmp_path / "run")
-    run_dir.path.mkdir()
-    write_atomic(run_dir.config_path, config.to_yaml())
-    monkeypatch.setenv("NMT_DATA_CACHE", str(corpus[1]))
     scores = [10.0, 20.0, *([30.0] if steps % EVAL_EVERY else []), FINAL_BLEU]
-    trainer = Trainer(config, run_dir, scorer=ScriptedScorer(scores))
-    trainer.setup()
+    trainer, run_dir = small_trainer(corpus, tmp_path, monkeypatch, train, scores)
     result = trainer.train()
     assert result.status == "done"
     # the closing line's BLEU is of bleu_max_sentences of the validation sentences, and says so (before: not said)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 from pathlib import Path
 
+from nmt.checkpoint_state import saved_step
 from nmt.config import LOCATION_KEYS, absolute_paths
 from nmt.run_dir import RunDir, RunDirError
 
@@ -60,15 +61,30 @@ def check_resume_compatible(run_dir: RunDir, config) -> bool:
 
 
 def checkpoints_gone(run_dir: RunDir) -> str:
-    """What to say when DIR's training checkpoints are gone but final/ holds its trained weights (checkpoints
-    deleted to save space): training from step 0 would replace them and drop every record. "" otherwise."""
-    if not saved_checkpoints(run_dir, run_dir.final_dir) or saved_checkpoints(run_dir):
+    """What to say when DIR's training checkpoints are gone but it holds what training made of them (deleted to save
+    space, or lost): final/ with its trained weights, or results past the first checkpoint (`metrics.jsonl` records,
+    best/'s weights, at a step after `train.checkpoint_every`: a checkpoint was saved before them). Training from
+    step 0 would replace them and drop every record. "" otherwise (a process that never reached its first checkpoint
+    is run again from step 0, what it wrote removed)."""
+    if saved_checkpoints(run_dir):
         return ""
+    if saved_checkpoints(run_dir, run_dir.final_dir):
+        start, kept = f"{run_dir.path} holds trained weights in {run_dir.final_dir.name}/ but", "final/"
+    else:
+        best = saved_step(run_dir.best_dir)
+        steps = [r["step"] for r in run_dir.read_metrics() if isinstance(r.get("step"), int)]
+        last = max([*steps, best or 0])
+        if last <= run_dir.load_config().train.checkpoint_every:
+            return ""
+        start = (
+            f"{run_dir.path} holds results up to step {last} (metrics.jsonl{', best/' if best else ''}) but"
+        )
+        kept = "best/" if best is not None else ""
     return (
-        f"{run_dir.path} holds trained weights in {run_dir.final_dir.name}/ but no training checkpoint in "
-        f"{run_dir.checkpoint_dir.name}/: it cannot train on, and training again from step 0 would replace them "
-        "(put the checkpoints back, or use another --model-dir; evaluate.py, translate.py and export.py still use "
-        "final/)"
+        f"{start} no training checkpoint in {run_dir.checkpoint_dir.name}/: it cannot train on, and training again "
+        "from step 0 would replace them (put the checkpoints back, or use another --model-dir"
+        + (f"; evaluate.py, translate.py and export.py still use {kept}" if kept else "")
+        + ")"
     )
 
 

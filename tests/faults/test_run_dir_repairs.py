@@ -304,6 +304,25 @@ def test_a_run_missing_its_config_or_checkpoints_is_not_trained_over(
     assert snapshot_run(reference_copy) == before
 
 
+def test_a_run_whose_checkpoints_and_final_weights_are_gone_is_not_trained_over(
+    fault_config, reference_copy, capsys
+):
+    """checkpoints/ and final/ deleted (space, or lost), metrics.jsonl left: the rerun removed every record and
+    trained from step 0 (before 2026-12-08: "removed what training lost with its process"); now refused, exit 3,
+    naming the step its records reach, DIR untouched."""
+    shutil.rmtree(reference_copy / "checkpoints")
+    shutil.rmtree(reference_copy / "final")
+    before = snapshot_run(reference_copy)
+    code = train_cli.main(["--config", str(fault_config), "--model-dir", str(reference_copy)])
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert code == 3, last
+    assert last.startswith(
+        f"train.py: {reference_copy} holds results up to step {MAX_STEPS} (metrics.jsonl"
+    ), last
+    assert "no training checkpoint in checkpoints/: it cannot train on" in last
+    assert snapshot_run(reference_copy) == before
+
+
 def test_a_run_directory_seeded_with_a_tokenizer_alone_is_a_new_run(reference_copy, fault_config):
     """What ablate.py's variants are before their training (a shared tokenizer copied in): a new run, not refused as
     a run without its config.yaml (a regression of the refusal above, found by a review on 2026-12-07c)."""

@@ -76,10 +76,10 @@ def checkpoints_gone(run_dir: RunDir) -> str:
         last = max([*steps, best or 0])
         if last <= run_dir.load_config().train.checkpoint_every:
             return ""
-        start = (
-            f"{run_dir.path} holds results up to step {last} (metrics.jsonl{', best/' if best else ''}) but"
-        )
         kept = "best/" if best is not None else ""
+        start = (
+            f"{run_dir.path} holds results up to step {last} (metrics.jsonl{', ' + kept if kept else ''}) but"
+        )
     return (
         f"{start} no training checkpoint in {run_dir.checkpoint_dir.name}/: it cannot train on, and training again "
         "from step 0 would replace them (put the checkpoints back, or use another --model-dir"

@@ -33,11 +33,26 @@ class FusedAdam(keras.optimizers.Adam):
         super().__init__(*args, name=name, **kwargs)
         self._scaling = _Scaling()
 
+    def fuses(self, trainable_variables) -> bool:
+        """Whether `apply_scaled` given the kernels updates `trainable_variables` in one `NmtApplyAdam` op (outside a
+        strategy's replica context): Adam's own update (no Keras clipping or accumulation, no AMSGrad) of float32
+        variables that no strategy distributes (a distributed variable's update runs per replica: Keras' path)."""
+        return not (self._keras_options() or self.amsgrad) and all(
+            v.dtype == "float32" and not isinstance(_value(v), tf.distribute.DistributedValues)
+            for v in trainable_variables
+        )
+
+    def _keras_options(self) -> bool:
+        """Whether Keras clips or accumulates the gradients it is given (then they must come scaled)."""
+        return bool(
+            self.clipnorm or self.clipvalue or self.global_clipnorm or self.gradient_accumulation_steps
+        )
+
     def apply_scaled(self, grads, factor, trainable_variables, kernels=None):
         """`apply([g * factor for g in grads], trainable_variables)`, in one `NmtApplyAdam` op when `kernels` (the
-        op library) is given, the update is Adam's own (no AMSGrad) and runs under the default strategy (a
-        distributed variable's update runs per replica: Keras' path); `factor` a float32 scalar."""
-        if self.clipnorm or self.clipvalue or self.global_clipnorm or self.gradient_accumulation_steps:
+        op library) is given, the optimizer `fuses` the variables and no strategy's replica context is open;
+        `factor` a float32 scalar."""
+        if self._keras_options():
             # Keras clips (or accumulates) the gradients it is given: give it the scaled ones
             return self.apply([g * factor for g in grads], trainable_variables)
         self._scaling.factor, self._scaling.kernels = factor, kernels
@@ -50,13 +65,7 @@ class FusedAdam(keras.optimizers.Adam):
         factor, library = self._scaling.factor, self._scaling.kernels
         if factor is None:
             return super()._backend_update_step(grads, trainable_variables, learning_rate)
-        if (
-            library is None
-            or self.amsgrad
-            or tf.distribute.has_strategy()
-            or any(isinstance(_value(v), tf.distribute.DistributedValues) for v in trainable_variables)
-            or any(v.dtype != "float32" for v in trainable_variables)
-        ):
+        if library is None or tf.distribute.has_strategy() or not self.fuses(trainable_variables):
             grads = [g * factor for g in grads]
             return super()._backend_update_step(grads, trainable_variables, learning_rate)
         indices = [self._get_variable_index(v) for v in trainable_variables]

@@ -131,7 +131,7 @@ class TrainStep:
     def kernels_in_use(self) -> str:
         """What the step's layer norms, dropouts, loss, bias gradients, attention softmax and Adam update run on,
         for the log: under XLA the step's ops are TensorFlow's, and Adam's update (never compiled) still runs on
-        the kernels under the default strategy (`FusedAdam.apply_scaled`)."""
+        the kernels where `FusedAdam.fuses` the variables."""
         if not self.on_cpu:
             return "TensorFlow ops (not CPU)"
         if kernels.ops() is None:
@@ -141,11 +141,7 @@ class TrainStep:
         )
         if not self.jit_compile:
             return f"C++ kernels (nmt.kernels){isa}"
-        update = (
-            isinstance(self.optimizer, FusedAdam)
-            and not self.optimizer.amsgrad
-            and self.strategy is tf.distribute.get_strategy()
-        )
+        update = isinstance(self.optimizer, FusedAdam) and self.optimizer.fuses(self.variables)
         return "TensorFlow ops under XLA" + (f"; Adam's update on the C++ kernels{isa}" if update else "")
 
     def set_jit_compile(self, jit_compile: bool) -> None:

@@ -122,6 +122,7 @@ def test_apply_scaled_on_the_kernel_equals_keras_path_on_scaled_gradients(ops, k
         runs.append((variables, optimizer, ops_used))
     (ours, our_optimizer, our_ops), (theirs, their_optimizer, their_ops) = runs
     assert ("NmtApplyAdam" in our_ops) == (not kwargs.get("amsgrad")) and "NmtApplyAdam" not in their_ops
+    assert our_optimizer.fuses(ours) == (not kwargs.get("amsgrad"))
     assert int(our_optimizer.iterations.numpy()) == int(their_optimizer.iterations.numpy()) == 3
     for a, b in zip(ours + our_optimizer.variables, theirs + their_optimizer.variables):
         np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=a.path)
@@ -143,6 +144,7 @@ def test_apply_scaled_on_mirrored_variables_keeps_keras_per_replica_update(ops):
     assert "NmtApplyAdam" not in {
         op.type for op in apply.get_concrete_function(grads, tf.constant(2.0)).graph.get_operations()
     }
+    assert not optimizer.fuses(variables)
     reference = _keras_variables()
     plain = FusedAdam(learning_rate=LR)
     plain.build(reference)
